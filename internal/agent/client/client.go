@@ -1,0 +1,259 @@
+// Package client is the host side of the agent protocol: it runs commands in
+// a guest and moves files in and out of it over one multiplexed connection.
+//
+// Everything the guest sends is untrusted. Frames are bounded
+// (proto.MaxFrame), JSON replies are bounded and strictly decoded, every
+// call honours its ctx, and nothing in a reply is ever used as a host path:
+// file contents go to the io.Writer the caller gives.
+package client
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"space/internal/agent/proto"
+	"space/internal/errkind"
+)
+
+// ErrClosed is returned by calls on a client whose connection is gone.
+var ErrClosed = fmt.Errorf("agent connection closed: %w", errkind.Unavailable)
+
+// Client is a connection to one guest agent. It is safe for concurrent use.
+type Client struct {
+	sess         *yamux.Session
+	agentVersion string
+}
+
+// Dial runs the handshake on conn and starts the session. conn is owned by
+// the Client from here on (closed by Close, or on error). ctx bounds the
+// handshake only; a conn without deadlines is closed when ctx ends first.
+func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
+	c, err := dial(ctx, conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
+	var nb [16]byte
+	rand.Read(nb[:])
+	nonce := hex.EncodeToString(nb[:])
+	done := make(chan struct{})
+	var handshakeErr error
+	var ready proto.Ready
+	br := bufio.NewReaderSize(conn, 4096)
+	go func() {
+		defer close(done)
+		if _, err := conn.Write(proto.Hello{Version: proto.Version, Nonce: nonce}.Line()); err != nil {
+			handshakeErr = fmt.Errorf("send hello: %w", err)
+			return
+		}
+		ready, handshakeErr = proto.ReadReady(br, nonce, proto.MaxHandshakeScan)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		conn.Close() // unblocks the goroutine
+		<-done
+		return nil, fmt.Errorf("agent handshake: %w", context.Cause(ctx))
+	}
+	if handshakeErr != nil {
+		return nil, fmt.Errorf("agent handshake: %w", handshakeErr)
+	}
+	if ready.Version != proto.Version {
+		return nil, fmt.Errorf("agent speaks protocol %d, want %d: %w", ready.Version, proto.Version, errkind.FailedPrecondition)
+	}
+	sess, err := yamux.Client(&bufferedConn{r: br, ReadWriteCloser: conn}, proto.YamuxConfig())
+	if err != nil {
+		return nil, fmt.Errorf("agent session: %w", err)
+	}
+	return &Client{sess: sess, agentVersion: ready.AgentVersion}, nil
+}
+
+// DialUnix connects to an agent channel exposed as a unix socket (QEMU's
+// virtio-serial chardev) and runs the handshake.
+func DialUnix(ctx context.Context, path string) (*Client, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("dial agent: %w", err)
+	}
+	return Dial(ctx, conn)
+}
+
+type bufferedConn struct {
+	r *bufio.Reader
+	io.ReadWriteCloser
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// AgentVersion is the version the agent announced in the handshake. It is
+// guest-controlled text (printable, at most 64 bytes).
+func (c *Client) AgentVersion() string { return c.agentVersion }
+
+// Close ends the session and closes the connection. Calls in flight fail.
+func (c *Client) Close() error { return c.sess.Close() }
+
+// Done is closed when the session ends, whoever ended it.
+func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// stream is one call on the session.
+type stream struct {
+	st *yamux.Stream
+	r  *proto.Reader
+	mu sync.Mutex // serializes writes
+}
+
+// open starts a call: it opens a stream and sends the request. The stream is
+// closed when ctx ends.
+func (c *Client) open(ctx context.Context, op proto.Op, args any) (*stream, func(), error) {
+	p, err := json.Marshal(args)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: encode args: %w", op, err)
+	}
+	st, err := c.sess.OpenStream()
+	if err != nil {
+		if c.sess.IsClosed() {
+			return nil, nil, fmt.Errorf("%s: %w", op, ErrClosed)
+		}
+		return nil, nil, fmt.Errorf("%s: open stream: %v: %w", op, err, errkind.Unavailable)
+	}
+	s := &stream{st: st, r: proto.NewReader(st, 0)}
+	stop := context.AfterFunc(ctx, func() { st.Close() })
+	release := func() {
+		stop()
+		st.Close()
+	}
+	if err := s.writeJSON(proto.TypeRequest, proto.Request{Op: op, Args: p}); err != nil {
+		release()
+		return nil, nil, c.callErr(ctx, op, err)
+	}
+	return s, release, nil
+}
+
+func (s *stream) write(t proto.Type, p []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return proto.WriteFrame(s.st, t, p)
+}
+
+func (s *stream) writeJSON(t proto.Type, v any) error {
+	p, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.write(t, p)
+}
+
+// callErr explains a stream failure: the ctx, the session, or the stream.
+func (c *Client) callErr(ctx context.Context, op proto.Op, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s: %w", op, context.Cause(ctx))
+	case c.sess.IsClosed():
+		return fmt.Errorf("%s: %w", op, ErrClosed)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("%s: agent ended the call early: %w", op, errkind.Unavailable)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// protocolErr reports a reply that breaks the protocol.
+func protocolErr(op proto.Op, format string, a ...any) error {
+	return fmt.Errorf("%s: agent broke protocol: %s: %w", op, fmt.Sprintf(format, a...), errkind.Internal)
+}
+
+// simple makes a call whose reply is one result (or error) frame.
+func (c *Client) simple(ctx context.Context, op proto.Op, args, result any) error {
+	s, release, err := c.open(ctx, op, args)
+	if err != nil {
+		return err
+	}
+	defer release()
+	f, err := s.r.Next()
+	if err != nil {
+		return c.callErr(ctx, op, err)
+	}
+	return decodeResult(op, f, proto.MaxControl, result)
+}
+
+// decodeResult decodes a result frame into v, or returns the error an error
+// frame carries.
+func decodeResult(op proto.Op, f proto.Frame, max int, v any) error {
+	switch f.Type {
+	case proto.TypeResult:
+		if err := proto.DecodeJSON(f, max, v); err != nil {
+			return protocolErr(op, "result: %v", err)
+		}
+		return nil
+	case proto.TypeError:
+		var e proto.Error
+		if err := proto.DecodeJSON(f, 0, &e); err != nil {
+			return protocolErr(op, "error frame: %v", err)
+		}
+		return fmt.Errorf("%s: %w", op, e.Err())
+	}
+	return protocolErr(op, "unexpected %s frame", f.Type)
+}
+
+// Health asks the agent for its version and uptime.
+func (c *Client) Health(ctx context.Context) (proto.Health, error) {
+	var h proto.Health
+	err := c.simple(ctx, proto.OpHealth, proto.Empty{}, &h)
+	return h, err
+}
+
+// WaitReady calls Health until it answers or ctx ends. Use it right after a
+// boot or restore.
+func (c *Client) WaitReady(ctx context.Context) error {
+	for {
+		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.Health(hctx)
+		cancel()
+		if err == nil || ctx.Err() != nil || errors.Is(err, ErrClosed) {
+			return err
+		}
+	}
+}
+
+// PostRestore fixes up a restored or forked guest: clock, RNG and, when
+// given, hostname and network.
+func (c *Client) PostRestore(ctx context.Context, pr proto.PostRestore) error {
+	return c.simple(ctx, proto.OpPostRestore, pr, &proto.Empty{})
+}
+
+// ConfigureNetwork (re)addresses the guest's interfaces.
+func (c *Client) ConfigureNetwork(ctx context.Context, cfg proto.NetConfig) error {
+	return c.simple(ctx, proto.OpNetwork, cfg, &proto.Empty{})
+}
+
+// Shutdown asks the guest to power off (or reboot). It returns once the agent
+// acknowledged; the VMM process exits shortly after.
+func (c *Client) Shutdown(ctx context.Context, reboot bool) error {
+	return c.simple(ctx, proto.OpShutdown, proto.Shutdown{Reboot: reboot}, &proto.Empty{})
+}
+
+// OpenRaw opens a bare stream on the session and returns it without sending
+// anything. It exists for protocol conformance tests and debugging tools that
+// must send frames the typed calls never would.
+func (c *Client) OpenRaw() (io.ReadWriteCloser, error) {
+	st, err := c.sess.OpenStream()
+	if err != nil {
+		return nil, fmt.Errorf("open stream: %v: %w", err, errkind.Unavailable)
+	}
+	return st, nil
+}

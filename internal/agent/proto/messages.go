@@ -1,0 +1,229 @@
+package proto
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"syscall"
+
+	"space/internal/errkind"
+)
+
+// Op names a call. Values are wire format and never change.
+type Op string
+
+// The ops of protocol version 1.
+const (
+	OpHealth      Op = "health"       // -> Result Health
+	OpExec        Op = "exec"         // args ExecRequest -> Started, Stdout/Stderr..., Exit
+	OpFileRead    Op = "file.read"    // args PathArgs -> Result FileInfo, Data..., End
+	OpFileWrite   Op = "file.write"   // args WriteArgs, host sends Data..., End -> Result WriteResult
+	OpFileStat    Op = "file.stat"    // args PathArgs -> Result FileInfo
+	OpFileList    Op = "file.list"    // args ListArgs -> Result ListBatch..., End
+	OpFileMkdir   Op = "file.mkdir"   // args MkdirArgs -> Result {}
+	OpFileRemove  Op = "file.remove"  // args RemoveArgs -> Result {}
+	OpFileRename  Op = "file.rename"  // args RenameArgs -> Result {}
+	OpPostRestore Op = "post_restore" // args PostRestore -> Result {}
+	OpNetwork     Op = "network"      // args NetConfig -> Result {}
+	OpShutdown    Op = "shutdown"     // args Shutdown -> Result {}, then the guest powers off
+)
+
+// Request is the first frame of every stream.
+type Request struct {
+	Op   Op              `json:"op"`
+	Args json.RawMessage `json:"args,omitempty"`
+}
+
+// Error is the payload of a TypeError frame. Code is an errkind name.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Health is the result of OpHealth.
+type Health struct {
+	AgentVersion string `json:"agent_version"`
+	Protocol     int    `json:"protocol"`
+	UptimeMS     int64  `json:"uptime_ms"`
+	BootID       string `json:"boot_id,omitempty"`
+	Hostname     string `json:"hostname,omitempty"`
+}
+
+// ExecRequest starts a process. Exactly one of Argv and Shell is set.
+type ExecRequest struct {
+	Argv      []string `json:"argv,omitempty"`
+	Shell     string   `json:"shell,omitempty"` // run by /bin/sh -c
+	Env       []string `json:"env,omitempty"`   // KEY=VALUE, over the agent's default environment
+	Cwd       string   `json:"cwd,omitempty"`   // "" = "/"
+	UID       *uint32  `json:"uid,omitempty"`   // nil = 0
+	GID       *uint32  `json:"gid,omitempty"`   // nil = the UID's group (= UID)
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	Stdin     bool     `json:"stdin,omitempty"` // host streams stdin; otherwise /dev/null
+	PTY       *WinSize `json:"pty,omitempty"`   // run on a new terminal of this size
+}
+
+// WinSize is a terminal size.
+type WinSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// Started is sent once the process runs.
+type Started struct {
+	PID int `json:"pid"`
+}
+
+// Signal asks the agent to signal the process group of an exec.
+type Signal struct {
+	Signal int `json:"signal"`
+}
+
+// Exit ends an exec. Code follows the shell's convention: 128+n when the
+// process was killed by signal n.
+type Exit struct {
+	Code     int  `json:"code"`
+	Signal   int  `json:"signal,omitempty"`
+	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// PathArgs names one guest path.
+type PathArgs struct {
+	Path string `json:"path"`
+}
+
+// WriteArgs describes a file write. The write replaces the file atomically:
+// readers see the old or the new content, never a part.
+type WriteArgs struct {
+	Path     string  `json:"path"`
+	Mode     uint32  `json:"mode,omitempty"` // permission bits; 0 = 0644
+	UID      *uint32 `json:"uid,omitempty"`
+	GID      *uint32 `json:"gid,omitempty"`
+	MkdirAll bool    `json:"mkdir_all,omitempty"` // create missing parents (0755)
+}
+
+// WriteResult is the result of OpFileWrite.
+type WriteResult struct {
+	Size int64 `json:"size"`
+}
+
+// ListArgs lists a directory.
+type ListArgs struct {
+	Path  string `json:"path"`
+	Limit int    `json:"limit,omitempty"` // 0 = no limit
+}
+
+// ListBatch is one batch of directory entries.
+type ListBatch struct {
+	Entries []FileInfo `json:"entries"`
+}
+
+// MkdirArgs creates a directory.
+type MkdirArgs struct {
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode,omitempty"` // 0 = 0755
+	Parents bool   `json:"parents,omitempty"`
+}
+
+// RemoveArgs removes a path.
+type RemoveArgs struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive,omitempty"`
+}
+
+// RenameArgs renames a path within the guest.
+type RenameArgs struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+// FileType is the kind of a file. Values are wire format.
+type FileType string
+
+// File types.
+const (
+	FileRegular FileType = "file"
+	FileDir     FileType = "dir"
+	FileSymlink FileType = "symlink"
+	FileOther   FileType = "other"
+)
+
+// FileInfo describes one guest file. Name is a single path element.
+type FileInfo struct {
+	Name    string   `json:"name"`
+	Type    FileType `json:"type"`
+	Size    int64    `json:"size"`
+	Mode    uint32   `json:"mode"` // permission bits plus setuid/setgid/sticky
+	UID     uint32   `json:"uid"`
+	GID     uint32   `json:"gid"`
+	MtimeNS int64    `json:"mtime_ns"`
+	Target  string   `json:"target,omitempty"` // symlink target, as stored
+}
+
+// PostRestore is sent by the host after a restore or fork, before any other
+// call: the clock, the RNG and (when given) the network are fixed up.
+type PostRestore struct {
+	UnixNanos int64      `json:"unix_nanos"`
+	Entropy   []byte     `json:"entropy"` // 32..4096 bytes of host randomness
+	Hostname  string     `json:"hostname,omitempty"`
+	Network   *NetConfig `json:"network,omitempty"`
+}
+
+// NetConfig addresses the guest's network interfaces.
+type NetConfig struct {
+	Interfaces  []Interface `json:"interfaces"`
+	Nameservers []string    `json:"nameservers,omitempty"`
+}
+
+// Interface configures one NIC, found by MAC address.
+type Interface struct {
+	MAC       string   `json:"mac"`
+	Addresses []string `json:"addresses"`         // CIDR, e.g. 10.0.0.2/30
+	Gateway   string   `json:"gateway,omitempty"` // default route via this address
+	MTU       int      `json:"mtu,omitempty"`
+}
+
+// Shutdown powers the guest off (or reboots it).
+type Shutdown struct {
+	Reboot bool `json:"reboot,omitempty"`
+}
+
+// Empty is the result of ops that return nothing.
+type Empty struct{}
+
+// ErrorFrom maps a Go error to its wire form. errno values from the guest's
+// file system map to the kind a caller can act on.
+func ErrorFrom(err error) Error {
+	kind := errkind.Of(err)
+	if kind == errkind.Internal {
+		var errno syscall.Errno
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			kind = errkind.NotFound
+		case errors.Is(err, fs.ErrExist):
+			kind = errkind.Conflict
+		case errors.Is(err, fs.ErrPermission):
+			kind = errkind.PermissionDenied
+		case errors.As(err, &errno):
+			switch errno {
+			case syscall.ENOTDIR, syscall.EISDIR, syscall.ENOTEMPTY, syscall.EBUSY, syscall.EXDEV, syscall.EROFS:
+				kind = errkind.FailedPrecondition
+			case syscall.ENOSPC, syscall.EDQUOT, syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM:
+				kind = errkind.ResourceExhausted
+			case syscall.EINVAL, syscall.ENAMETOOLONG, syscall.ELOOP:
+				kind = errkind.InvalidArgument
+			}
+		}
+	}
+	return Error{Code: kind.String(), Message: err.Error()}
+}
+
+// Err turns a wire error back into a Go error that wraps its kind. The message
+// came from the guest: callers show it, never act on its text.
+func (e Error) Err() error {
+	msg := e.Message
+	if len(msg) > 1024 {
+		msg = msg[:1024] + "..."
+	}
+	return fmt.Errorf("agent: %q: %w", msg, errkind.Parse(e.Code))
+}

@@ -1,0 +1,21 @@
+package proto
+
+import (
+	"io"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// YamuxConfig is the session configuration both sides use. Keep-alives are
+// off: an idle guest must not wake up, and the host checks health itself.
+// The stream window bounds how much one call can buffer on either side.
+func YamuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.EnableKeepAlive = false
+	c.MaxStreamWindowSize = 1 << 20
+	c.AcceptBacklog = 256
+	c.StreamCloseTimeout = 30 * time.Second
+	c.LogOutput = io.Discard
+	return c
+}

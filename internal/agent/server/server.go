@@ -1,0 +1,359 @@
+// Package server is the guest side of the agent protocol: it serves exec,
+// pty, file and system calls from the host over one multiplexed connection.
+//
+// It runs inside space-agent (PID 1 of the guest) and, in tests, as an
+// ordinary process on the host. Everything that touches the guest as a whole
+// (the clock, the RNG, the network, power) goes through the System it is
+// given, so tests can run it without changing the host.
+//
+// Lock order: Server.mu, then reaper.mu. Neither is held across I/O.
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"space/internal/agent/proto"
+	"space/internal/errkind"
+)
+
+// System is what the agent changes about the guest as a whole.
+type System interface {
+	SetClock(t time.Time) error
+	AddEntropy(seed []byte) error
+	SetHostname(name string) error
+	ConfigureNetwork(ctx context.Context, cfg proto.NetConfig) error
+	// PowerOff stops every process and powers the guest off (or reboots
+	// it). It is called after the reply to the host was sent.
+	PowerOff(reboot bool) error
+}
+
+// Config configures a Server.
+type Config struct {
+	// Version is reported in the handshake and in health replies.
+	// "" = "dev".
+	Version string
+	// Log receives the agent's own events. nil = discard.
+	Log *slog.Logger
+	// ReapAll makes the server reap every child process (it is PID 1).
+	// Otherwise it waits only for the processes it started.
+	ReapAll bool
+	// Env is the environment execs start from. nil = a minimal PATH/HOME.
+	Env []string
+	// System applies clock, entropy, network and power requests. nil =
+	// those ops return FailedPrecondition.
+	System System
+	// ExitGrace is how long an exec keeps reading output after its process
+	// exited, while background children hold the pipes open and stay
+	// silent. 0 = 200ms.
+	ExitGrace time.Duration
+}
+
+// Server serves agent connections. Create it with New; Close stops it.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	start   time.Time
+	reaper  *reaper
+	bootID  string
+	runDone chan struct{} // closed when Run returns
+
+	mu sync.Mutex
+	// +checklocks:mu
+	sessions map[*yamux.Session]struct{}
+	// +checklocks:mu
+	closed bool
+	wg     sync.WaitGroup // one per running session and stream
+}
+
+// New validates cfg and returns a Server. It starts no goroutines; call Run.
+func New(cfg Config) (*Server, error) {
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Env == nil {
+		cfg.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
+	}
+	if cfg.ExitGrace == 0 {
+		cfg.ExitGrace = 200 * time.Millisecond
+	}
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return &Server{
+		cfg:      cfg,
+		log:      cfg.Log,
+		start:    time.Now(),
+		reaper:   newReaper(cfg.ReapAll),
+		bootID:   string(trimNL(boot)),
+		runDone:  make(chan struct{}),
+		sessions: map[*yamux.Session]struct{}{},
+	}, nil
+}
+
+// Listener yields host connections: a virtio-serial port each time a host
+// connects to it, or accepted vsock connections.
+type Listener interface {
+	Accept(ctx context.Context) (io.ReadWriteCloser, error)
+}
+
+// Run serves connections from l until ctx ends, then closes every session and
+// waits for its streams.
+func (s *Server) Run(ctx context.Context, l Listener) error {
+	defer close(s.runDone)
+	reapCtx, stopReap := context.WithCancel(ctx)
+	reapDone := make(chan struct{})
+	go func() { defer close(reapDone); s.reaper.run(reapCtx) }()
+	defer func() { stopReap(); <-reapDone }()
+	defer s.wg.Wait()
+	defer s.Close()
+	for {
+		conn, err := l.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("accept host connection: %w", err)
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.ServeConn(ctx, conn); err != nil && ctx.Err() == nil {
+				s.log.Info("host session ended", "err", err)
+			}
+		}()
+	}
+}
+
+// Close ends every session. It is idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	sessions := make([]*yamux.Session, 0, len(s.sessions))
+	for sess := range s.sessions {
+		sessions = append(sessions, sess)
+	}
+	s.mu.Unlock()
+	for _, sess := range sessions {
+		sess.Close()
+	}
+	return nil
+}
+
+// ServeConn runs the handshake and one session on conn and returns when the
+// host goes away. conn is closed on return.
+func (s *Server) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
+	defer conn.Close()
+	br := bufio.NewReaderSize(conn, 4096)
+	hello, err := proto.ReadHello(br, 0)
+	if err != nil {
+		return fmt.Errorf("handshake: %w", err)
+	}
+	if hello.Version != proto.Version {
+		s.log.Warn("host speaks another protocol version", "host_version", hello.Version)
+	}
+	ready := proto.Ready{Version: proto.Version, Nonce: hello.Nonce, AgentVersion: s.cfg.Version}
+	if _, err := conn.Write(ready.Line()); err != nil {
+		return fmt.Errorf("handshake: %w", err)
+	}
+	sess, err := yamux.Server(&bufferedConn{r: br, ReadWriteCloser: conn}, proto.YamuxConfig())
+	if err != nil {
+		return fmt.Errorf("start session: %w", err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		sess.Close()
+		return errors.New("server closed")
+	}
+	s.sessions[sess] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.sessions, sess)
+		s.mu.Unlock()
+		sess.Close()
+	}()
+	s.log.Info("host connected")
+	var streams sync.WaitGroup
+	defer streams.Wait()
+	for {
+		st, err := sess.AcceptStreamWithContext(ctx)
+		if err != nil {
+			return err
+		}
+		streams.Add(1)
+		go func() {
+			defer streams.Done()
+			s.handle(ctx, st)
+		}()
+	}
+}
+
+type bufferedConn struct {
+	r *bufio.Reader
+	io.ReadWriteCloser
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// call is one stream: a request and its reply frames.
+type call struct {
+	st io.ReadWriteCloser
+	r  *proto.Reader
+	mu sync.Mutex // serializes frames on st
+}
+
+func (c *call) send(t proto.Type, payload []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return proto.WriteFrame(c.st, t, payload)
+}
+
+func (c *call) sendJSON(t proto.Type, v any) error {
+	p, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", t, err)
+	}
+	return c.send(t, p)
+}
+
+func (c *call) fail(err error) error {
+	return c.sendJSON(proto.TypeError, proto.ErrorFrom(err))
+}
+
+func (c *call) result(v any) error { return c.sendJSON(proto.TypeResult, v) }
+
+func (s *Server) handle(ctx context.Context, st *yamux.Stream) {
+	defer st.Close()
+	c := &call{st: st, r: proto.NewReader(st, 0)}
+	f, err := c.r.Next()
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			c.fail(fmt.Errorf("read request: %w", err))
+		}
+		return
+	}
+	var req proto.Request
+	if f.Type != proto.TypeRequest {
+		c.fail(fmt.Errorf("first frame is %s, want request: %w", f.Type, errkind.InvalidArgument))
+		return
+	}
+	if err := proto.DecodeJSON(f, 0, &req); err != nil {
+		c.fail(err)
+		return
+	}
+	if err := s.dispatch(ctx, c, req); err != nil {
+		s.log.Debug("call failed", "op", req.Op, "err", err)
+	}
+}
+
+func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error {
+	switch req.Op {
+	case proto.OpHealth:
+		return c.result(s.health())
+	case proto.OpExec:
+		var a proto.ExecRequest
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.exec(ctx, c, a)
+	case proto.OpFileRead:
+		var a proto.PathArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.readFile(c, a)
+	case proto.OpFileWrite:
+		var a proto.WriteArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.writeFile(c, a)
+	case proto.OpFileStat:
+		var a proto.PathArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		info, err := statFile(a)
+		return reply(c, info, err)
+	case proto.OpFileList:
+		var a proto.ListArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.listDir(c, a)
+	case proto.OpFileMkdir:
+		var a proto.MkdirArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return reply(c, proto.Empty{}, mkdir(a))
+	case proto.OpFileRemove:
+		var a proto.RemoveArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return reply(c, proto.Empty{}, remove(a))
+	case proto.OpFileRename:
+		var a proto.RenameArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return reply(c, proto.Empty{}, rename(a))
+	case proto.OpPostRestore:
+		var a proto.PostRestore
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return reply(c, proto.Empty{}, s.postRestore(ctx, a))
+	case proto.OpNetwork:
+		var a proto.NetConfig
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return reply(c, proto.Empty{}, s.network(ctx, a))
+	case proto.OpShutdown:
+		var a proto.Shutdown
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.shutdown(c, a)
+	default:
+		return c.fail(fmt.Errorf("unknown op %.64q: %w", req.Op, errkind.InvalidArgument))
+	}
+}
+
+// reply sends v, or err when it is not nil.
+func reply(c *call, v any, err error) error {
+	if err != nil {
+		return c.fail(err)
+	}
+	return c.result(v)
+}
+
+func decodeArgs(req proto.Request, v any) error {
+	args := req.Args
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	return proto.DecodeJSON(proto.Frame{Type: proto.TypeRequest, Payload: args}, 0, v)
+}
+
+func trimNL(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
