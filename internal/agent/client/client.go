@@ -57,21 +57,34 @@ func dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
 	br := bufio.NewReaderSize(conn, 4096)
 	go func() {
 		defer close(done)
-		if _, err := conn.Write(proto.Hello{Version: proto.Version, Nonce: nonce}.Line()); err != nil {
-			handshakeErr = fmt.Errorf("send hello: %w", err)
-			return
-		}
 		ready, handshakeErr = proto.ReadReady(br, nonce, proto.MaxHandshakeScan)
 	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		conn.Close() // unblocks the goroutine
-		<-done
-		return nil, fmt.Errorf("agent handshake: %w", context.Cause(ctx))
+	// Repeat the hello until the reply: one sent while the guest was still
+	// busy with an earlier session may be lost.
+	hello := proto.Hello{Version: proto.Version, Nonce: nonce}.Line()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for waiting := true; waiting; {
+		if _, err := conn.Write(hello); err != nil {
+			conn.Close() // unblocks the reader
+			<-done
+			return nil, fmt.Errorf("agent handshake: send hello: %w", err)
+		}
+		select {
+		case <-done:
+			waiting = false
+		case <-tick.C:
+		case <-ctx.Done():
+			conn.Close() // unblocks the reader
+			<-done
+			return nil, fmt.Errorf("agent handshake: %w", context.Cause(ctx))
+		}
 	}
 	if handshakeErr != nil {
 		return nil, fmt.Errorf("agent handshake: %w", handshakeErr)
+	}
+	if _, err := conn.Write(proto.StartLine(nonce)); err != nil {
+		return nil, fmt.Errorf("agent handshake: send start: %w", err)
 	}
 	if ready.Version != proto.Version {
 		return nil, fmt.Errorf("agent speaks protocol %d, want %d: %w", ready.Version, proto.Version, errkind.FailedPrecondition)

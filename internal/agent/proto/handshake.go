@@ -13,15 +13,20 @@ import (
 
 // The handshake opens every host connection:
 //
-//	host  → "SPACE-HELLO <version> <nonce>\n"
+//	host  → "SPACE-HELLO <version> <nonce>\n"   (repeated until the reply)
 //	guest → "SPACE-READY <version> <nonce> <agent version>\n"
+//	host  → "SPACE-START <nonce>\n"
 //
-// Each side discards whatever precedes the line it waits for: on a
-// virtio-serial port, bytes from an earlier host session can still be in
-// flight. The nonce ties the reply to this connection.
+// then both sides speak yamux. Each side discards whatever precedes the line
+// it waits for: on a virtio-serial port, bytes from an earlier host session
+// can still be in flight, and a hello sent while the guest was still busy
+// with the previous session can be lost, hence the repeats. The host stops
+// repeating before it sends START, so after START only session bytes
+// follow. The nonce ties every line to one connection.
 const (
 	helloPrefix = "SPACE-HELLO "
 	readyPrefix = "SPACE-READY "
+	startPrefix = "SPACE-START "
 	maxLine     = 256
 	// MaxHandshakeScan bounds how many stale bytes the host skips looking
 	// for the guest's reply before it gives up on the connection.
@@ -47,6 +52,53 @@ type Ready struct {
 // Line encodes h as a handshake line.
 func (h Hello) Line() []byte {
 	return fmt.Appendf(nil, "%s%d %s\n", helloPrefix, h.Version, h.Nonce)
+}
+
+// StartLine is the host's last handshake line for nonce.
+func StartLine(nonce string) []byte { return fmt.Appendf(nil, "%s%s\n", startPrefix, nonce) }
+
+// ReadStart waits, after the guest replied to hello, for the host's start
+// line. A hello with another nonce means a new host took over the port: it
+// is returned, and the guest answers it instead. Repeats of the current
+// hello are skipped.
+func ReadStart(br *bufio.Reader, current Hello) (next *Hello, err error) {
+	for {
+		line, err := readLine(br)
+		if err != nil {
+			return nil, err
+		}
+		if i := bytes.Index(line, []byte(startPrefix)); i >= 0 {
+			if f := strings.Fields(string(line[i+len(startPrefix):])); len(f) == 1 && f[0] == current.Nonce {
+				return nil, nil
+			}
+			continue
+		}
+		if bytes.Contains(line, []byte(helloPrefix)) {
+			h, err := ReadHello(bufio.NewReader(bytes.NewReader(line)), 0)
+			if err == nil && h.Nonce != current.Nonce {
+				return &h, nil
+			}
+		}
+	}
+}
+
+// readLine returns the next line (at most maxLine bytes of it; the rest of
+// an overlong line is skipped).
+func readLine(br *bufio.Reader) ([]byte, error) {
+	var first []byte
+	for {
+		line, err := br.ReadSlice('\n')
+		if first == nil {
+			first = append([]byte(nil), line[:min(len(line), maxLine)]...)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return first, nil
+	}
 }
 
 // Line encodes r as a handshake line.

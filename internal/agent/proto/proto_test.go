@@ -145,3 +145,27 @@ func FuzzReader(f *testing.F) {
 		_, _ = ReadReady(bufio.NewReader(bytes.NewReader(data)), "0123456789abcdef", 1<<16)
 	})
 }
+
+func TestReadStart(t *testing.T) {
+	cur := Hello{1, "0123456789abcdef0000"}
+	other := Hello{1, "0123456789abcdef1111"}
+	tests := []struct {
+		name  string
+		input string
+		want  *Hello
+	}{
+		{"start", string(cur.Line()) + string(cur.Line()) + string(StartLine(cur.Nonce)), nil},
+		{"new host", "junk\n" + string(StartLine(other.Nonce)) + string(other.Line()), &other},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ReadStart(bufio.NewReader(strings.NewReader(tt.input)), cur)
+			if err != nil {
+				t.Fatalf("ReadStart() = %v", err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("ReadStart() differs (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -163,9 +163,19 @@ func (s *Server) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
 	if hello.Version != proto.Version {
 		s.log.Warn("host speaks another protocol version", "host_version", hello.Version)
 	}
-	ready := proto.Ready{Version: proto.Version, Nonce: hello.Nonce, AgentVersion: s.cfg.Version}
-	if _, err := conn.Write(ready.Line()); err != nil {
-		return fmt.Errorf("handshake: %w", err)
+	for {
+		ready := proto.Ready{Version: proto.Version, Nonce: hello.Nonce, AgentVersion: s.cfg.Version}
+		if _, err := conn.Write(ready.Line()); err != nil {
+			return fmt.Errorf("handshake: %w", err)
+		}
+		next, err := proto.ReadStart(br, hello)
+		if err != nil {
+			return fmt.Errorf("handshake: %w", err)
+		}
+		if next == nil {
+			break
+		}
+		hello = *next
 	}
 	sess, err := yamux.Server(&bufferedConn{r: br, ReadWriteCloser: conn}, proto.YamuxConfig())
 	if err != nil {

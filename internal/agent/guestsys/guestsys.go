@@ -1,0 +1,207 @@
+// Package guestsys applies host requests that change the guest as a whole:
+// its clock, RNG, hostname, network addresses and power. It is the agent's
+// server.System inside a VM and must never run on a host.
+package guestsys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"space/internal/agent/proto"
+	"space/internal/errkind"
+)
+
+// System implements server.System for the guest the agent runs in.
+type System struct {
+	log *slog.Logger
+	// beforePowerOff runs after every process is gone and before the
+	// power-off syscall (the agent unmounts here). nil = just sync.
+	beforePowerOff func()
+}
+
+// New returns the guest's System. beforePowerOff may be nil.
+func New(log *slog.Logger, beforePowerOff func()) *System {
+	return &System{log: log, beforePowerOff: beforePowerOff}
+}
+
+// SetClock sets the wall clock.
+func (s *System) SetClock(t time.Time) error {
+	ts := unix.NsecToTimespec(t.UnixNano())
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return fmt.Errorf("clock_settime: %w", err)
+	}
+	return nil
+}
+
+// rndAddEntropy is RNDADDENTROPY, _IOW('R', 0x03, int[2]).
+const rndAddEntropy = 0x40085203
+
+// AddEntropy mixes seed into the kernel RNG and credits it, so a clone's
+// RNG diverges from its siblings' at once.
+func (s *System) AddEntropy(seed []byte) error {
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	buf := make([]byte, 8+len(seed)+3)
+	*(*int32)(unsafe.Pointer(&buf[0])) = int32(len(seed) * 8)
+	*(*int32)(unsafe.Pointer(&buf[4])) = int32(len(seed))
+	copy(buf[8:], seed)
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndAddEntropy, uintptr(unsafe.Pointer(&buf[0]))); errno != 0 {
+		return fmt.Errorf("RNDADDENTROPY: %w", errno)
+	}
+	return nil
+}
+
+// SetHostname sets the kernel hostname and /etc/hostname.
+func (s *System) SetHostname(name string) error {
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		return fmt.Errorf("sethostname: %w", err)
+	}
+	return writeAtomic("/etc/hostname", []byte(name+"\n"))
+}
+
+// ConfigureNetwork gives each interface (found by MAC) exactly the addresses
+// in cfg, brings it up, sets the default route and the resolver.
+func (s *System) ConfigureNetwork(ctx context.Context, cfg proto.NetConfig) error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	for _, ifc := range cfg.Interfaces {
+		mac, _ := net.ParseMAC(ifc.MAC)
+		var link netlink.Link
+		for _, l := range links {
+			if l.Attrs().HardwareAddr.String() == mac.String() {
+				link = l
+			}
+		}
+		if link == nil {
+			return fmt.Errorf("no interface with mac %s: %w", ifc.MAC, errkind.NotFound)
+		}
+		if err := configureLink(link, ifc); err != nil {
+			return fmt.Errorf("configure %s: %w", link.Attrs().Name, err)
+		}
+	}
+	if len(cfg.Nameservers) > 0 {
+		var b strings.Builder
+		for _, ns := range cfg.Nameservers {
+			fmt.Fprintf(&b, "nameserver %s\n", ns)
+		}
+		if err := writeAtomic("/etc/resolv.conf", []byte(b.String())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func configureLink(link netlink.Link, ifc proto.Interface) error {
+	if ifc.MTU != 0 {
+		if err := netlink.LinkSetMTU(link, ifc.MTU); err != nil {
+			return fmt.Errorf("set mtu: %w", err)
+		}
+	}
+	old, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	for _, a := range old {
+		if a.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if err := netlink.AddrDel(link, &a); err != nil {
+			return fmt.Errorf("remove address %s: %w", a.IPNet, err)
+		}
+	}
+	for _, cidr := range ifc.Addresses {
+		a, err := netlink.ParseAddr(cidr)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(link, a); err != nil {
+			return fmt.Errorf("add address %s: %w", cidr, err)
+		}
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("link up: %w", err)
+	}
+	if ifc.Gateway != "" {
+		gw := net.ParseIP(ifc.Gateway)
+		route := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}
+		if err := netlink.RouteReplace(route); err != nil {
+			return fmt.Errorf("default route via %s: %w", gw, err)
+		}
+	}
+	return nil
+}
+
+// PowerOff ends every process (SIGTERM, then SIGKILL after a grace), syncs
+// and powers off. It returns only on failure.
+func (s *System) PowerOff(reboot bool) error {
+	unix.Kill(-1, unix.SIGTERM)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) && othersAlive() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	unix.Kill(-1, unix.SIGKILL)
+	unix.Sync()
+	if s.beforePowerOff != nil {
+		s.beforePowerOff()
+	}
+	unix.Sync()
+	cmd := unix.LINUX_REBOOT_CMD_POWER_OFF
+	if reboot {
+		cmd = unix.LINUX_REBOOT_CMD_RESTART
+	}
+	err := unix.Reboot(cmd)
+	if err != nil && !reboot {
+		// Some VMMs (Firecracker) have no power-off device; a reset
+		// ends them instead.
+		s.log.Warn("power off failed, resetting", "err", err)
+		err = unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	}
+	return fmt.Errorf("reboot: %w", err)
+}
+
+// othersAlive reports whether any process but PID 1 and kernel threads is
+// left.
+func othersAlive() bool {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if e.Name() == "1" || e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		// Kernel threads have an empty cmdline.
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && len(b) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func writeAtomic(path string, data []byte) error {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".space-tmp")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return errors.Join(err, os.Remove(tmp))
+	}
+	return nil
+}

@@ -1,0 +1,289 @@
+// Package transport gives the guest agent its host connections: a
+// virtio-serial port (QEMU without vhost-vsock) or a vsock listener
+// (Firecracker's hybrid vsock, QEMU's vhost-vsock). Both satisfy
+// server.Listener.
+//
+// A virtio-serial port is one byte stream with no connection boundaries:
+// while no host is attached, reads return 0 at once and writes block. The
+// port therefore waits for a host without polling (SIGIO on the host's
+// connect, with a slow timer as a backstop), and a session ends when the
+// host goes away; the next Accept waits for the next host.
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// FindVirtioPort returns the device node of the virtio-serial port named
+// name, e.g. /dev/vport1p1. Without udev, names are read from sysfs.
+func FindVirtioPort(name string) (string, error) {
+	matches, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		if strings.TrimSpace(string(b)) == name {
+			return "/dev/" + filepath.Base(filepath.Dir(m)), nil
+		}
+	}
+	return "", fmt.Errorf("no virtio-serial port named %q (%d ports found)", name, len(matches))
+}
+
+// VirtioPort serves sessions over one virtio-serial port, one at a time.
+type VirtioPort struct {
+	f       *os.File
+	fd      int
+	backoff time.Duration
+
+	mu sync.Mutex
+	// +checklocks:mu
+	active *portConn // the session in progress, or nil
+}
+
+// OpenVirtioPort opens the port's device node. The fd stays blocking: reads
+// and writes park in the kernel, which costs no CPU while the guest idles.
+func OpenVirtioPort(dev string) (*VirtioPort, error) {
+	fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dev, err)
+	}
+	return &VirtioPort{f: os.NewFile(uintptr(fd), dev), fd: fd, backoff: time.Second}, nil
+}
+
+// Close closes the port.
+func (p *VirtioPort) Close() error { return p.f.Close() }
+
+// Accept waits until the previous session ended and a host is attached, then
+// returns the port as a connection. Its Close ends the session, not the port.
+func (p *VirtioPort) Accept(ctx context.Context) (io.ReadWriteCloser, error) {
+	p.mu.Lock()
+	prev := p.active
+	p.mu.Unlock()
+	if prev != nil {
+		select {
+		case <-prev.idle:
+			unix.Close(prev.efd) // nobody can be polling it any more
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if err := p.waitHost(ctx); err != nil {
+		return nil, err
+	}
+	c, err := newPortConn(p)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.active = c
+	p.mu.Unlock()
+	return c, nil
+}
+
+// hostAttached reports whether a host has the port open: the port polls
+// HUP while nobody is on the other end.
+func (p *VirtioPort) hostAttached() (bool, error) {
+	fds := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("poll port: %w", err)
+		}
+		return fds[0].Revents&unix.POLLHUP == 0, nil
+	}
+}
+
+// waitHost blocks until a host attaches. The kernel sends SIGIO when the
+// host side opens; asynchronous notification is on only while waiting, so
+// data transfer does not pay for signals.
+func (p *VirtioPort) waitHost(ctx context.Context) error {
+	if ok, err := p.hostAttached(); ok || err != nil {
+		return err
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGIO)
+	defer signal.Stop(sigs)
+	if err := p.setAsync(true); err != nil {
+		return err
+	}
+	defer p.setAsync(false)
+	t := time.NewTicker(p.backoff) // a lost wakeup costs at most this
+	defer t.Stop()
+	for {
+		if ok, err := p.hostAttached(); ok || err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sigs:
+		case <-t.C:
+		}
+	}
+}
+
+func (p *VirtioPort) setAsync(on bool) error {
+	if on {
+		if _, err := unix.FcntlInt(uintptr(p.fd), unix.F_SETOWN, unix.Getpid()); err != nil {
+			return fmt.Errorf("port F_SETOWN: %w", err)
+		}
+	}
+	fl, err := unix.FcntlInt(uintptr(p.fd), unix.F_GETFL, 0)
+	if err != nil {
+		return fmt.Errorf("port F_GETFL: %w", err)
+	}
+	if on {
+		fl |= unix.O_ASYNC
+	} else {
+		fl &^= unix.O_ASYNC
+	}
+	if _, err := unix.FcntlInt(uintptr(p.fd), unix.F_SETFL, fl); err != nil {
+		return fmt.Errorf("port F_SETFL: %w", err)
+	}
+	return nil
+}
+
+// portConn is one host session on the port. Reads and writes first poll the
+// port together with an eventfd, so Close can interrupt them: a blocking
+// read on the port itself could only be ended by the host.
+type portConn struct {
+	p    *VirtioPort
+	efd  int           // eventfd written by Close
+	idle chan struct{} // closed once closed and no read or write is in flight
+
+	mu sync.Mutex
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	inflight int
+}
+
+func newPortConn(p *VirtioPort) (*portConn, error) {
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	return &portConn{p: p, efd: efd, idle: make(chan struct{})}, nil
+}
+
+// wait blocks until the port is ready for events (or the host went away,
+// which reads as EOF and fails writes) or the session is closed.
+func (c *portConn) wait(events int16) error {
+	fds := []unix.PollFd{{Fd: int32(c.p.fd), Events: events}, {Fd: int32(c.efd), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("poll port: %w", err)
+		}
+		if fds[1].Revents != 0 {
+			return io.ErrClosedPipe
+		}
+		return nil
+	}
+}
+
+// enter registers a read or write; it fails once the session is closed.
+func (c *portConn) enter() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return io.ErrClosedPipe
+	}
+	c.inflight++
+	return nil
+}
+
+func (c *portConn) leave() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inflight--
+	if c.closed && c.inflight == 0 {
+		close(c.idle)
+	}
+}
+
+// Read returns io.EOF when the host went away: the port reads 0 bytes then.
+func (c *portConn) Read(b []byte) (int, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
+	if err := c.wait(unix.POLLIN); err != nil {
+		return 0, err
+	}
+	for {
+		n, err := unix.Read(c.p.fd, b)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read port: %w", err)
+		}
+		if n == 0 && len(b) > 0 {
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+// Write waits for room on the port, then writes everything.
+func (c *portConn) Write(b []byte) (int, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
+	written := 0
+	for written < len(b) {
+		if err := c.wait(unix.POLLOUT); err != nil {
+			return written, err
+		}
+		if ok, _ := c.p.hostAttached(); !ok {
+			return written, io.ErrClosedPipe // host gone: the session is over
+		}
+		n, err := unix.Write(c.p.fd, b[written:])
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return written, fmt.Errorf("write port: %w", err)
+		}
+		written += n
+	}
+	return written, nil
+}
+
+// Close ends the session and wakes its blocked reads and writes; the port
+// stays open for the next host.
+func (c *portConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	var one [8]byte
+	one[0] = 1 // any non-zero counter value wakes poll
+	unix.Write(c.efd, one[:])
+	if c.inflight == 0 {
+		close(c.idle)
+	}
+	return nil
+}
