@@ -181,9 +181,10 @@ func newPortConn(p *VirtioPort) (*portConn, error) {
 	return &portConn{p: p, efd: efd, idle: make(chan struct{})}, nil
 }
 
-// wait blocks until the port is ready for events (or the host went away,
-// which reads as EOF and fails writes) or the session is closed.
-func (c *portConn) wait(events int16) error {
+// wait blocks until the port is ready for events or the host went away
+// (which reads as EOF and fails writes), or the session is closed. It
+// returns the port's poll events.
+func (c *portConn) wait(events int16) (int16, error) {
 	fds := []unix.PollFd{{Fd: int32(c.p.fd), Events: events}, {Fd: int32(c.efd), Events: unix.POLLIN}}
 	for {
 		_, err := unix.Poll(fds, -1)
@@ -191,12 +192,12 @@ func (c *portConn) wait(events int16) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("poll port: %w", err)
+			return 0, fmt.Errorf("poll port: %w", err)
 		}
 		if fds[1].Revents != 0 {
-			return io.ErrClosedPipe
+			return 0, io.ErrClosedPipe
 		}
-		return nil
+		return fds[0].Revents, nil
 	}
 }
 
@@ -226,7 +227,7 @@ func (c *portConn) Read(b []byte) (int, error) {
 		return 0, err
 	}
 	defer c.leave()
-	if err := c.wait(unix.POLLIN); err != nil {
+	if _, err := c.wait(unix.POLLIN); err != nil {
 		return 0, err
 	}
 	for {
@@ -252,10 +253,11 @@ func (c *portConn) Write(b []byte) (int, error) {
 	defer c.leave()
 	written := 0
 	for written < len(b) {
-		if err := c.wait(unix.POLLOUT); err != nil {
+		ev, err := c.wait(unix.POLLOUT)
+		if err != nil {
 			return written, err
 		}
-		if ok, _ := c.p.hostAttached(); !ok {
+		if ev&unix.POLLHUP != 0 {
 			return written, io.ErrClosedPipe // host gone: the session is over
 		}
 		n, err := unix.Write(c.p.fd, b[written:])
