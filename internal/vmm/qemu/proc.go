@@ -1,0 +1,59 @@
+package qemu
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// userHZ is the unit of the CPU times in /proc/<pid>/stat (USER_HZ, fixed
+// at 100 in the Linux ABI).
+const userHZ = 100
+
+// parseVmRSS returns VmRSS in bytes from the contents of /proc/<pid>/status.
+// ok is false when the line is missing (a zombie has none).
+func parseVmRSS(status []byte) (rss int64, ok bool, err error) {
+	for line := range bytes.Lines(status) {
+		rest, found := bytes.CutPrefix(line, []byte("VmRSS:"))
+		if !found {
+			continue
+		}
+		f := strings.Fields(string(rest))
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, false, fmt.Errorf("parse VmRSS %q", bytes.TrimSpace(line))
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, false, fmt.Errorf("parse VmRSS: %w", err)
+		}
+		return kb << 10, true, nil
+	}
+	return 0, false, nil
+}
+
+// parseCPUTime returns utime+stime of all threads from the contents of
+// /proc/<pid>/stat.
+func parseCPUTime(stat []byte) (time.Duration, error) {
+	// The command name (field 2) is in parentheses and may hold spaces or
+	// parentheses itself; the fields after the last ')' are plain.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse stat: no command name")
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	// f[0] is field 3 (state), so utime (field 14) is f[11], stime f[12].
+	if len(f) < 13 {
+		return 0, fmt.Errorf("parse stat: %d fields after the command name", len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parse stat: %w", err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * (time.Second / userHZ), nil
+}

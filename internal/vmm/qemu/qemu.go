@@ -1,0 +1,337 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"space/internal/errkind"
+	"space/internal/qmp"
+)
+
+// errExitedDuringBoot cancels Boot's dealings with QEMU when it exits.
+var errExitedDuringBoot = errors.New("qemu exited during boot")
+
+// Config configures a Driver.
+type Config struct {
+	// Binary is the QEMU executable, a path or a name looked up on PATH;
+	// "" means qemu-system-x86_64.
+	Binary string
+	// Log receives the driver's log lines; nil discards them.
+	Log *slog.Logger
+	// StopGrace is how long Stop waits for QEMU to exit after the QMP quit
+	// command before it kills QEMU; 0 means 5s.
+	StopGrace time.Duration
+}
+
+// Driver boots VMs with one QEMU binary. It is safe for concurrent use.
+type Driver struct {
+	bin       string
+	log       *slog.Logger
+	stopGrace time.Duration
+
+	mu sync.Mutex
+	// +checklocks:mu
+	sandbox sandboxSupport // probed by the first Boot
+}
+
+type sandboxSupport int
+
+const (
+	sandboxUnknown sandboxSupport = iota
+	sandboxOn
+	sandboxOff
+)
+
+// New returns a Driver for cfg. It resolves the binary but starts nothing;
+// a missing binary is an errkind.FailedPrecondition error.
+func New(cfg Config) (*Driver, error) {
+	bin := cfg.Binary
+	if bin == "" {
+		bin = "qemu-system-x86_64"
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("qemu binary: %w: %w", err, errkind.FailedPrecondition)
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	grace := cfg.StopGrace
+	if grace == 0 {
+		grace = 5 * time.Second
+	}
+	return &Driver{bin: path, log: log.With("component", "qemu"), stopGrace: grace}, nil
+}
+
+// Boot is New(cfg) followed by Boot(ctx, spec), for callers that boot one VM.
+// A long-lived caller should keep a Driver, which probes QEMU only once.
+func Boot(ctx context.Context, cfg Config, spec Spec) (*VM, error) {
+	d, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return d.Boot(ctx, spec)
+}
+
+// Boot starts QEMU for spec and returns once QMP is connected and the
+// console attached; it does not wait for the guest. An invalid spec is an
+// errkind.InvalidArgument error and a spec whose Dir already holds a memory
+// file an errkind.Conflict error. If QEMU exits during Boot the error holds
+// the end of its stderr. On error nothing keeps running and only the logs
+// remain in Dir. The caller must Stop the returned VM.
+func (d *Driver) Boot(ctx context.Context, spec Spec) (_ *VM, err error) {
+	start := time.Now()
+	spec, err = spec.normalize()
+	if err != nil {
+		return nil, err
+	}
+	sandbox, err := d.sandboxSupported(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			err = errors.Join(fmt.Errorf("boot vm in %s: %w", spec.Dir, err), undo.run())
+		}
+	}()
+
+	if err := makePrivateDir(spec.Dir); err != nil {
+		return nil, err
+	}
+	if err := createMemory(spec.path(memoryFile), int64(spec.MemoryMiB)<<20); err != nil {
+		return nil, err
+	}
+	undo.push(func() error { return removeIfExists(spec.path(memoryFile)) })
+
+	var listeners []*os.File // in ExtraFiles order: qmpFD, serialFD, agentFD
+	closeListeners := func() {
+		// Only QEMU may hold them once it runs: were we to keep a copy, a
+		// connection to a QEMU that died would wait forever in the backlog.
+		for _, f := range listeners {
+			f.Close()
+		}
+		listeners = nil
+	}
+	defer closeListeners()
+	for _, name := range []string{qmpSocket, serialSocket, agentSocket} {
+		f, err := listen(spec.path(name))
+		if err != nil {
+			return nil, err
+		}
+		undo.push(func() error { return removeIfExists(spec.path(name)) })
+		listeners = append(listeners, f)
+	}
+
+	serialOut, err := createLog(spec.path(serialLog), spec.SerialLogLimit)
+	if err != nil {
+		return nil, err
+	}
+	undo.push(serialOut.Close)
+	stderr, err := createLog(spec.path(stderrLog), stderrLogLimit)
+	if err != nil {
+		return nil, err
+	}
+	undo.push(stderr.Close)
+
+	cmd := exec.Command(d.bin, spec.args(sandbox == sandboxOn)...)
+	cmd.Dir = spec.Dir
+	cmd.Env = []string{} // nothing from our environment
+	cmd.Stderr = stderr
+	cmd.ExtraFiles = listeners
+	// Own process group, and deliberately no Pdeathsig: VMs must survive a
+	// restart of this process.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
+	started := time.Now()
+	err = cmd.Start()
+	closeListeners()
+	if err != nil {
+		return nil, fmt.Errorf("start qemu: %w", err)
+	}
+	v := &VM{
+		log:        d.log.With("vm_pid", cmd.Process.Pid, "dir", spec.Dir),
+		spec:       spec,
+		cmd:        cmd,
+		stopGrace:  d.stopGrace,
+		serialOut:  serialOut,
+		stderr:     stderr,
+		done:       make(chan struct{}),
+		serialDone: make(chan struct{}),
+		stopped:    make(chan struct{}),
+	}
+	go v.reap()
+	undo.push(v.kill)
+
+	// Talking to QEMU stops as soon as it exits.
+	qctx, cancel := context.WithCancelCause(ctx)
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		select {
+		case <-v.done:
+			cancel(errExitedDuringBoot)
+		case <-qctx.Done():
+		}
+	})
+	defer func() {
+		cancel(nil)
+		watch.Wait()
+	}()
+
+	v.qmp, err = qmp.Dial(qctx, spec.path(qmpSocket))
+	if err != nil {
+		return nil, v.explain(ctx, err)
+	}
+	undo.push(v.qmp.Close)
+	qmpReady := time.Since(started)
+
+	if err := v.attachSerial(qctx); err != nil {
+		return nil, v.explain(ctx, err)
+	}
+	undo.push(v.detachSerial)
+	if err := v.waitSerialAccepted(qctx); err != nil {
+		return nil, v.explain(ctx, err)
+	}
+
+	if !spec.Paused {
+		if err := v.qmp.Execute(qctx, "cont", nil, nil); err != nil {
+			return nil, v.explain(ctx, err)
+		}
+	}
+	v.log.Info("vm started", "qmp_ready", qmpReady, "boot_total", time.Since(start), "paused", spec.Paused, "sandbox", sandbox == sandboxOn)
+	return v, nil
+}
+
+// sandboxSupported reports whether QEMU accepts our -sandbox options
+// (QEMU built without libseccomp does not). The answer is probed once.
+func (d *Driver) sandboxSupported(ctx context.Context) (sandboxSupport, error) {
+	d.mu.Lock()
+	s := d.sandbox
+	d.mu.Unlock()
+	if s != sandboxUnknown {
+		return s, nil
+	}
+
+	// -version exits right after option parsing, which rejects -sandbox
+	// when seccomp support is missing and checks the sub-options.
+	cmd := exec.CommandContext(ctx, d.bin, "-sandbox", sandboxArg, "-version")
+	cmd.Env = []string{}
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	switch {
+	case err == nil:
+		s = sandboxOn
+	case errors.As(err, &exitErr) && ctx.Err() == nil:
+		s = sandboxOff
+	default:
+		return sandboxUnknown, fmt.Errorf("probe qemu -sandbox: %w", err)
+	}
+
+	d.mu.Lock()
+	first := d.sandbox == sandboxUnknown
+	d.sandbox = s
+	d.mu.Unlock()
+	if first && s == sandboxOff {
+		d.log.Warn("qemu runs without seccomp sandbox", "binary", d.bin, "qemu_output", strings.TrimSpace(string(out)))
+	}
+	return s, nil
+}
+
+func makePrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create run dir: %w", err)
+	}
+	// MkdirAll leaves an existing directory's mode alone.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("create run dir: %w", err)
+	}
+	return nil
+}
+
+// createMemory creates the sparse guest RAM file. An existing file may
+// back a snapshot that clones still map, so it is never reused.
+func createMemory(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("memory file %s exists (another VM, or one not stopped): %w", path, errkind.Conflict)
+	}
+	if err != nil {
+		return fmt.Errorf("create memory file: %w", err)
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("size memory file: %w", err), os.Remove(path))
+	}
+	return nil
+}
+
+// listen binds a unix socket at path (replacing a stale one), restricts it
+// to mode 0600 and returns the listening descriptor for QEMU.
+func listen(path string) (*os.File, error) {
+	if err := removeIfExists(path); err != nil {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	f, err := l.File()
+	if cerr := l.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(path, 0o600)
+	}
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		return nil, errors.Join(fmt.Errorf("listen %s: %w", path, err), removeIfExists(path))
+	}
+	return f, nil
+}
+
+func createLog(path string, limit int64) (*cappedFile, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create log: %w", err)
+	}
+	return newCappedFile(f, limit), nil
+}
+
+func removeIfExists(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// undoStack collects teardown steps of a partly done Boot; run executes
+// them last first and joins their errors.
+type undoStack []func() error
+
+func (u *undoStack) push(f func() error) { *u = append(*u, f) }
+
+func (u *undoStack) run() error {
+	var errs []error
+	for i := len(*u) - 1; i >= 0; i-- {
+		errs = append(errs, (*u)[i]())
+	}
+	*u = nil
+	return errors.Join(errs...)
+}
