@@ -270,3 +270,27 @@ func (c *Client) OpenRaw() (io.ReadWriteCloser, error) {
 	}
 	return st, nil
 }
+
+// DialUnixWait connects to an agent channel that may not be up yet (a VM
+// that is still booting): it retries the dial and handshake until the agent
+// answers a health call or ctx ends. QEMU accepts the connection before the
+// guest opens its port and holds the hello until it does, so one attempt
+// usually suffices.
+func DialUnixWait(ctx context.Context, path string) (*Client, error) {
+	var last error
+	for {
+		c, err := DialUnix(ctx, path)
+		if err == nil {
+			if err = c.WaitReady(ctx); err == nil {
+				return c, nil
+			}
+			c.Close()
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("agent not ready: %w (last error: %v)", context.Cause(ctx), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
