@@ -1,0 +1,180 @@
+package guesttest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"space/internal/agent/agenttest"
+	"space/internal/agent/client"
+	"space/internal/agent/proto"
+	"space/internal/guestvm"
+)
+
+// TestRealVM proves the guest is a VM of the asked shape, not a process, then
+// runs the agent conformance suite in it.
+func TestRealVM(t *testing.T) {
+	vm := Boot(t, Options{VCPUs: 2, MemoryMiB: 512})
+	t.Logf("boot to agent ready: %v", vm.BootTime)
+	c := vm.Client
+
+	t.Run("IsAVM", func(t *testing.T) {
+		if got := strings.TrimSpace(agenttest.Output(t, c, "cat /sys/class/dmi/id/sys_vendor")); got != "QEMU" {
+			t.Errorf("sys_vendor = %q, want QEMU", got)
+		}
+		if got := strings.TrimSpace(agenttest.Output(t, c, "nproc")); got != "2" {
+			t.Errorf("nproc = %q, want 2", got)
+		}
+		kb, err := strconv.Atoi(strings.Fields(agenttest.Output(t, c, "grep MemTotal /proc/meminfo"))[1])
+		if err != nil {
+			t.Fatalf("MemTotal: %v", err)
+		}
+		// The kernel keeps some RAM for itself; 512 MiB shows as ~470 MiB.
+		if want := 512 * 1024; kb > want || kb < want*85/100 {
+			t.Errorf("MemTotal = %d kB, want within 85%%..100%% of %d kB", kb, want)
+		}
+		if got := strings.Fields(agenttest.Output(t, c, "ls /sys/class/net")); len(got) != 1 || got[0] != "lo" {
+			t.Errorf("network interfaces = %q, want only lo", got)
+		}
+		if got := agenttest.Output(t, c, "findmnt -n -o FSTYPE /"); strings.TrimSpace(got) != "overlay" {
+			t.Errorf("root file system = %q, want overlay", got)
+		}
+		// The guest's root is its own: a file the test writes there does not
+		// appear on the host, and the image's os-release is Debian.
+		if got := agenttest.Output(t, c, ". /etc/os-release; echo $ID"); strings.TrimSpace(got) != "debian" {
+			t.Errorf("guest os-release ID = %q, want debian", got)
+		}
+		for _, tool := range []string{"python3", "curl", "git", "ps", "bash"} {
+			agenttest.Output(t, c, "command -v "+tool)
+		}
+	})
+
+	t.Run("Conformance", func(t *testing.T) {
+		agenttest.Run(t, c, agenttest.Options{Scratch: "/root", PID1: true})
+	})
+
+	t.Run("WritableLayerHoldsChanges", func(t *testing.T) {
+		agenttest.Output(t, c, "echo changed > /etc/space-test && sync")
+		// The change lives in the upper layer; the template stays read-only.
+		if out := agenttest.Output(t, c, "cat /etc/space-test"); out != "changed\n" {
+			t.Errorf("cat = %q", out)
+		}
+	})
+
+	t.Run("Reconnect", func(t *testing.T) {
+		// The host goes away and comes back: the agent waits for it and
+		// serves the new session; a background process keeps running.
+		pid := strings.TrimSpace(agenttest.Output(t, c, "sleep 1000 >/dev/null 2>&1 & echo $!"))
+		c.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		nc, err := guestvm.Connect(ctx, vm.QEMU)
+		if err != nil {
+			t.Fatalf("reconnect: %v", err)
+		}
+		vm.Client, c = nc, nc
+		agenttest.Output(t, c, "kill -0 "+pid+" && kill "+pid)
+	})
+
+	t.Run("PostRestore", func(t *testing.T) {
+		seed := bytes.Repeat([]byte{7}, 64)
+		when := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)
+		err := c.PostRestore(t.Context(), proto.PostRestore{UnixNanos: when.UnixNano(), Entropy: seed, Hostname: "forked-1"})
+		if err != nil {
+			t.Fatalf("PostRestore = %v", err)
+		}
+		if got := agenttest.Output(t, c, "date -u +%Y; hostname"); got != "2031\nforked-1\n" {
+			t.Errorf("after post-restore: %q, want year 2031 and hostname forked-1", got)
+		}
+		// Put the clock back for the rest of the run.
+		c.PostRestore(t.Context(), proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed})
+		err = c.PostRestore(t.Context(), proto.PostRestore{UnixNanos: 1, Entropy: []byte("short")})
+		if err == nil {
+			t.Errorf("PostRestore(4 bytes of entropy) = nil, want an error")
+		}
+		err = c.ConfigureNetwork(t.Context(), proto.NetConfig{Interfaces: []proto.Interface{{MAC: "02:00:00:00:00:01", Addresses: []string{"10.0.0.2/30"}}}})
+		if err == nil || !strings.Contains(err.Error(), "no interface") {
+			t.Errorf("ConfigureNetwork(no such NIC) = %v, want a not-found error", err)
+		}
+	})
+
+	t.Run("IdleCPU", func(t *testing.T) {
+		// An idle guest must not spin: measure the VMM's CPU share.
+		before, err := vm.QEMU.CPUTime()
+		if err != nil {
+			t.Fatalf("CPUTime: %v", err)
+		}
+		start := time.Now()
+		time.Sleep(5 * time.Second) // the measurement window itself
+		after, _ := vm.QEMU.CPUTime()
+		share := float64(after-before) / float64(time.Since(start))
+		t.Logf("idle VM CPU share: %.2f%% of one core (connected host)", 100*share)
+		if share > 0.5 {
+			t.Errorf("idle VM used %.0f%% of a core, want it near zero", 100*share)
+		}
+	})
+
+	t.Run("Shutdown", func(t *testing.T) {
+		if err := c.Shutdown(t.Context(), false); err != nil {
+			t.Fatalf("Shutdown = %v", err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		if err := vm.QEMU.Wait(ctx); err != nil {
+			t.Errorf("VM after power-off: %v", err)
+		}
+	})
+}
+
+// BenchmarkBoot measures a cold boot: QEMU start to the agent's first
+// health reply.
+func BenchmarkBoot(b *testing.B) {
+	var total time.Duration
+	for b.Loop() {
+		vm := Boot(b, Options{VCPUs: 1, MemoryMiB: 512})
+		total += vm.BootTime
+		vm.Close()
+	}
+	b.ReportMetric(total.Seconds()/float64(b.N), "boot-s/op")
+}
+
+// BenchmarkGuest reports, for one booted VM: the round trip of exec true,
+// stdout throughput and file write throughput.
+func BenchmarkGuest(b *testing.B) {
+	vm := Boot(b, Options{VCPUs: 1, MemoryMiB: 512})
+	c := vm.Client
+	b.Run("ExecTrue", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := c.Exec(b.Context(), proto.ExecRequest{Argv: []string{"true"}}, client.IO{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Stdout", func(b *testing.B) {
+		const size = 32 << 20
+		b.SetBytes(size)
+		for b.Loop() {
+			_, err := c.Exec(b.Context(), proto.ExecRequest{Shell: fmt.Sprintf("head -c %d /dev/zero", size)}, client.IO{Stdout: discard{}})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("FileWrite", func(b *testing.B) {
+		data := make([]byte, 32<<20)
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			if _, err := c.WriteFile(b.Context(), proto.WriteArgs{Path: "/tmp/bench"}, bytes.NewReader(data)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

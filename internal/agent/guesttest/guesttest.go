@@ -1,0 +1,191 @@
+// Package guesttest boots real SPACE guests for tests: it builds the agent
+// and the guest images once per content hash into the shared test cache,
+// caps how many test VMs run at once across test processes, and hands back a
+// booted VM with a connected agent client.
+package guesttest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"space/internal/cachedir"
+	"space/internal/guestvm"
+	"space/internal/imagebuild"
+	"space/internal/testenv"
+	"space/internal/vmm/qemu"
+)
+
+var (
+	buildOnce sync.Once
+	built     *imagebuild.Artifacts
+	buildErr  error
+)
+
+// Images returns the guest images, building the agent from this checkout
+// and anything the cache lacks. The first call in a process may take
+// minutes on a cold cache; later calls are free.
+func Images(t testing.TB) *imagebuild.Artifacts {
+	t.Helper()
+	testenv.RequireQEMU(t)
+	testenv.RequireRoot(t, testenv.TierQEMU) // debootstrap of the default root needs root
+	buildOnce.Do(func() { built, buildErr = buildImages() })
+	if buildErr != nil {
+		t.Fatalf("setup: guest images: %v", buildErr)
+	}
+	return built
+}
+
+func buildImages() (*imagebuild.Artifacts, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	agent, err := BuildAgent(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cache, err := cachedir.Open(cacheBase())
+	if err != nil {
+		return nil, err
+	}
+	return imagebuild.Build(ctx, imagebuild.Config{Cache: cache, AgentPath: agent})
+}
+
+func cacheBase() string {
+	if d := os.Getenv("SPACE_CACHE_DIR"); d != "" {
+		return d
+	}
+	d, _ := os.UserCacheDir()
+	return filepath.Join(d, "space")
+}
+
+// BuildAgent builds space-agent from this checkout, reproducibly (the same
+// source gives the same bytes, so the initramfs cache key is stable), and
+// returns its path.
+func BuildAgent(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find module root: %w", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	dir, err := os.MkdirTemp("", "space-agent-build-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "space-agent")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", bin, "./cmd/space-agent")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build space-agent: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// Options shape a test VM. Zero values give 1 vCPU and 512 MiB.
+type Options struct {
+	VCPUs     int
+	MemoryMiB int
+}
+
+// VM is a booted guest with a connected agent.
+type VM struct {
+	*guestvm.VM
+	closeOnce sync.Once
+	closeFn   func()
+}
+
+// Close stops the VM, removes its files and frees its test slot. It is
+// idempotent; Boot registers it as a cleanup of the test.
+func (v *VM) Close() { v.closeOnce.Do(v.closeFn) }
+
+// Boot boots a guest from the default images and waits for its agent. The
+// VM is stopped and its files removed when t ends; its console log is
+// printed if t failed.
+func Boot(t testing.TB, opts Options) *VM {
+	t.Helper()
+	img := Images(t)
+	release := acquireSlot(t)
+	drv, err := qemu.New(qemu.Config{})
+	if err != nil {
+		release()
+		t.Fatalf("setup: %v", err)
+	}
+	// Guest RAM is a shared file mapping: keep it on tmpfs, and keep the
+	// path short enough for unix sockets.
+	run, err := os.MkdirTemp("/dev/shm", "space-test-vm-")
+	if err != nil {
+		release()
+		t.Fatalf("setup: vm dir: %v", err)
+	}
+	data, err := os.MkdirTemp("", "space-test-data-")
+	if err != nil {
+		os.RemoveAll(run)
+		release()
+		t.Fatalf("setup: data dir: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	gv, err := guestvm.Boot(ctx, guestvm.Config{
+		Images: img, Driver: drv, RunDir: run, DataDir: data,
+		VCPUs: opts.VCPUs, MemoryMiB: opts.MemoryMiB,
+	})
+	if err != nil {
+		release()
+		t.Fatalf("setup: boot guest: %v", err)
+	}
+	v := &VM{VM: gv}
+	v.closeFn = func() {
+		defer release()
+		if t.Failed() {
+			log, _ := gv.QEMU.SerialLog()
+			t.Logf("guest console:\n%s", log)
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := gv.Close(cctx); err != nil {
+			t.Errorf("close guest: %v", err)
+		}
+	}
+	t.Cleanup(v.Close)
+	return v
+}
+
+// acquireSlot takes one of the machine-wide test VM slots (SPACE_TEST_VMS,
+// default 2) and returns its release, so parallel test packages don't
+// oversubscribe two cores with emulated CPUs.
+func acquireSlot(t testing.TB) (release func()) {
+	t.Helper()
+	n := 2
+	if s := os.Getenv("SPACE_TEST_VMS"); s != "" {
+		if v, err := strconv.Atoi(s); err == nil && v > 0 {
+			n = v
+		}
+	}
+	cache, err := cachedir.Open(cacheBase())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	deadline := time.Now().Add(15 * time.Minute)
+	for {
+		for i := range n {
+			unlock, ok, err := cache.TryLock("test-vm-slot-" + strconv.Itoa(i))
+			if err != nil {
+				t.Fatalf("setup: vm slot: %v", err)
+			}
+			if ok {
+				return unlock
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("setup: no free test VM slot within 15m")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# install-deps.sh installs the host packages SPACE needs on Debian 12 or
+# Ubuntu and checks for Go. It is idempotent: it installs only what is
+# missing, refreshes the apt index only when it has to, and uses sudo only
+# when not run as root.
+set -euo pipefail
+
+# QEMU boots the sandbox VMs; e2fsprogs (mkfs.ext4) and debootstrap build the
+# guest images; xfsprogs makes reflink-capable storage; iproute2 sets up
+# network namespaces; postgresql and sqlite3 back the control plane's store.
+packages=(
+	qemu-system-x86
+	qemu-utils
+	e2fsprogs
+	debootstrap
+	xfsprogs
+	iproute2
+	ca-certificates
+	postgresql
+	sqlite3
+)
+
+# The guest kernel is fetched as this package through the host's apt index
+# (Debian only; see internal/image/kernel).
+kernel_package=linux-image-cloud-amd64
+
+min_go_major=1
+min_go_minor=26
+
+log() { printf 'install-deps: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
+	die "needs a Debian or Ubuntu system (dpkg-query or apt-get not found)"
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+	if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]]; then
+		missing+=("$p")
+	fi
+done
+
+need_update=false
+if ((${#missing[@]} > 0)); then
+	need_update=true
+fi
+os_id=
+if [[ -r /etc/os-release ]]; then
+	# shellcheck disable=SC1091
+	os_id=$(. /etc/os-release && echo "${ID:-}")
+fi
+if [[ $os_id == debian ]] && ! apt-cache show "$kernel_package" >/dev/null 2>&1; then
+	log "the apt index does not list $kernel_package (the guest kernel)"
+	need_update=true
+fi
+
+sudo=()
+if $need_update && [[ $EUID -ne 0 ]]; then
+	command -v sudo >/dev/null ||
+		die "apt-get must run (missing: ${missing[*]:-none}) but this is not root and sudo is not installed: run this script as root"
+	sudo=(sudo)
+fi
+apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
+if $need_update; then
+	log "updating the apt index"
+	"${apt[@]}" update -q </dev/null
+fi
+if ((${#missing[@]} > 0)); then
+	log "installing: ${missing[*]}"
+	"${apt[@]}" install -y -q --no-install-recommends \
+		-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+		"${missing[@]}" </dev/null
+else
+	log "host packages: all installed"
+fi
+
+# Go: on PATH, or where the official tarball puts it.
+go_bin=$(command -v go || true)
+if [[ -z $go_bin && -x /usr/local/go/bin/go ]]; then
+	go_bin=/usr/local/go/bin/go
+	log "note: using $go_bin; add /usr/local/go/bin to PATH to run go yourself"
+fi
+[[ -n $go_bin ]] ||
+	die "Go $min_go_major.$min_go_minor or newer is required but was found neither on PATH nor in /usr/local/go/bin; install it (https://go.dev/doc/install) and re-run"
+go_version=$("$go_bin" env GOVERSION) # e.g. go1.26.8
+if [[ ! $go_version =~ ^go([0-9]+)\.([0-9]+) ]]; then
+	die "cannot parse the version of $go_bin ($go_version); Go $min_go_major.$min_go_minor or newer is required"
+fi
+major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]}
+if ((major < min_go_major || (major == min_go_major && minor < min_go_minor))); then
+	die "$go_bin is $go_version; Go $min_go_major.$min_go_minor or newer is required (https://go.dev/doc/install)"
+fi
+log "go: $go_version ($go_bin)"
