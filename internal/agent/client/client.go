@@ -89,7 +89,7 @@ func dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
 	if ready.Version != proto.Version {
 		return nil, fmt.Errorf("agent speaks protocol %d, want %d: %w", ready.Version, proto.Version, errkind.FailedPrecondition)
 	}
-	sess, err := yamux.Client(&bufferedConn{r: br, ReadWriteCloser: conn}, proto.YamuxConfig())
+	sess, err := yamux.Client(proto.Buffered(br, conn), proto.YamuxConfig())
 	if err != nil {
 		return nil, fmt.Errorf("agent session: %w", err)
 	}
@@ -106,13 +106,6 @@ func DialUnix(ctx context.Context, path string) (*Client, error) {
 	}
 	return Dial(ctx, conn)
 }
-
-type bufferedConn struct {
-	r *bufio.Reader
-	io.ReadWriteCloser
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // AgentVersion is the version the agent announced in the handshake. It is
 // guest-controlled text (printable, at most 64 bytes).

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"space/internal/agent/proto"
 	"space/internal/errkind"
 )
 
@@ -52,5 +53,5 @@ func DialHybridVsock(ctx context.Context, udsPath string, port uint32) (*Client,
 		return nil, fmt.Errorf("vsock connect to port %d: reply %.64q: %w", port, line, errkind.Unavailable)
 	}
 	conn.SetDeadline(time.Time{})
-	return Dial(ctx, &bufferedConn{r: br, ReadWriteCloser: conn})
+	return Dial(ctx, proto.Buffered(br, conn))
 }

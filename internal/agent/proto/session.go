@@ -1,6 +1,7 @@
 package proto
 
 import (
+	"bufio"
 	"io"
 	"time"
 
@@ -19,3 +20,17 @@ func YamuxConfig() *yamux.Config {
 	c.LogOutput = io.Discard
 	return c
 }
+
+// Buffered returns conn with reads served from br first: the handshake
+// reads through a bufio.Reader that may already hold the first session
+// bytes.
+func Buffered(br *bufio.Reader, conn io.ReadWriteCloser) io.ReadWriteCloser {
+	return &bufferedConn{r: br, ReadWriteCloser: conn}
+}
+
+type bufferedConn struct {
+	r *bufio.Reader
+	io.ReadWriteCloser
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }

@@ -177,7 +177,7 @@ func (s *Server) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
 		}
 		hello = *next
 	}
-	sess, err := yamux.Server(&bufferedConn{r: br, ReadWriteCloser: conn}, proto.YamuxConfig())
+	sess, err := yamux.Server(proto.Buffered(br, conn), proto.YamuxConfig())
 	if err != nil {
 		return fmt.Errorf("start session: %w", err)
 	}
@@ -210,13 +210,6 @@ func (s *Server) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
 		}()
 	}
 }
-
-type bufferedConn struct {
-	r *bufio.Reader
-	io.ReadWriteCloser
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // call is one stream: a request and its reply frames.
 type call struct {
