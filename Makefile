@@ -11,6 +11,8 @@ export PATH := $(PATH):/usr/local/go/bin
 export SPACE_CACHE_DIR ?= $(HOME)/.cache/space
 
 GO ?= go
+# The lock-annotation checker (// +checklocks:mu), run through go vet.
+CHECKLOCKS := gvisor.dev/gvisor/tools/checklocks/cmd/checklocks@v0.0.0-20260905035102-160fafc42237
 
 .PHONY: deps build test run clean
 
@@ -25,6 +27,8 @@ build:
 # test fails or a required tier (SPACE_TEST_TIERS) skips.
 test: deps
 	$(GO) vet ./...
+	GOBIN=$(CURDIR)/bin $(GO) install $(CHECKLOCKS)
+	$(GO) vet -vettool=$(CURDIR)/bin/checklocks ./...
 	$(GO) test -json -count=1 -timeout 30m -p 2 ./... 2>&1 | $(GO) run ./internal/testenv/testsummary
 	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime 20s ./internal/agent/proto
 

@@ -268,7 +268,8 @@ func testExecErrors(t *testing.T, c *client.Client) {
 // lockedBuffer is a bytes.Buffer safe to read while a process writes it.
 type lockedBuffer struct {
 	mu sync.Mutex
-	b  bytes.Buffer
+	// +checklocks:mu
+	b bytes.Buffer
 }
 
 func (b *lockedBuffer) Write(p []byte) (int, error) {

@@ -119,7 +119,8 @@ func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
 
 // stream is one call on the session.
 type stream struct {
-	st *yamux.Stream
+	// st is safe for concurrent use; mu only keeps frames whole.
+	st *yamux.Stream // +checklocksignore
 	r  *proto.Reader
 	mu sync.Mutex // serializes writes
 }

@@ -346,7 +346,7 @@ func (s *Server) readControl(c *call, p *process, stdin *os.File, isPTY bool, ho
 
 // process is a started exec's process group.
 type process struct {
-	pid int
+	pid int // +checklocksignore: set before the process is shared
 
 	mu sync.Mutex
 	// +checklocks:mu

@@ -10,8 +10,9 @@ import (
 // counts) the rest. Write never fails, so a copier draining a guest-fed
 // stream keeps draining it: a stalled reader would stall the guest.
 type cappedFile struct {
-	f     *os.File // owned; closed by Close
-	limit int64
+	// f is owned and closed by Close, after the last Write.
+	f     *os.File // +checklocksignore
+	limit int64    // +checklocksignore: immutable
 
 	mu sync.Mutex
 	// +checklocks:mu
