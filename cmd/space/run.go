@@ -113,8 +113,8 @@ func shell(ctx context.Context, c *client.Client) (proto.Exit, error) {
 		return proto.Exit{}, errors.New("no command given and stdin is not a terminal: pass a command, e.g. space run -- uname -a")
 	}
 	cols, rows, err := term.GetSize(fd)
-	if err != nil {
-		cols, rows = 80, 24
+	if err != nil || cols <= 0 || rows <= 0 {
+		cols, rows = 80, 24 // a terminal that does not know its size
 	}
 	old, err := term.MakeRaw(fd)
 	if err != nil {
@@ -147,7 +147,7 @@ func shell(ctx context.Context, c *client.Client) (proto.Exit, error) {
 		case <-p.Done():
 			return p.Wait()
 		case <-winch:
-			if cols, rows, err := term.GetSize(fd); err == nil {
+			if cols, rows, err := term.GetSize(fd); err == nil && cols > 0 && rows > 0 {
 				p.Resize(uint16(rows), uint16(cols))
 			}
 		}
