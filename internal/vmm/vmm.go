@@ -1,0 +1,132 @@
+// Package vmm is the hypervisor contract the worker consumes: boot a guest,
+// pause and resume it, stop it, re-attach to it after a worker restart,
+// and (where a driver can) snapshot and restore it.
+//
+// Implementations live in subpackages (vmm/qemu, vmm/firecracker). Every
+// implementation runs the conformance suite in vmm/vmmtest. Optional
+// abilities are separate interfaces, found by type assertion:
+//
+//	if s, ok := vm.(vmm.Snapshotter); ok { ... }
+//
+// A VM is a process the driver started. Its Handle is plain data: the
+// worker persists it before it acknowledges a sandbox, and a new worker
+// process calls Driver.Recover with it to get the VM back without
+// restarting the guest.
+package vmm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"space/internal/errkind"
+)
+
+// ErrExited is returned by calls on a VM whose VMM process has ended.
+var ErrExited = fmt.Errorf("vm has exited: %w", errkind.FailedPrecondition)
+
+// ErrGone is returned by Recover when the handle's process no longer runs
+// (or its pid now belongs to another process).
+var ErrGone = fmt.Errorf("vm process is gone: %w", errkind.NotFound)
+
+// ErrIncompatible is returned by Restore for a snapshot taken by another
+// VMM, version, machine type or device layout.
+var ErrIncompatible = fmt.Errorf("snapshot is incompatible with this vmm: %w", errkind.FailedPrecondition)
+
+// Spec describes a guest to boot.
+type Spec struct {
+	// RunDir is the VM's private directory (sockets, memory file, logs).
+	// The driver creates it 0700. It belongs on a file system where the
+	// memory file can live (tmpfs, or reflink-capable storage for
+	// snapshots) and must be short enough for unix socket paths.
+	RunDir string
+	// Kernel is the guest kernel: a PVH/ELF vmlinux (both drivers) or a
+	// bzImage (QEMU only). Required.
+	Kernel string
+	// Initrd is the initramfs, or "" for none.
+	Initrd string
+	// Cmdline is the kernel command line. The driver may append its own
+	// arguments (the agent channel's name, for one).
+	Cmdline string
+	// VCPUs is the number of vCPUs; 0 = 1.
+	VCPUs int
+	// MemoryMiB is the guest RAM. Required.
+	MemoryMiB int
+	// Disks are virtio-blk disks, /dev/vda first.
+	Disks []Disk
+	// NIC is the guest's network interface, or nil for none.
+	NIC *NIC
+}
+
+// Disk is one raw disk image.
+type Disk struct {
+	Path     string
+	ReadOnly bool
+}
+
+// NIC connects the guest to a tap device the worker prepared (in a network
+// namespace of its own); the far end is the sandbox's egress gateway.
+type NIC struct {
+	TapName string // the tap, visible to the VMM process
+	MAC     string // guest MAC, e.g. 02:fc:00:00:00:01
+}
+
+// AgentEndpoint tells the host how to reach the guest agent.
+type AgentEndpoint struct {
+	// Kind is "unix" (a stream socket carrying the agent channel, such as
+	// QEMU's virtio-serial chardev) or "hybrid-vsock" (Firecracker's vsock
+	// unix socket: send "CONNECT <port>" first).
+	Kind string `json:"kind"`
+	Path string `json:"path"`
+	Port uint32 `json:"port,omitempty"` // hybrid-vsock only
+}
+
+// Handle identifies a running VM across worker restarts. It is plain data:
+// persist it as JSON.
+type Handle struct {
+	Driver    string          `json:"driver"`     // "qemu" or "firecracker"
+	Version   string          `json:"version"`    // VMM version
+	PID       int             `json:"pid"`        // VMM process
+	StartTime uint64          `json:"start_time"` // /proc/<pid>/stat field 22: detects a reused pid
+	RunDir    string          `json:"run_dir"`
+	Agent     AgentEndpoint   `json:"agent"`
+	Accel     string          `json:"accel"`           // "kvm" or "tcg"
+	State     json.RawMessage `json:"state,omitempty"` // driver-private
+}
+
+// ProcessInfo describes the VMM process.
+type ProcessInfo struct {
+	PID     int
+	RSS     int64         // resident bytes
+	CPUTime time.Duration // user + system
+}
+
+// Driver boots and re-attaches VMs.
+type Driver interface {
+	// Boot starts a VM; it returns once the VMM runs the guest, not when
+	// the guest is ready (the caller waits for the agent).
+	Boot(ctx context.Context, spec Spec) (VM, error)
+	// Recover re-attaches to the VM a Handle describes. ErrGone when it no
+	// longer runs.
+	Recover(ctx context.Context, h Handle) (VM, error)
+}
+
+// VM is a running guest.
+type VM interface {
+	// Handle returns the VM's persistable identity.
+	Handle() Handle
+	// Stop asks the VMM to end, kills it after a grace period or when ctx
+	// ends, waits for it and removes its run files. Idempotent.
+	Stop(ctx context.Context) error
+	// Done is closed once the VMM process has exited.
+	Done() <-chan struct{}
+	// Info describes the VMM process; ErrExited once it ended.
+	Info() (ProcessInfo, error)
+}
+
+// Pauser is a VM whose vCPUs can be stopped and restarted.
+type Pauser interface {
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+}
