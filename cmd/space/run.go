@@ -48,7 +48,7 @@ func runCmd(ctx context.Context, g *globals, args []string) error {
 	if err != nil {
 		return err
 	}
-	drv, err := qemu.New(qemu.Config{Log: g.log})
+	drv, err := qemu.New(qemu.Config{Log: g.log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")})
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ import (
 	"space/internal/image/kernel"
 	"space/internal/image/rootfs"
 	"space/internal/imagebuild"
-	"space/internal/vmm/qemu"
+	"space/internal/vmm"
 )
 
 // Config describes one guest.
@@ -26,7 +26,7 @@ type Config struct {
 	// Images are the kernel, initramfs and root file system. Required.
 	Images *imagebuild.Artifacts
 	// Driver boots the VM. Required.
-	Driver *qemu.Driver
+	Driver vmm.Driver
 	// RunDir holds the VM's sockets and memory file; it should be on tmpfs
 	// (guest RAM is a shared mapping of a file there) and short (unix
 	// socket paths). Created, and removed by Close. Required.
@@ -47,7 +47,7 @@ type Config struct {
 
 // VM is a running guest with a connected agent.
 type VM struct {
-	QEMU     *qemu.VM
+	VMM      vmm.VM
 	Client   *client.Client
 	BootTime time.Duration // VMM start to the agent's first health reply
 
@@ -86,28 +86,27 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	if err := rootfs.NewWritableLayer(ctx, rw, int64(cfg.DiskGiB)<<30); err != nil {
 		return nil, fmt.Errorf("writable layer: %w", err)
 	}
-	params := guestinit.Params{RW: "/dev/vdb", Port: qemu.AgentPort, Hostname: cfg.Hostname}
+	params := guestinit.Params{RW: "/dev/vdb", Hostname: cfg.Hostname}
 	start := time.Now()
-	vm, err := cfg.Driver.Boot(ctx, qemu.Spec{
-		Dir:       filepath.Join(cfg.RunDir, "vm"),
+	vm, err := cfg.Driver.Boot(ctx, vmm.Spec{
+		RunDir:    filepath.Join(cfg.RunDir, "vm"),
 		Kernel:    cfg.Images.Kernel.Vmlinux,
 		Initrd:    cfg.Images.Initramfs,
 		Cmdline:   kernel.Cmdline(params.Args()...),
 		VCPUs:     cfg.VCPUs,
 		MemoryMiB: cfg.MemoryMiB,
-		Disks: []qemu.Disk{
-			{Path: cfg.Images.Rootfs, Format: "raw", ReadOnly: true},
-			{Path: rw, Format: "raw"},
+		Disks: []vmm.Disk{
+			{Path: cfg.Images.Rootfs, ReadOnly: true},
+			{Path: rw},
 		},
 	})
 	if err != nil {
 		return nil, err
 	}
-	v.QEMU = vm
+	v.VMM = vm
 	c, err := Connect(ctx, vm)
 	if err != nil {
-		log, _ := vm.SerialLog()
-		return nil, fmt.Errorf("agent: %w; guest console:\n%s", err, tail(log, 4096))
+		return nil, fmt.Errorf("agent: %w%s", err, consoleTail(vm))
 	}
 	v.Client = c
 	v.BootTime = time.Since(start)
@@ -116,7 +115,7 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 
 // Connect dials the VM's agent channel and waits until the agent answers,
 // failing early if the VM exits.
-func Connect(ctx context.Context, vm *qemu.VM) (*client.Client, error) {
+func Connect(ctx context.Context, vm vmm.VM) (*client.Client, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go func() {
@@ -126,7 +125,44 @@ func Connect(ctx context.Context, vm *qemu.VM) (*client.Client, error) {
 		case <-ctx.Done():
 		}
 	}()
-	return client.DialUnixWait(ctx, vm.AgentSocket())
+	ep := vm.Handle().Agent
+	switch ep.Kind {
+	case "unix":
+		return client.DialUnixWait(ctx, ep.Path)
+	case "hybrid-vsock":
+		for {
+			c, err := client.DialHybridVsock(ctx, ep.Path, ep.Port)
+			if err == nil {
+				if err = c.WaitReady(ctx); err == nil {
+					return c, nil
+				}
+				c.Close()
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("agent not ready: %w (last error: %v)", context.Cause(ctx), err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return nil, fmt.Errorf("agent endpoint kind %q: %w", ep.Kind, errkind.InvalidArgument)
+}
+
+// serialLogger is a VM that keeps its console output.
+type serialLogger interface{ SerialLog() ([]byte, error) }
+
+// consoleTail returns the end of the VM's console output for an error
+// message, or "" when the driver keeps none.
+func consoleTail(vm vmm.VM) string {
+	sl, ok := vm.(serialLogger)
+	if !ok {
+		return ""
+	}
+	log, err := sl.SerialLog()
+	if err != nil || len(log) == 0 {
+		return ""
+	}
+	return "; guest console:\n" + string(tail(log, 4096))
 }
 
 // Close powers the guest off (briefly asking the agent first), stops the VM
@@ -134,15 +170,18 @@ func Connect(ctx context.Context, vm *qemu.VM) (*client.Client, error) {
 func (v *VM) Close(ctx context.Context) error {
 	var errs []error
 	if v.Client != nil {
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if v.Client.Shutdown(sctx, false) == nil && v.QEMU != nil {
-			v.QEMU.Wait(sctx) // a clean power-off leaves a clean writable layer
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if v.Client.Shutdown(sctx, false) == nil && v.VMM != nil {
+			select { // a clean power-off leaves a clean writable layer
+			case <-v.VMM.Done():
+			case <-sctx.Done():
+			}
 		}
 		cancel()
 		v.Client.Close()
 	}
-	if v.QEMU != nil {
-		errs = append(errs, v.QEMU.Stop(ctx))
+	if v.VMM != nil {
+		errs = append(errs, v.VMM.Stop(ctx))
 	}
 	errs = append(errs, os.RemoveAll(v.cfg.RunDir), os.RemoveAll(v.cfg.DataDir))
 	return errors.Join(errs...)

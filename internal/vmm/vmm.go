@@ -125,6 +125,13 @@ type VM interface {
 	Info() (ProcessInfo, error)
 }
 
+// Detacher is a VM whose host side can let go of it without stopping it:
+// what a worker does when it exits (or crashes) and a successor will
+// Recover the VM from its Handle. After Detach only Handle may be called.
+type Detacher interface {
+	Detach() error
+}
+
 // Pauser is a VM whose vCPUs can be stopped and restarted.
 type Pauser interface {
 	Pause(ctx context.Context) error

@@ -112,7 +112,7 @@ func Boot(t testing.TB, opts Options) *VM {
 	t.Helper()
 	img := Images(t)
 	release := acquireSlot(t)
-	drv, err := qemu.New(qemu.Config{})
+	drv, err := Driver(t)
 	if err != nil {
 		release()
 		t.Fatalf("setup: %v", err)
@@ -144,8 +144,10 @@ func Boot(t testing.TB, opts Options) *VM {
 	v.closeFn = func() {
 		defer release()
 		if t.Failed() {
-			log, _ := gv.QEMU.SerialLog()
-			t.Logf("guest console:\n%s", log)
+			if sl, ok := gv.VMM.(interface{ SerialLog() ([]byte, error) }); ok {
+				log, _ := sl.SerialLog()
+				t.Logf("guest console:\n%s", log)
+			}
 		}
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -155,6 +157,20 @@ func Boot(t testing.TB, opts Options) *VM {
 	}
 	t.Cleanup(v.Close)
 	return v
+}
+
+// Driver returns a QEMU driver that remembers its KVM probe in the test
+// cache, so test processes probe once per host boot.
+func Driver(t testing.TB) (*qemu.Driver, error) {
+	t.Helper()
+	return qemu.New(qemu.Config{AccelCache: filepath.Join(cacheBase(), cachedir.Layout, "accel-probe.json")})
+}
+
+// AcquireSlot takes one of the machine-wide test VM slots and returns its
+// release; tests that boot VMs without Boot call it first.
+func AcquireSlot(t testing.TB) (release func()) {
+	t.Helper()
+	return acquireSlot(t)
 }
 
 // acquireSlot takes one of the machine-wide test VM slots (SPACE_TEST_VMS,

@@ -100,6 +100,11 @@ func (s *Server) exec(ctx context.Context, c *call, req proto.ExecRequest) error
 	p := &process{pid: pid}
 	s.log.Debug("exec started", "pid", pid)
 
+	// Started goes out before any output frame: the host expects it first.
+	if err := c.sendJSON(proto.TypeStarted, proto.Started{PID: pid}); err != nil {
+		p.kill(unix.SIGKILL)
+	}
+
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	pumpsDone := make(chan struct{})
@@ -115,9 +120,6 @@ func (s *Server) exec(ctx context.Context, c *call, req proto.ExecRequest) error
 	}
 	go func() { pumps.Wait(); close(pumpsDone) }()
 
-	if err := c.sendJSON(proto.TypeStarted, proto.Started{PID: pid}); err != nil {
-		p.kill(unix.SIGKILL)
-	}
 
 	// Frames from the host: stdin, signals, resizes. An error or EOF here
 	// before the exit means the host went away.

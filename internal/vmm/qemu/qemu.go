@@ -30,17 +30,27 @@ type Config struct {
 	// StopGrace is how long Stop waits for QEMU to exit after the QMP quit
 	// command before it kills QEMU; 0 means 5s.
 	StopGrace time.Duration
+	// Accel forces the accelerator of Boot: "kvm" or "tcg"; "" means probe
+	// (see Driver.Accel).
+	Accel string
+	// AccelCache is a file remembering KVM probe results across processes;
+	// "" means probe once per Driver.
+	AccelCache string
 }
 
 // Driver boots VMs with one QEMU binary. It is safe for concurrent use.
 type Driver struct {
-	bin       string
-	log       *slog.Logger
-	stopGrace time.Duration
+	bin        string
+	log        *slog.Logger
+	stopGrace  time.Duration
+	accel      string // forced by Config, or ""
+	accelCache string
 
 	mu sync.Mutex
 	// +checklocks:mu
 	sandbox sandboxSupport // probed by the first Boot
+	// +checklocks:mu
+	probed map[string]string // probe key -> accelerator
 }
 
 type sandboxSupport int
@@ -70,26 +80,32 @@ func New(cfg Config) (*Driver, error) {
 	if grace == 0 {
 		grace = 5 * time.Second
 	}
-	return &Driver{bin: path, log: log.With("component", "qemu"), stopGrace: grace}, nil
+	switch cfg.Accel {
+	case "", "kvm", "tcg":
+	default:
+		return nil, fmt.Errorf("qemu accel %q, want kvm, tcg or empty: %w", cfg.Accel, errkind.InvalidArgument)
+	}
+	return &Driver{bin: path, log: log.With("component", "qemu"), stopGrace: grace,
+		accel: cfg.Accel, accelCache: cfg.AccelCache, probed: map[string]string{}}, nil
 }
 
-// Boot is New(cfg) followed by Boot(ctx, spec), for callers that boot one VM.
-// A long-lived caller should keep a Driver, which probes QEMU only once.
-func Boot(ctx context.Context, cfg Config, spec Spec) (*VM, error) {
+// Start is New(cfg) followed by Start(ctx, spec), for callers that boot one
+// VM. A long-lived caller should keep a Driver, which probes QEMU only once.
+func Start(ctx context.Context, cfg Config, spec Spec) (*VM, error) {
 	d, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return d.Boot(ctx, spec)
+	return d.Start(ctx, spec)
 }
 
-// Boot starts QEMU for spec and returns once QMP is connected and the
+// Start starts QEMU for spec and returns once QMP is connected and the
 // console attached; it does not wait for the guest. An invalid spec is an
 // errkind.InvalidArgument error and a spec whose Dir already holds a memory
 // file an errkind.Conflict error. If QEMU exits during Boot the error holds
 // the end of its stderr. On error nothing keeps running and only the logs
 // remain in Dir. The caller must Stop the returned VM.
-func (d *Driver) Boot(ctx context.Context, spec Spec) (_ *VM, err error) {
+func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	start := time.Now()
 	spec, err = spec.normalize()
 	if err != nil {
@@ -160,10 +176,20 @@ func (d *Driver) Boot(ctx context.Context, spec Spec) (_ *VM, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
+	p, startTime, err := openProcess(cmd.Process.Pid)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, err
+	}
+	undo.push(p.Close)
 	v := &VM{
 		log:        d.log.With("vm_pid", cmd.Process.Pid, "dir", spec.Dir),
 		spec:       spec,
 		cmd:        cmd,
+		proc:       p,
+		startTime:  startTime,
+		accel:      spec.Accel,
 		stopGrace:  d.stopGrace,
 		serialOut:  serialOut,
 		stderr:     stderr,
@@ -194,6 +220,7 @@ func (d *Driver) Boot(ctx context.Context, spec Spec) (_ *VM, err error) {
 		return nil, v.explain(ctx, err)
 	}
 	undo.push(v.qmp.Close)
+	v.version = v.qmp.Version().String()
 	qmpReady := time.Since(started)
 
 	if err := v.attachSerial(qctx); err != nil {

@@ -15,18 +15,25 @@ import (
 	"sync/atomic"
 	"time"
 
-	"space/internal/errkind"
+	"golang.org/x/sys/unix"
+
+	"space/internal/proc"
 	"space/internal/qmp"
+	"space/internal/vmm"
 )
 
 // ErrExited is returned by RSS and CPUTime once QEMU has exited.
-var ErrExited = fmt.Errorf("qemu has exited: %w", errkind.FailedPrecondition)
+var ErrExited = vmm.ErrExited
 
 // VM is one running QEMU process. Its methods are safe for concurrent use.
 type VM struct {
 	log        *slog.Logger
-	spec       Spec // normalized
-	cmd        *exec.Cmd
+	spec       Spec         // normalized
+	cmd        *exec.Cmd    // or nil for a VM re-attached by Recover
+	proc       *proc.Handle // the QEMU process, signalled and watched by pidfd
+	startTime  uint64       // the process start time, for the handle
+	version    string       // QEMU's version, from the QMP greeting
+	accel      string       // "kvm" or "tcg"
 	stopGrace  time.Duration
 	qmp        *qmp.Conn     // set by Boot before the VM is returned
 	serial     net.Conn      // console connection; set by Boot before the VM is returned
@@ -51,7 +58,7 @@ func (v *VM) Dir() string { return v.spec.Dir }
 func (v *VM) QMP() *qmp.Conn { return v.qmp }
 
 // Pid returns QEMU's process id.
-func (v *VM) Pid() int { return v.cmd.Process.Pid }
+func (v *VM) Pid() int { return v.proc.Pid }
 
 // Done is closed once QEMU has exited and been reaped.
 func (v *VM) Done() <-chan struct{} { return v.done }
@@ -176,7 +183,10 @@ func (v *VM) stop(ctx context.Context) error {
 	if n := v.serialOut.Dropped(); n > 0 {
 		v.log.Info("console output truncated", "dropped_bytes", n)
 	}
-	errs = append(errs, v.serialOut.Close(), v.stderr.Close())
+	errs = append(errs, v.serialOut.Close(), v.proc.Close())
+	if v.stderr != nil {
+		errs = append(errs, v.stderr.Close())
+	}
 	for _, name := range []string{qmpSocket, serialSocket, agentSocket, memoryFile} {
 		errs = append(errs, removeIfExists(v.spec.path(name)))
 	}
@@ -189,17 +199,26 @@ func (v *VM) stop(ctx context.Context) error {
 
 // kill sends SIGKILL and waits until QEMU has been reaped.
 func (v *VM) kill() error {
-	// os.Process signals through a pidfd, so this cannot hit a reused pid.
-	if err := v.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if v.exited() {
+		return nil
+	}
+	// Signalled through a pidfd, so this cannot hit a reused pid.
+	if err := v.proc.Signal(unix.SIGKILL); err != nil && !errors.Is(err, proc.ErrGone) {
 		return fmt.Errorf("kill qemu: %w", err)
 	}
 	<-v.done
 	return nil
 }
 
-// reap waits for QEMU to exit; it is the goroutine that owns cmd.Wait.
+// reap waits for QEMU to exit; it is the goroutine that owns cmd.Wait (or,
+// for a re-attached VM that is not our child, the pidfd wait).
 func (v *VM) reap() {
-	err := v.cmd.Wait()
+	var err error
+	if v.cmd != nil {
+		err = v.cmd.Wait()
+	} else {
+		err = v.proc.Wait(context.Background()) // the exit status belongs to our predecessor
+	}
 	if err != nil {
 		msg, _ := tail(v.spec.path(stderrLog), 2048)
 		if s := strings.TrimSpace(string(msg)); s != "" {
@@ -286,4 +305,14 @@ func (v *VM) detachSerial() error {
 		return fmt.Errorf("detach console: %w", err)
 	}
 	return nil
+}
+
+// openProcess takes a pidfd on a process we just started.
+func openProcess(pid int) (*proc.Handle, uint64, error) {
+	start, err := proc.StartTime(pid)
+	if err != nil {
+		return nil, 0, fmt.Errorf("qemu process %d: %w", pid, err)
+	}
+	h, err := proc.Open(pid, start)
+	return h, start, err
 }

@@ -85,7 +85,7 @@ func boot(t *testing.T, d *Driver, spec Spec) *VM {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	start := time.Now()
-	v, err := d.Boot(ctx, spec)
+	v, err := d.Start(ctx, spec)
 	if err != nil {
 		t.Fatalf("Boot() = %v", err)
 	}
@@ -390,7 +390,7 @@ func TestBootErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "vm")
 			spec := tt.spec(dir)
-			v, err := d.Boot(t.Context(), spec)
+			v, err := d.Start(t.Context(), spec)
 			if err == nil {
 				v.Stop(t.Context())
 				t.Fatalf("Boot() = nil error, want error")

@@ -1,0 +1,241 @@
+// Package vmmtest is the conformance suite every vmm.Driver passes: real
+// guests (the default images with this checkout's agent) booted, paused,
+// stopped, killed and re-attached through nothing but the vmm contract.
+package vmmtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"space/internal/agent/agenttest"
+	"space/internal/agent/guesttest"
+	"space/internal/guestvm"
+	"space/internal/vmm"
+)
+
+// NewDriver returns a fresh driver. The suite calls it again to play a
+// restarted worker, so it must not share state with earlier drivers beyond
+// what a new process would.
+type NewDriver func(t *testing.T) vmm.Driver
+
+// Run runs the suite against the drivers newDriver makes.
+func Run(t *testing.T, newDriver NewDriver) {
+	t.Run("BootExecLimits", func(t *testing.T) { testBootExecLimits(t, newDriver) })
+	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, newDriver) })
+	t.Run("KilledMidBootLeavesNothing", func(t *testing.T) { testKilledMidBoot(t, newDriver) })
+	t.Run("RecoverAfterWorkerRestart", func(t *testing.T) { testRecover(t, newDriver) })
+}
+
+// boot boots a guest through guestvm and closes it when t ends.
+func boot(t *testing.T, d vmm.Driver, vcpus, memMiB int) *guestvm.VM {
+	t.Helper()
+	img := guesttest.Images(t)
+	release := guesttest.AcquireSlot(t)
+	t.Cleanup(release)
+	run, data := dirs(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	vm, err := guestvm.Boot(ctx, guestvm.Config{Images: img, Driver: d, RunDir: run, DataDir: data, VCPUs: vcpus, MemoryMiB: memMiB})
+	if err != nil {
+		t.Fatalf("boot: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := vm.Close(ctx); err != nil {
+			t.Errorf("close guest: %v", err)
+		}
+	})
+	return vm
+}
+
+// dirs returns a short run dir on tmpfs and a data dir, removed when t ends.
+func dirs(t *testing.T) (run, data string) {
+	t.Helper()
+	run, err := os.MkdirTemp("/dev/shm", "space-vmmtest-")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	data, err = os.MkdirTemp("", "space-vmmtest-data-")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run); os.RemoveAll(data) })
+	return run, data
+}
+
+func testBootExecLimits(t *testing.T, newDriver NewDriver) {
+	vm := boot(t, newDriver(t), 2, 384)
+	c := vm.Client
+	if got := strings.TrimSpace(agenttest.Output(t, c, "nproc")); got != "2" {
+		t.Errorf("nproc = %q, want 2", got)
+	}
+	kb, err := strconv.Atoi(strings.Fields(agenttest.Output(t, c, "grep MemTotal /proc/meminfo"))[1])
+	if err != nil {
+		t.Fatalf("MemTotal: %v", err)
+	}
+	if want := 384 * 1024; kb > want || kb < want*80/100 {
+		t.Errorf("MemTotal = %d kB, want within 80%%..100%% of %d kB", kb, want)
+	}
+	h := vm.VMM.Handle()
+	info, err := vm.VMM.Info()
+	if err != nil || info.PID != h.PID || info.RSS <= 0 {
+		t.Errorf("Info() = %+v, %v; want pid %d and a resident size", info, err, h.PID)
+	}
+	if h.Accel != "kvm" && h.Accel != "tcg" {
+		t.Errorf("Handle().Accel = %q, want kvm or tcg", h.Accel)
+	}
+	t.Logf("driver %s %s, accel %s, boot to agent %v, rss %d MiB", h.Driver, h.Version, h.Accel, vm.BootTime, info.RSS>>20)
+}
+
+func counter(t *testing.T, vm *guestvm.VM) int {
+	t.Helper()
+	n, err := strconv.Atoi(strings.TrimSpace(agenttest.Output(t, vm.Client, "cat /tmp/counter 2>/dev/null || echo 0")))
+	if err != nil {
+		t.Fatalf("counter: %v", err)
+	}
+	return n
+}
+
+func testPauseResume(t *testing.T, newDriver NewDriver) {
+	vm := boot(t, newDriver(t), 1, 384)
+	p, ok := vm.VMM.(vmm.Pauser)
+	if !ok {
+		t.Fatalf("%T does not implement vmm.Pauser", vm.VMM)
+	}
+	// A background counter ticks ten times a second (in guest time).
+	agenttest.Output(t, vm.Client, `(n=0; while :; do n=$((n+1)); echo $n > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.1; done) >/dev/null 2>&1 &`)
+	for deadline := time.Now().Add(30 * time.Second); counter(t, vm) <= 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("counter did not start")
+		}
+	}
+	before, _ := vm.VMM.Info()
+	c1 := counter(t, vm)
+	if err := p.Pause(t.Context()); err != nil {
+		t.Fatalf("Pause = %v", err)
+	}
+	time.Sleep(2 * time.Second) // the guest must not run during this window
+	mid, _ := vm.VMM.Info()
+	if err := p.Resume(t.Context()); err != nil {
+		t.Fatalf("Resume = %v", err)
+	}
+	c2 := counter(t, vm)
+	// Had the guest run through the pause, the counter would have moved
+	// by about 20; reading it takes a few ticks at most.
+	if c2-c1 > 10 {
+		t.Errorf("counter moved %d -> %d across a 2s pause, want the guest stopped", c1, c2)
+	}
+	t.Logf("counter %d -> %d across the pause; VMM CPU during the pause %v", c1, c2, mid.CPUTime-before.CPUTime)
+	deadline := time.Now().Add(30 * time.Second)
+	for counter(t, vm) <= c2+5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("counter did not advance after Resume")
+		}
+	}
+}
+
+func testKilledMidBoot(t *testing.T, newDriver NewDriver) {
+	img := guesttest.Images(t)
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	d := newDriver(t)
+	run, _ := dirs(t)
+	runDir := filepath.Join(run, "vm")
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	vm, err := d.Boot(ctx, vmm.Spec{RunDir: runDir, Kernel: img.Kernel.Vmlinux, Initrd: img.Initramfs,
+		Cmdline: "console=ttyS0", MemoryMiB: 256, Disks: []vmm.Disk{{Path: img.Rootfs, ReadOnly: true}}})
+	if err != nil {
+		t.Fatalf("Boot = %v", err)
+	}
+	h := vm.Handle()
+	// The VMM dies (as in a crash) while the guest is still booting.
+	if err := unix.Kill(h.PID, unix.SIGKILL); err != nil {
+		t.Fatalf("kill vmm: %v", err)
+	}
+	if err := vm.Stop(ctx); err != nil {
+		t.Errorf("Stop after the VMM died = %v", err)
+	}
+	select {
+	case <-vm.Done():
+	default:
+		t.Errorf("Done not closed after Stop")
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(h.PID)); err == nil {
+		t.Errorf("vmm process %d still exists after Stop", h.PID)
+	}
+	// Only logs may stay behind (the owner removes the run dir).
+	entries, _ := os.ReadDir(runDir)
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".log") {
+			t.Errorf("left behind in the run dir: %s", e.Name())
+		}
+	}
+	if _, err := d.Recover(ctx, h); !errors.Is(err, vmm.ErrGone) {
+		t.Errorf("Recover(dead vm) = %v, want ErrGone", err)
+	}
+}
+
+func testRecover(t *testing.T, newDriver NewDriver) {
+	vm := boot(t, newDriver(t), 1, 384)
+	agenttest.Output(t, vm.Client, "echo kept > /root/state; sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/bg.pid")
+	det, ok := vm.VMM.(vmm.Detacher)
+	if !ok {
+		t.Fatalf("%T does not implement vmm.Detacher", vm.VMM)
+	}
+	// The worker goes away: it persisted the handle, dropped its agent
+	// connection and its hold on the VMM, and did not stop the VM.
+	persisted, err := json.Marshal(vm.VMM.Handle())
+	if err != nil {
+		t.Fatalf("marshal handle: %v", err)
+	}
+	vm.Client.Close()
+	if err := det.Detach(); err != nil {
+		t.Fatalf("Detach = %v", err)
+	}
+
+	// A new worker process: a new driver, the handle from storage.
+	var h vmm.Handle
+	if err := json.Unmarshal(persisted, &h); err != nil {
+		t.Fatalf("unmarshal handle: %v", err)
+	}
+	stale := h
+	stale.StartTime++
+	d := newDriver(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if _, err := d.Recover(ctx, stale); !errors.Is(err, vmm.ErrGone) {
+		t.Errorf("Recover(handle with another start time) = %v, want ErrGone", err)
+	}
+	rvm, err := d.Recover(ctx, h)
+	if err != nil {
+		t.Fatalf("Recover = %v", err)
+	}
+	vm.VMM = rvm // the guest's Close now stops the recovered VM
+	c, err := guestvm.Connect(ctx, rvm)
+	if err != nil {
+		t.Fatalf("reconnect agent: %v", err)
+	}
+	vm.Client = c
+	if got := agenttest.Output(t, c, "cat /root/state; kill -0 $(cat /tmp/bg.pid) && echo alive"); got != "kept\nalive\n" {
+		t.Errorf("after recovery: %q, want the file and the background process kept", got)
+	}
+	if p, ok := rvm.(vmm.Pauser); ok {
+		if err := p.Pause(ctx); err != nil {
+			t.Errorf("Pause after recovery = %v", err)
+		}
+		if err := p.Resume(ctx); err != nil {
+			t.Errorf("Resume after recovery = %v", err)
+		}
+	}
+}
