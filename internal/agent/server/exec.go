@@ -120,7 +120,6 @@ func (s *Server) exec(ctx context.Context, c *call, req proto.ExecRequest) error
 	}
 	go func() { pumps.Wait(); close(pumpsDone) }()
 
-
 	// Frames from the host: stdin, signals, resizes. An error or EOF here
 	// before the exit means the host went away.
 	hostGone := make(chan struct{})

@@ -94,10 +94,12 @@ func (d *Driver) Recover(ctx context.Context, h vmm.Handle) (_ vmm.VM, err error
 	if err != nil {
 		return nil, err
 	}
-	serialOut := newCappedFile(f, spec.SerialLogLimit)
+	// The cap counts what the first process wrote.
+	limit := spec.SerialLogLimit
 	if fi, err := f.Stat(); err == nil {
-		serialOut.written = fi.Size() // the cap counts what the first process wrote
+		limit = max(0, limit-fi.Size())
 	}
+	serialOut := newCappedFile(f, limit)
 	undo.push(serialOut.Close)
 	v := &VM{
 		log:        d.log.With("vm_pid", h.PID, "dir", spec.Dir),
