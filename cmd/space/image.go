@@ -18,6 +18,7 @@ import (
 	"space/internal/image/kernel"
 	"space/internal/image/rootfs"
 	"space/internal/imagebuild"
+	"space/internal/reflink"
 )
 
 var imageVerbs = map[string]verb{
@@ -164,7 +165,7 @@ func imageRootfsCmd(ctx context.Context, g *globals, args []string) error {
 		if *out == "" {
 			return g.printFields("rootfs", p)
 		}
-		if err := imagebuild.CopyImage(ctx, p, *out); err != nil {
+		if err := reflink.Copy(ctx, p, *out); err != nil {
 			return err
 		}
 		return g.printFields("rootfs", *out)

@@ -1,0 +1,86 @@
+// Package reflink copies files for snapshots and per-VM state: by sharing
+// extents (a reflink) where the file system can, else by copying only the
+// data regions so sparse files stay sparse.
+package reflink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"space/internal/errkind"
+)
+
+// Copy copies src to dst (replacing it) without filling in its holes: a
+// reflink where the file system can share extents (XFS, btrfs), else only
+// the data regions, so a sparse file stays sparse. A failed copy removes
+// dst.
+func Copy(ctx context.Context, src, dst string) (err error) {
+	_, err = CopyReport(ctx, src, dst)
+	return err
+}
+
+// CopyReport is Copy that also reports whether the copy was a reflink (a
+// metadata operation whose cost does not grow with the file).
+func CopyReport(ctx context.Context, src, dst string) (reflinked bool, err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return false, fmt.Errorf("copy: %w", err)
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return false, fmt.Errorf("copy: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return false, fmt.Errorf("copy: %s is not a regular file: %w", src, errkind.InvalidArgument)
+	}
+	if dfi, err := os.Stat(dst); err == nil && os.SameFile(fi, dfi) {
+		return false, fmt.Errorf("copy: %s and %s are the same file: %w", src, dst, errkind.InvalidArgument)
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return false, fmt.Errorf("copy: %w", err)
+	}
+	defer func() {
+		err = errors.Join(err, out.Close())
+		if err != nil {
+			os.Remove(dst)
+			err = fmt.Errorf("copy %s to %s: %w", src, dst, err)
+		}
+	}()
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
+		return true, nil
+	}
+	if err := out.Truncate(fi.Size()); err != nil {
+		return false, err
+	}
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < fi.Size(); {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return false, fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return false, fmt.Errorf("seek hole: %w", err)
+		}
+		// Copy big regions in steps so a cancel takes effect soon.
+		end := min(hole, data+64<<20)
+		if _, err := io.CopyBuffer(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, end-data), buf); err != nil {
+			return false, err
+		}
+		off = end
+	}
+	return false, out.Sync()
+}
