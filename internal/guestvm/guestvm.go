@@ -6,6 +6,7 @@ package guestvm
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"space/internal/agent/client"
 	"space/internal/agent/guestinit"
+	"space/internal/agent/proto"
 	"space/internal/errkind"
 	"space/internal/image/kernel"
 	"space/internal/image/rootfs"
@@ -192,4 +194,68 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// Snapshot snapshots the guest (memory, device state and writable layer)
+// into dir; the guest keeps running. The driver must be a vmm.Snapshotter.
+func (v *VM) Snapshot(ctx context.Context, dir string) (*vmm.Snapshot, error) {
+	s, ok := v.VMM.(vmm.Snapshotter)
+	if !ok {
+		return nil, fmt.Errorf("snapshot: %T cannot snapshot: %w", v.VMM, errkind.FailedPrecondition)
+	}
+	return s.Snapshot(ctx, dir, vmm.SnapshotOptions{})
+}
+
+// Restore starts a guest from a snapshot of a guestvm guest with the same
+// images, gives it its own writable layer (a copy of the snapshot's) and
+// fresh identity: clock, entropy and hostname via the agent's post-restore
+// call. cfg.VCPUs and cfg.MemoryMiB are ignored: they are the snapshot's.
+func Restore(ctx context.Context, cfg Config, snapDir string) (_ *VM, err error) {
+	r, ok := cfg.Driver.(vmm.Restorer)
+	if !ok {
+		return nil, fmt.Errorf("restore: %T cannot restore: %w", cfg.Driver, errkind.FailedPrecondition)
+	}
+	if cfg.Images == nil || cfg.RunDir == "" || cfg.DataDir == "" {
+		return nil, fmt.Errorf("guestvm: images, run dir and data dir are required: %w", errkind.InvalidArgument)
+	}
+	v := &VM{cfg: cfg}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			err = errors.Join(err, v.Close(cctx))
+		}
+	}()
+	for _, d := range []string{cfg.RunDir, cfg.DataDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	start := time.Now()
+	vm, err := r.Restore(ctx, snapDir, vmm.Spec{
+		RunDir: filepath.Join(cfg.RunDir, "vm"),
+		Kernel: cfg.Images.Kernel.Vmlinux,
+		Initrd: cfg.Images.Initramfs,
+		Disks: []vmm.Disk{
+			{Path: cfg.Images.Rootfs, ReadOnly: true},
+			{Path: filepath.Join(cfg.DataDir, "rw.img")},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	v.VMM = vm
+	c, err := Connect(ctx, vm)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w%s", err, consoleTail(vm))
+	}
+	v.Client = c
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	pr := proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, Hostname: cfg.Hostname}
+	if err := c.PostRestore(ctx, pr); err != nil {
+		return nil, fmt.Errorf("post-restore: %w", err)
+	}
+	v.BootTime = time.Since(start)
+	return v, nil
 }

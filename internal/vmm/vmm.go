@@ -137,3 +137,37 @@ type Pauser interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
 }
+
+// SnapshotOptions shape a snapshot.
+type SnapshotOptions struct {
+	// Diff asks for a snapshot holding only memory dirtied since the
+	// previous one, where the driver supports it; others take a full one.
+	Diff bool
+}
+
+// Snapshot describes a snapshot directory: device state, memory and the
+// writable disks of one consistent instant, plus metadata that Restore
+// checks before it trusts the rest.
+type Snapshot struct {
+	Dir       string
+	Driver    string
+	Version   string        // VMM version that wrote it
+	Diff      bool          // only memory dirtied since the previous snapshot
+	Took      time.Duration // how long the guest was paused
+	Reflinked bool          // memory and disks were reflinked, not copied
+}
+
+// Snapshotter is a VM that can snapshot itself into a directory. The VM is
+// paused for the snapshot and runs again afterwards if it ran before.
+type Snapshotter interface {
+	Snapshot(ctx context.Context, dir string, opts SnapshotOptions) (*Snapshot, error)
+}
+
+// Restorer is a Driver that starts a VM from a snapshot directory, with
+// memory mapped from (a copy-on-write copy of) the snapshot's memory file.
+// spec gives the new VM's run directory and disks: read-only disks as they
+// were, writable disks as paths the snapshot's copies are placed at. A
+// snapshot of another VMM, version or device layout is ErrIncompatible.
+type Restorer interface {
+	Restore(ctx context.Context, dir string, spec Spec) (VM, error)
+}

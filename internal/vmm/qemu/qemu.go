@@ -15,6 +15,7 @@ import (
 
 	"space/internal/errkind"
 	"space/internal/qmp"
+	"space/internal/reflink"
 )
 
 // errExitedDuringBoot cancels Boot's dealings with QEMU when it exits.
@@ -126,7 +127,11 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	if err := makePrivateDir(spec.Dir); err != nil {
 		return nil, err
 	}
-	if err := createMemory(spec.path(memoryFile), int64(spec.MemoryMiB)<<20); err != nil {
+	if spec.MemoryFrom != "" {
+		if err := adoptMemory(ctx, spec.MemoryFrom, spec.path(memoryFile)); err != nil {
+			return nil, err
+		}
+	} else if err := createMemory(spec.path(memoryFile), int64(spec.MemoryMiB)<<20); err != nil {
 		return nil, err
 	}
 	undo.push(func() error { return removeIfExists(spec.path(memoryFile)) })
@@ -304,6 +309,17 @@ func createMemory(path string, size int64) error {
 		return errors.Join(fmt.Errorf("size memory file: %w", err), os.Remove(path))
 	}
 	return nil
+}
+
+// adoptMemory gives a restored VM its own copy of a snapshot's memory file.
+func adoptMemory(ctx context.Context, from, path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return fmt.Errorf("memory file %s exists (another VM, or one not stopped): %w", path, errkind.Conflict)
+	}
+	if err := reflink.Copy(ctx, from, path); err != nil {
+		return fmt.Errorf("memory file: %w", err)
+	}
+	return os.Chmod(path, 0o600)
 }
 
 // listen binds a unix socket at path (replacing a stale one), restricts it

@@ -62,6 +62,12 @@ type Spec struct {
 	// Paused leaves the vCPUs stopped (QMP status "prelaunch") when Boot
 	// returns, until the caller sends the QMP command cont.
 	Paused bool
+	// Incoming starts QEMU waiting for a migration stream (-incoming
+	// defer): the caller loads device state over QMP (Restore does).
+	Incoming bool
+	// MemoryFrom is a memory file to start from (a snapshot's); it is
+	// copied (reflinked where possible) to Dir/memory. "" = fresh RAM.
+	MemoryFrom string
 }
 
 // Disk is one virtio-blk disk.
@@ -221,6 +227,9 @@ func (s Spec) args(sandbox bool) []string {
 			"-drive", "if=none,id="+id+",file="+optEscape(d.Path)+",format="+d.Format+",readonly="+ro+",cache=unsafe",
 			"-device", "virtio-blk-pci,drive="+id,
 		)
+	}
+	if s.Incoming {
+		a = append(a, "-incoming", "defer")
 	}
 	return append(a, "-S")
 }

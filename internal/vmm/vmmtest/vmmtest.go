@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,29 +34,42 @@ func Run(t *testing.T, newDriver NewDriver) {
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, newDriver) })
 	t.Run("KilledMidBootLeavesNothing", func(t *testing.T) { testKilledMidBoot(t, newDriver) })
 	t.Run("RecoverAfterWorkerRestart", func(t *testing.T) { testRecover(t, newDriver) })
+	t.Run("SnapshotRestoreClones", func(t *testing.T) { testSnapshotRestore(t, newDriver) })
 }
 
-// boot boots a guest through guestvm and closes it when t ends.
-func boot(t *testing.T, d vmm.Driver, vcpus, memMiB int) *guestvm.VM {
+// boot boots a guest through guestvm. It is closed, and its test VM slot
+// freed, by done or when t ends.
+func boot(t *testing.T, d vmm.Driver, vcpus, memMiB int) (vm *guestvm.VM, done func()) {
 	t.Helper()
 	img := guesttest.Images(t)
 	release := guesttest.AcquireSlot(t)
-	t.Cleanup(release)
 	run, data := dirs(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	vm, err := guestvm.Boot(ctx, guestvm.Config{Images: img, Driver: d, RunDir: run, DataDir: data, VCPUs: vcpus, MemoryMiB: memMiB})
 	if err != nil {
+		release()
 		t.Fatalf("boot: %v", err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := vm.Close(ctx); err != nil {
-			t.Errorf("close guest: %v", err)
-		}
-	})
-	return vm
+	return vm, closer(t, vm, release)
+}
+
+// closer returns an idempotent func that closes vm and frees its slot; it
+// also runs when t ends.
+func closer(t *testing.T, vm *guestvm.VM, release func()) func() {
+	var once sync.Once
+	done := func() {
+		once.Do(func() {
+			defer release()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := vm.Close(ctx); err != nil {
+				t.Errorf("close guest: %v", err)
+			}
+		})
+	}
+	t.Cleanup(done)
+	return done
 }
 
 // dirs returns a short run dir on tmpfs and a data dir, removed when t ends.
@@ -74,7 +88,7 @@ func dirs(t *testing.T) (run, data string) {
 }
 
 func testBootExecLimits(t *testing.T, newDriver NewDriver) {
-	vm := boot(t, newDriver(t), 2, 384)
+	vm, _ := boot(t, newDriver(t), 2, 384)
 	c := vm.Client
 	if got := strings.TrimSpace(agenttest.Output(t, c, "nproc")); got != "2" {
 		t.Errorf("nproc = %q, want 2", got)
@@ -107,7 +121,7 @@ func counter(t *testing.T, vm *guestvm.VM) int {
 }
 
 func testPauseResume(t *testing.T, newDriver NewDriver) {
-	vm := boot(t, newDriver(t), 1, 384)
+	vm, _ := boot(t, newDriver(t), 1, 384)
 	p, ok := vm.VMM.(vmm.Pauser)
 	if !ok {
 		t.Fatalf("%T does not implement vmm.Pauser", vm.VMM)
@@ -187,7 +201,7 @@ func testKilledMidBoot(t *testing.T, newDriver NewDriver) {
 }
 
 func testRecover(t *testing.T, newDriver NewDriver) {
-	vm := boot(t, newDriver(t), 1, 384)
+	vm, _ := boot(t, newDriver(t), 1, 384)
 	agenttest.Output(t, vm.Client, "echo kept > /root/state; sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/bg.pid")
 	det, ok := vm.VMM.(vmm.Detacher)
 	if !ok {
@@ -237,5 +251,82 @@ func testRecover(t *testing.T, newDriver NewDriver) {
 		if err := p.Resume(ctx); err != nil {
 			t.Errorf("Resume after recovery = %v", err)
 		}
+	}
+}
+
+// restore starts a clone from snap through guestvm and closes it when t
+// ends.
+func restore(t *testing.T, d vmm.Driver, snap, hostname string) *guestvm.VM {
+	t.Helper()
+	img := guesttest.Images(t)
+	release := guesttest.AcquireSlot(t)
+	run, data := dirs(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	vm, err := guestvm.Restore(ctx, guestvm.Config{Images: img, Driver: d, RunDir: run, DataDir: data, Hostname: hostname}, snap)
+	if err != nil {
+		release()
+		t.Fatalf("restore: %v", err)
+	}
+	closer(t, vm, release)
+	return vm
+}
+
+func testSnapshotRestore(t *testing.T, newDriver NewDriver) {
+	d := newDriver(t)
+	if _, ok := d.(vmm.Restorer); !ok {
+		t.Fatalf("%T does not implement vmm.Restorer", d)
+	}
+	src, closeSrc := boot(t, d, 1, 384)
+	// State of three kinds: a file in tmpfs (guest memory), a file on the
+	// writable layer (disk), and a running background counter (a process).
+	agenttest.Output(t, src.Client, `echo in-memory > /tmp/mark; echo on-disk > /root/mark; (n=0; while :; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/counter; sleep 0.1; done) >/dev/null 2>&1 &`)
+	for deadline := time.Now().Add(30 * time.Second); counter(t, src) <= 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("counter did not start")
+		}
+	}
+	snapRoot, err := os.MkdirTemp("/dev/shm", "space-vmmtest-snap-")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(snapRoot) })
+	snapDir := filepath.Join(snapRoot, "s1")
+	snap, err := src.Snapshot(t.Context(), snapDir)
+	if err != nil {
+		t.Fatalf("Snapshot = %v", err)
+	}
+	atSnap := counter(t, src) // the source runs on
+	t.Logf("snapshot: guest paused %v, reflinked %v", snap.Took, snap.Reflinked)
+	agenttest.Output(t, src.Client, "echo changed-after > /tmp/mark")
+
+	if got := agenttest.Output(t, src.Client, "cat /tmp/mark"); got != "changed-after\n" {
+		t.Errorf("source sees %q after the snapshot, want its own later state", got)
+	}
+	closeSrc() // two VMs at once at most on the test machines
+
+	a := restore(t, d, snapDir, "clone-a")
+	t.Logf("restore to agent ready (with post-restore): %v", a.BootTime)
+	if got := agenttest.Output(t, a.Client, "cat /tmp/mark /root/mark; hostname"); got != "in-memory\non-disk\nclone-a\n" {
+		t.Errorf("clone state = %q, want the files as at the snapshot and its own hostname", got)
+	}
+	if c := counter(t, a); c < atSnap-10 || c > atSnap+50 {
+		t.Errorf("clone counter %d, want it to resume from about %d", c, atSnap)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for base := counter(t, a); counter(t, a) <= base+3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("clone's background counter does not run")
+		}
+	}
+	// Clones diverge: what one writes, the other does not see.
+	b := restore(t, d, snapDir, "clone-b")
+	agenttest.Output(t, a.Client, "echo a > /tmp/who; echo a > /root/who")
+	agenttest.Output(t, b.Client, "echo b > /tmp/who; echo b > /root/who")
+	if got := agenttest.Output(t, a.Client, "cat /tmp/who /root/who"); got != "a\na\n" {
+		t.Errorf("clone a sees %q, want its own writes", got)
+	}
+	if got := agenttest.Output(t, b.Client, "cat /tmp/who /root/who /proc/sys/kernel/random/boot_id"); !strings.HasPrefix(got, "b\nb\n") {
+		t.Errorf("clone b sees %q, want its own writes", got)
 	}
 }
