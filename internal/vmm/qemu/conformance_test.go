@@ -17,3 +17,13 @@ func TestConformance(t *testing.T) {
 		return d
 	})
 }
+
+func BenchmarkQEMU(b *testing.B) {
+	vmmtest.Bench(b, func(b *testing.B) vmm.Driver {
+		d, err := guesttest.Driver(b)
+		if err != nil {
+			b.Fatalf("setup: %v", err)
+		}
+		return d
+	})
+}
