@@ -45,6 +45,9 @@ type Config struct {
 	DiskGiB int
 	// Hostname is the guest's hostname; "" = "sandbox".
 	Hostname string
+	// NIC is the guest's network interface, or nil for none. Its
+	// addresses are set through the agent (ConfigureNetwork).
+	NIC *vmm.NIC
 }
 
 // VM is a running guest with a connected agent.
@@ -101,6 +104,7 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 			{Path: cfg.Images.Rootfs, ReadOnly: true},
 			{Path: rw},
 		},
+		NIC: cfg.NIC,
 	})
 	if err != nil {
 		return nil, err
@@ -240,6 +244,7 @@ func Restore(ctx context.Context, cfg Config, snapDir string) (_ *VM, err error)
 			{Path: cfg.Images.Rootfs, ReadOnly: true},
 			{Path: filepath.Join(cfg.DataDir, "rw.img")},
 		},
+		NIC: cfg.NIC,
 	})
 	if err != nil {
 		return nil, err

@@ -68,8 +68,12 @@ type Disk struct {
 // NIC connects the guest to a tap device the worker prepared (in a network
 // namespace of its own); the far end is the sandbox's egress gateway.
 type NIC struct {
-	TapName string // the tap, visible to the VMM process
-	MAC     string // guest MAC, e.g. 02:fc:00:00:00:01
+	TapName string // the tap device
+	// Netns is the path of the network namespace the tap lives in (e.g.
+	// /run/netns/<name>); "" = the VMM's own. QEMU gets the tap as an open
+	// descriptor, so QEMU itself stays in the host's namespace.
+	Netns string
+	MAC   string // guest MAC, e.g. 02:fc:00:00:00:01
 }
 
 // AgentEndpoint tells the host how to reach the guest agent.

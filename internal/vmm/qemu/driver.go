@@ -10,6 +10,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/proc"
 	"space/internal/qmp"
+	"space/internal/tap"
 	"space/internal/vmm"
 )
 
@@ -23,9 +24,6 @@ var (
 // Boot starts a VM for the driver-neutral spec (vmm.Driver). Disks are raw;
 // the accelerator is the one Accel chose.
 func (d *Driver) Boot(ctx context.Context, s vmm.Spec) (vmm.VM, error) {
-	if s.NIC != nil {
-		return nil, fmt.Errorf("boot: network interfaces are not supported by this driver yet: %w", errkind.FailedPrecondition)
-	}
 	accel, err := d.Accel(ctx, s.Kernel)
 	if err != nil {
 		return nil, err
@@ -36,6 +34,14 @@ func (d *Driver) Boot(ctx context.Context, s vmm.Spec) (vmm.VM, error) {
 	}
 	for _, disk := range s.Disks {
 		spec.Disks = append(spec.Disks, Disk{Path: disk.Path, Format: "raw", ReadOnly: disk.ReadOnly})
+	}
+	nic, err := openNIC(s.NIC)
+	if err != nil {
+		return nil, err
+	}
+	if nic != nil {
+		defer nic.Tap.Close() // QEMU has its own copy
+		spec.NIC = nic
 	}
 	v, err := d.Start(ctx, spec)
 	if err != nil {
@@ -174,4 +180,16 @@ func (v *VM) Detach() error {
 	close(v.stopped)
 	v.log.Info("vm detached")
 	return errors.Join(errs...)
+}
+
+// openNIC opens the tap of a vmm.NIC for QEMU, or returns nil for none.
+func openNIC(n *vmm.NIC) (*NIC, error) {
+	if n == nil {
+		return nil, nil
+	}
+	f, err := tap.Open(n.Netns, n.TapName)
+	if err != nil {
+		return nil, err
+	}
+	return &NIC{Tap: f, MAC: n.MAC}, nil
 }

@@ -171,6 +171,9 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	cmd.Env = []string{} // nothing from our environment
 	cmd.Stderr = stderr
 	cmd.ExtraFiles = listeners
+	if spec.NIC != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, spec.NIC.Tap) // tapFD
+	}
 	// Own process group, and deliberately no Pdeathsig: VMs must survive a
 	// restart of this process.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -44,6 +44,7 @@ type snapshotMeta struct {
 	Initrd    *fileID    `json:"initrd,omitempty"`
 	Cmdline   string     `json:"cmdline"`
 	Disks     []snapDisk `json:"disks"`
+	NIC       bool       `json:"nic"`
 	Created   time.Time  `json:"created"`
 	Reflinked bool       `json:"reflinked"`
 }
@@ -195,6 +196,7 @@ func (v *VM) meta() (*snapshotMeta, error) {
 	m := &snapshotMeta{
 		Format: snapFormat, Driver: "qemu", Version: v.version, Machine: "q35", Accel: v.spec.Accel,
 		VCPUs: v.spec.VCPUs, MemoryMiB: v.spec.MemoryMiB, Cmdline: v.spec.Cmdline, Created: time.Now().UTC(),
+		NIC: v.spec.NIC != nil,
 	}
 	fi, err := os.Stat(v.spec.Kernel)
 	if err != nil {
@@ -268,6 +270,14 @@ func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM,
 		}
 		placed = append(placed, disk.Path)
 	}
+	nic, err := openNIC(s.NIC)
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: %w", dir, err)
+	}
+	if nic != nil {
+		defer nic.Tap.Close() // QEMU has its own copy
+		spec.NIC = nic
+	}
 	start := time.Now()
 	v, err := d.Start(ctx, spec)
 	if err != nil {
@@ -320,8 +330,8 @@ func compatible(m *snapshotMeta, s vmm.Spec) error {
 		return fmt.Errorf("snapshot of driver %q: %w", m.Driver, vmm.ErrIncompatible)
 	case len(s.Disks) != len(m.Disks):
 		return fmt.Errorf("snapshot has %d disks, spec %d: %w", len(m.Disks), len(s.Disks), vmm.ErrIncompatible)
-	case s.NIC != nil:
-		return fmt.Errorf("network interfaces are not supported by this driver yet: %w", errkind.FailedPrecondition)
+	case (s.NIC != nil) != m.NIC:
+		return fmt.Errorf("snapshot has a nic: %v, spec: %v: %w", m.NIC, s.NIC != nil, vmm.ErrIncompatible)
 	}
 	fi, err := os.Stat(s.Kernel)
 	if err != nil {

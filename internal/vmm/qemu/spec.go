@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -65,9 +66,18 @@ type Spec struct {
 	// Incoming starts QEMU waiting for a migration stream (-incoming
 	// defer): the caller loads device state over QMP (Restore does).
 	Incoming bool
+	// NIC is the guest's network interface, or nil for none.
+	NIC *NIC
 	// MemoryFrom is a memory file to start from (a snapshot's); it is
 	// copied (reflinked where possible) to Dir/memory. "" = fresh RAM.
 	MemoryFrom string
+}
+
+// NIC is a virtio-net interface on an open tap descriptor. Start hands the
+// descriptor to QEMU; the caller keeps (and closes) its own.
+type NIC struct {
+	Tap *os.File `json:"-"`
+	MAC string
 }
 
 // Disk is one virtio-blk disk.
@@ -127,6 +137,14 @@ func (s Spec) normalize() (Spec, error) {
 			return s, err
 		}
 	}
+	if s.NIC != nil {
+		if s.NIC.Tap == nil {
+			return s, invalid("nic without a tap descriptor")
+		}
+		if _, err := net.ParseMAC(s.NIC.MAC); err != nil || strings.ContainsRune(s.NIC.MAC, ',') {
+			return s, invalid("nic mac %q", s.NIC.MAC)
+		}
+	}
 	switch {
 	case s.SerialLogLimit == 0:
 		s.SerialLogLimit = defaultSerialLogLimit
@@ -166,6 +184,7 @@ const (
 	qmpFD    = 3
 	serialFD = 4
 	agentFD  = 5
+	tapFD    = 6 // only with a NIC
 )
 
 // args returns QEMU's arguments for a normalized spec. The vCPUs always
@@ -214,6 +233,12 @@ func (s Spec) args(sandbox bool) []string {
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-pci,rng=rng0",
 	)
+	if s.NIC != nil {
+		a = append(a,
+			"-netdev", "tap,id=n0,fd="+strconv.Itoa(tapFD),
+			"-device", "virtio-net-pci,netdev=n0,mac="+s.NIC.MAC,
+		)
+	}
 	for i, d := range s.Disks {
 		id := "d" + strconv.Itoa(i)
 		ro := "off"

@@ -35,6 +35,7 @@ func Run(t *testing.T, newDriver NewDriver) {
 	t.Run("KilledMidBootLeavesNothing", func(t *testing.T) { testKilledMidBoot(t, newDriver) })
 	t.Run("RecoverAfterWorkerRestart", func(t *testing.T) { testRecover(t, newDriver) })
 	t.Run("SnapshotRestoreClones", func(t *testing.T) { testSnapshotRestore(t, newDriver) })
+	t.Run("NetworkViaTap", func(t *testing.T) { testNetwork(t, newDriver) })
 }
 
 // boot boots a guest through guestvm. It is closed, and its test VM slot
