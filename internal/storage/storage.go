@@ -1,0 +1,237 @@
+// Package storage prepares a worker's local storage for VM memory files,
+// writable layers and snapshots: a directory where copying a file is a
+// reflink (shared extents, a metadata operation), so snapshots and clones
+// cost the same whatever the guest's RAM.
+//
+// Where the data directory's own file system cannot reflink (ext4, tmpfs),
+// Prepare can create an XFS image (reflink=1) inside it and loop-mount it
+// (root only; opt out with Config.NoLoop). Otherwise copies fall back to
+// sparse full copies, and the Store says so.
+package storage
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"space/internal/errkind"
+)
+
+// Mode is how copies are made in a Store. Values are wire format.
+type Mode string
+
+// Modes.
+const (
+	ModeReflink     Mode = "reflink"      // the data dir's own file system reflinks
+	ModeReflinkLoop Mode = "reflink-loop" // a loop-mounted XFS image in the data dir
+	ModeCopy        Mode = "copy"         // no reflinks: sparse full copies
+)
+
+// Config configures Prepare.
+type Config struct {
+	// DataDir is the worker's data directory. Required.
+	DataDir string
+	// NoLoop forbids creating and mounting an XFS image.
+	NoLoop bool
+	// LoopSize is the XFS image's size (sparse: it costs what is stored);
+	// 0 = 64 GiB.
+	LoopSize int64
+	// Log receives what Prepare chose. nil = discard.
+	Log *slog.Logger
+}
+
+// Store is prepared storage: Dir is where memory files, disks and snapshots
+// go.
+type Store struct {
+	Dir  string
+	Mode Mode
+}
+
+const (
+	loopImage = "reflink.xfs"
+	loopMount = "reflink"
+)
+
+// Prepare returns the storage under cfg.DataDir, mounting the XFS image if
+// it is needed and allowed (and not mounted already: a restarted worker
+// finds its mount in place). It never unmounts anything; VMs outlive the
+// worker.
+func Prepare(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("storage: data dir not set: %w", errkind.InvalidArgument)
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("storage: %w", err)
+	}
+	mnt := filepath.Join(cfg.DataDir, loopMount)
+	if mounted, err := isMountPoint(mnt); err != nil {
+		return nil, err
+	} else if mounted {
+		return &Store{Dir: mnt, Mode: ModeReflinkLoop}, nil
+	}
+	if ok, err := Reflinks(cfg.DataDir); err != nil {
+		return nil, err
+	} else if ok {
+		log.Info("storage reflinks natively", "dir", cfg.DataDir)
+		return &Store{Dir: cfg.DataDir, Mode: ModeReflink}, nil
+	}
+	why := ""
+	switch {
+	case cfg.NoLoop:
+		why = "loop mount disabled"
+	case os.Geteuid() != 0:
+		why = "loop mount needs root"
+	default:
+		if err := mountLoop(ctx, cfg, mnt); err != nil {
+			why = err.Error()
+		} else {
+			log.Info("storage on a loop-mounted XFS image", "dir", mnt)
+			return &Store{Dir: mnt, Mode: ModeReflinkLoop}, nil
+		}
+	}
+	log.Warn("storage cannot reflink: snapshots and clones make full copies", "dir", cfg.DataDir, "why", why)
+	return &Store{Dir: cfg.DataDir, Mode: ModeCopy}, nil
+}
+
+// Reflinks reports whether files in dir can be reflinked, by trying it.
+func Reflinks(dir string) (bool, error) {
+	a, err := os.CreateTemp(dir, ".reflink-probe-")
+	if err != nil {
+		return false, fmt.Errorf("storage probe: %w", err)
+	}
+	defer os.Remove(a.Name())
+	defer a.Close()
+	if _, err := a.Write([]byte("probe")); err != nil {
+		return false, fmt.Errorf("storage probe: %w", err)
+	}
+	b, err := os.CreateTemp(dir, ".reflink-probe-")
+	if err != nil {
+		return false, fmt.Errorf("storage probe: %w", err)
+	}
+	defer os.Remove(b.Name())
+	defer b.Close()
+	return unix.IoctlFileClone(int(b.Fd()), int(a.Fd())) == nil, nil
+}
+
+func mountLoop(ctx context.Context, cfg Config, mnt string) error {
+	for _, tool := range []string{"mkfs.xfs", "mount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s not found (apt package %s)", tool, map[string]string{"mkfs.xfs": "xfsprogs", "mount": "mount"}[tool])
+		}
+	}
+	size := cfg.LoopSize
+	if size == 0 {
+		size = 64 << 30
+	}
+	img := filepath.Join(cfg.DataDir, loopImage)
+	if _, err := os.Stat(img); errors.Is(err, os.ErrNotExist) {
+		tmp := img + ".tmp"
+		f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+		if err != nil {
+			return err
+		}
+		err = f.Truncate(size)
+		f.Close()
+		if err == nil {
+			err = run(ctx, "mkfs.xfs", "-q", "-m", "reflink=1", tmp)
+		}
+		if err == nil {
+			err = os.Rename(tmp, img)
+		}
+		if err != nil {
+			os.Remove(tmp)
+			return fmt.Errorf("make xfs image: %w", err)
+		}
+	}
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		return err
+	}
+	if err := run(ctx, "mount", "-o", "loop,noatime", img, mnt); err != nil {
+		return fmt.Errorf("mount xfs image: %w", err)
+	}
+	if ok, err := Reflinks(mnt); err != nil || !ok {
+		run(ctx, "umount", mnt)
+		return fmt.Errorf("mounted xfs image does not reflink (%v)", err)
+	}
+	return nil
+}
+
+// Unmount unmounts the loop-mounted image of a data dir, if mounted (for
+// tests and uninstall; a running worker never calls it).
+func Unmount(ctx context.Context, dataDir string) error {
+	mnt := filepath.Join(dataDir, loopMount)
+	if mounted, err := isMountPoint(mnt); err != nil || !mounted {
+		return err
+	}
+	return run(ctx, "umount", mnt) // the loop device detaches with it (autoclear)
+}
+
+func run(ctx context.Context, name string, args ...string) error {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %v: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// isMountPoint reports whether path is a mount point of this mount
+// namespace.
+func isMountPoint(path string) (bool, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return false, err
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && unescape(fields[4]) == abs {
+			return true, nil
+		}
+	}
+	return false, sc.Err()
+}
+
+// unescape undoes mountinfo's octal escapes (\040 for a space, ...).
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			ok := true
+			for _, c := range s[i+1 : i+4] {
+				if c < '0' || c > '7' {
+					ok = false
+					break
+				}
+				v = v*8 + byte(c-'0')
+			}
+			if ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
