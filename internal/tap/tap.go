@@ -40,8 +40,10 @@ func Open(netnsPath, name string) (*os.File, error) {
 	return f, err
 }
 
-// inNetns runs fn on a thread that has entered the namespace at path. The
-// thread is discarded afterwards rather than trusted to switch back.
+// inNetns runs fn on a thread that has entered the namespace at path and
+// switches back afterwards. A thread that cannot switch back stays locked,
+// so the runtime retires it with its goroutine (or, were it the main
+// thread, parks it) instead of reusing it in the wrong namespace.
 func inNetns(path string, fn func() error) error {
 	if path == "" {
 		return fn()
@@ -53,16 +55,23 @@ func inNetns(path string, fn func() error) error {
 	defer ns.Close()
 	errc := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			errc <- fmt.Errorf("unshare: %w", err)
+		runtime.LockOSThread()
+		orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			errc <- fmt.Errorf("current network namespace: %w", err)
 			return
 		}
+		defer orig.Close()
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread() // still in its own namespace
 			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
 			return
 		}
-		errc <- fn()
+		err = fn()
+		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	return <-errc
 }

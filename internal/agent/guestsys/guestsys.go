@@ -163,7 +163,9 @@ func (s *System) PowerOff(reboot bool) error {
 	}
 	unix.Sync()
 	cmd := unix.LINUX_REBOOT_CMD_POWER_OFF
-	if reboot {
+	if reboot || !canPowerOff() {
+		// Without ACPI (Firecracker's microVMs) a power-off only halts the
+		// guest and the VMM runs on; a reset ends the VMM instead.
 		cmd = unix.LINUX_REBOOT_CMD_RESTART
 	}
 	err := unix.Reboot(cmd)
@@ -174,6 +176,12 @@ func (s *System) PowerOff(reboot bool) error {
 		err = unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
 	}
 	return fmt.Errorf("reboot: %w", err)
+}
+
+// canPowerOff reports whether the machine has a power-off device (ACPI).
+func canPowerOff() bool {
+	_, err := os.Stat("/sys/firmware/acpi")
+	return err == nil
 }
 
 // othersAlive reports whether any process but PID 1 and kernel threads is

@@ -19,28 +19,34 @@
 //	firecracker.log  Firecracker's stderr and log
 //
 // Both logs are plain append-only files handed to Firecracker, so nothing
-// blocks or breaks when the calling process is gone; while a VM object
-// exists it caps each at Config.LogLimit (rotating once to <name>.1).
+// blocks or breaks when the calling process is gone (a pipe would: a
+// Firecracker that gets SIGPIPE exits). While a VM object exists it caps
+// each at Config.LogLimit, moving the previous part to console.old.log and
+// firecracker.old.log.
 //
 // Lifecycle. Boot starts Firecracker in its own process group without a
-// parent-death signal (VMs outlive a restart of the caller), waits for the
-// API socket, configures logger, machine, boot source, drives, vsock,
-// network and entropy device, and starts the instance. Recover re-attaches
-// to a VM from its [vmm.Handle]: pid plus start time identify the process,
-// a pidfd tells when it exits. Stop sends SIGTERM (Firecracker installs no
-// handler for it, so it ends at once, like a power cut), SIGKILL after
-// Config.StopGrace, then removes sockets, links and the jail. A clean
-// guest shutdown is the guest's business: on x86 a guest reboot (reboot=k)
-// ends Firecracker, a power-off does not.
+// parent-death signal (VMs outlive a restart of the caller), in the NIC's
+// network namespace (Firecracker opens the tap itself), waits for the API
+// socket, configures logger, machine, boot source, drives, vsock, network
+// and entropy device, and starts the instance. Detach lets go of a VM
+// without stopping it; Recover re-attaches from its [vmm.Handle]: pid plus
+// start time identify the process, a pidfd tells when it exits. Stop sends
+// SIGTERM (Firecracker installs no handler for it, so it ends at once,
+// like a power cut), SIGKILL after Config.StopGrace, then removes sockets,
+// links and the jail. A clean guest shutdown is the guest's business: on
+// x86 a guest reboot (reboot=k) ends Firecracker, a power-off does not.
 //
-// Snapshots. [VM.Snapshot] writes vmstate, memory and snapshot.json
-// ([Metadata]) into a directory; [Driver.Restore] loads them into a fresh
-// process with the File memory backend, so the memory file must stay
-// unchanged while any restored VM lives. Disk contents are not part of a
-// snapshot: the caller copies writable disks while the VM is paused.
+// Snapshots. [VM.Snapshot] pauses the VM if it runs, has Firecracker write
+// vmstate and memory into a new directory, copies the writable disks
+// beside them, writes snapshot.json ([Metadata]) and resumes the VM.
+// [Driver.Restore] places the disk copies where the spec says and loads
+// the snapshot into a fresh process with the File memory backend: guest
+// memory is a private copy-on-write mapping of the memory file, which must
+// stay unchanged while any restored VM lives. Only the Firecracker version
+// that wrote a snapshot can load it.
 //
 // Concurrency. Driver and VM methods are safe for concurrent use. A VM
 // owns up to three goroutines (process waiter, log copier, log capper);
-// Stop waits for them. VM.mu guards only snapshot bookkeeping and is never
-// held across I/O.
+// Stop waits for them (the waiter ends with the process). VM.mu guards
+// only snapshot bookkeeping and is never held across I/O.
 package firecracker

@@ -114,7 +114,7 @@ func (d *Driver) Boot(ctx context.Context, spec vmm.Spec) (vmm.VM, error) {
 		return nil, err
 	}
 	files, kernel, initrd := bootFiles(spec, d.jail != nil)
-	v, err := d.start(ctx, spec.RunDir, files, layout, false)
+	v, err := d.start(ctx, spec.RunDir, files, layout, false, spec.NIC)
 	if err != nil {
 		return nil, fmt.Errorf("boot vm in %s: %w", spec.RunDir, err)
 	}
@@ -125,15 +125,20 @@ func (d *Driver) Boot(ctx context.Context, spec vmm.Spec) (vmm.VM, error) {
 	return v, nil
 }
 
-// start prepares Firecracker's root, starts Firecracker in it, waits for
-// its API and configures its logger: everything that a boot and a restore
-// share. On error it leaves nothing behind but the logs.
-func (d *Driver) start(ctx context.Context, runDir string, files []placement, layout Layout, restored bool) (_ *VM, err error) {
+// start prepares Firecracker's root, starts Firecracker in it (in the
+// NIC's network namespace, so that it can open the tap), waits for its API
+// and configures its logger: everything that a boot and a restore share.
+// On error it leaves nothing behind but the logs.
+func (d *Driver) start(ctx context.Context, runDir string, files []placement, layout Layout, restored bool, nic *vmm.NIC) (_ *VM, err error) {
 	id := instanceID(runDir)
-	st := handleState{ID: id, Root: runDir, Layout: layout, Restored: restored}
+	var netns string
+	if nic != nil {
+		netns = nic.Netns
+	}
+	st := handleState{ID: id, Root: runDir, Layout: layout, Restored: restored, Netns: netns}
 	if d.jail != nil {
 		st.Root = d.jail.chroot(id)
-		st.Jail = &jailState{Dir: d.jail.dir(id), UID: d.jail.uid, GID: d.jail.gid, NetNS: d.jail.netns}
+		st.Jail = &jailState{Dir: d.jail.dir(id), UID: d.jail.uid, GID: d.jail.gid}
 	}
 	st.APISocket = filepath.Join(st.Root, apiSocket)
 	for _, s := range []string{st.APISocket, filepath.Join(st.Root, vsockSocket)} {
@@ -229,11 +234,13 @@ func (d *Driver) claimRoot(st handleState) error {
 	return nil
 }
 
-// isLive reports whether something accepts connections on a unix socket.
+// isLive reports whether a process may still serve a unix socket: only
+// a missing path or a refused connection prove that none does (a busy
+// server with a full backlog answers EAGAIN).
 func isLive(path string) bool {
 	c, err := net.DialTimeout("unix", path, time.Second)
 	if err != nil {
-		return false
+		return !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT)
 	}
 	c.Close()
 	return true
@@ -243,7 +250,7 @@ func isLive(path string) bool {
 func (d *Driver) command(st handleState) *exec.Cmd {
 	var cmd *exec.Cmd
 	if d.jail != nil {
-		cmd = exec.Command(d.jail.bin, d.jail.args(d.bin, st.ID)...)
+		cmd = exec.Command(d.jail.bin, d.jail.args(d.bin, st.ID, st.Netns)...)
 	} else {
 		cmd = exec.Command(d.bin, "--api-sock", apiSocket, "--id", st.ID)
 	}

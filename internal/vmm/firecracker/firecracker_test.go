@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,7 +110,8 @@ func TestBootAgainstFakeFirecracker(t *testing.T) {
 	run := spec.RunDir
 	id := instanceID(run)
 
-	if diff := cmp.Diff(invocation{Args: []string{"--api-sock", "fc.sock", "--id", id}, Dir: run}, fc.Invocation(t)); diff != "" {
+	ourNetns, _ := os.Readlink("/proc/self/ns/net")
+	if diff := cmp.Diff(invocation{Args: []string{"--api-sock", "fc.sock", "--id", id}, Dir: run, Netns: ourNetns}, fc.Invocation(t)); diff != "" {
 		t.Errorf("firecracker invocation (-want +got):\n%s", diff)
 	}
 	args := "console=ttyS0 quiet panic=-1 reboot=k i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce space.transport=vsock space.vsock_port=1024"
@@ -167,6 +169,9 @@ func TestBootAgainstFakeFirecracker(t *testing.T) {
 		return strings.Contains(string(b), "Running Firecracker v1.16.1")
 	})
 
+	if log, err := v.SerialLog(); err != nil || !strings.Contains(string(log), "fake firecracker") {
+		t.Errorf("SerialLog() = %q, %v; want the fake's stdout", log, err)
+	}
 	info, err := v.Info()
 	if err != nil || info.PID != h.PID || info.RSS <= 0 {
 		t.Errorf("Info() = %+v, %v; want pid %d and some RSS", info, err, h.PID)
@@ -414,4 +419,95 @@ func TestBootInvalidSpec(t *testing.T) {
 		os.RemoveAll(long.RunDir)
 		t.Errorf("an invalid spec created its run dir")
 	}
+}
+
+// TestDetachFakeFirecracker: a detached VM runs on, and a new driver
+// recovers and stops it.
+func TestDetachFakeFirecracker(t *testing.T) {
+	fc := newFakeFirecracker(t, fakeOptions{})
+	d := newTestDriver(t, Config{Binary: fc.path})
+	_, spec := testImages(t)
+	v := bootVM(t, d, spec)
+	if err := v.Detach(); err != nil {
+		t.Fatalf("Detach: %v", err)
+	}
+	if err := v.Detach(); !errors.Is(err, errkind.FailedPrecondition) {
+		t.Errorf("second Detach = %v, want a failed precondition", err)
+	}
+	if err := v.Stop(t.Context()); !errors.Is(err, errkind.FailedPrecondition) {
+		t.Errorf("Stop after Detach = %v, want a failed precondition", err)
+	}
+	h := v.Handle()
+	select {
+	case <-v.Done():
+		t.Fatalf("Detach ended the vm")
+	default:
+	}
+	rv, err := newTestDriver(t, Config{Binary: fc.path}).Recover(t.Context(), h)
+	if err != nil {
+		t.Fatalf("Recover after Detach: %v", err)
+	}
+	if err := rv.(*VM).Pause(t.Context()); err != nil {
+		t.Errorf("Pause after Recover: %v", err)
+	}
+	stopVM(t, rv)
+}
+
+// TestStopAfterCrashLeavesOnlyLogsFakeFirecracker: when Firecracker dies
+// (as in a crash), Stop still succeeds and only logs stay in the run dir.
+func TestStopAfterCrashLeavesOnlyLogsFakeFirecracker(t *testing.T) {
+	fc := newFakeFirecracker(t, fakeOptions{})
+	d := newTestDriver(t, Config{Binary: fc.path})
+	_, spec := testImages(t)
+	v := bootVM(t, d, spec)
+	h := v.Handle()
+	if err := syscall.Kill(h.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	stopVM(t, v)
+	entries, _ := os.ReadDir(spec.RunDir)
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".log") {
+			t.Errorf("left behind in the run dir: %s", e.Name())
+		}
+	}
+	if _, err := d.Recover(t.Context(), h); !errors.Is(err, vmm.ErrGone) {
+		t.Errorf("Recover(dead vm) = %v, want ErrGone", err)
+	}
+}
+
+// TestBootInNetnsFakeFirecracker: Firecracker opens the tap itself, so it
+// must run in the NIC's network namespace.
+func TestBootInNetnsFakeFirecracker(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	testenv.RequireTool(t, testenv.TierNetns, "ip", "iproute2")
+	ns := fmt.Sprintf("space-fctest-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("setup: ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	path := "/run/netns/" + ns
+	want, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	want = fmt.Sprintf("net:[%d]", st.Ino)
+
+	fc := newFakeFirecracker(t, fakeOptions{})
+	d := newTestDriver(t, Config{Binary: fc.path})
+	_, spec := testImages(t)
+	spec.NIC.Netns = path
+	v := bootVM(t, d, spec)
+	if got := fc.Invocation(t).Netns; got != want {
+		t.Errorf("firecracker ran in network namespace %s, want %s", got, want)
+	}
+	ours, _ := os.Readlink("/proc/self/ns/net")
+	if ours == want {
+		t.Errorf("the test process itself moved into the namespace")
+	}
+	stopVM(t, v)
 }

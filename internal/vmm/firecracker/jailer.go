@@ -16,8 +16,8 @@ import (
 )
 
 // JailerConfig runs each Firecracker process through the jailer: a chroot
-// of its own, a mount namespace, an unprivileged uid/gid, optionally a
-// network namespace. The caller runs as root.
+// of its own, a mount namespace, an unprivileged uid/gid, and the network
+// namespace of the spec's NIC (--netns). The caller runs as root.
 type JailerConfig struct {
 	// Binary is the jailer executable, a path or a name looked up on PATH;
 	// "" means jailer. It must be the release of Config.Binary.
@@ -29,9 +29,6 @@ type JailerConfig struct {
 	// "" means /srv/jailer. Writable disks and snapshots must be on its
 	// file system: they are hard-linked into the jail, never copied.
 	ChrootBaseDir string
-	// NetNS is the network namespace to join (e.g. /var/run/netns/x), or
-	// "" for the caller's. The NIC's tap must live there.
-	NetNS string
 	// CgroupVersion is 1 or 2; 0 detects it from /sys/fs/cgroup.
 	CgroupVersion int
 	// ParentCgroup is the jailer's --parent-cgroup, or "" for its default
@@ -44,7 +41,6 @@ type jailer struct {
 	bin           string
 	uid, gid      int
 	base          string
-	netns         string
 	cgroupVersion int
 	parentCgroup  string
 	// exeName is the name the jailer gives the chroot's parent: the base
@@ -88,7 +84,7 @@ func newJailer(cfg JailerConfig, firecracker string) (*jailer, error) {
 		return nil, fmt.Errorf("cgroup version %d: want 1 or 2: %w", v, errkind.InvalidArgument)
 	}
 	return &jailer{
-		bin: path, uid: cfg.UID, gid: cfg.GID, base: base, netns: cfg.NetNS,
+		bin: path, uid: cfg.UID, gid: cfg.GID, base: base,
 		cgroupVersion: v, parentCgroup: cfg.ParentCgroup, exeName: filepath.Base(real),
 	}, nil
 }
@@ -107,10 +103,13 @@ func cgroupVersion(fsType int64) int {
 func (j *jailer) dir(id string) string    { return filepath.Join(j.base, j.exeName, id) }
 func (j *jailer) chroot(id string) string { return filepath.Join(j.dir(id), "root") }
 
-// args is the jailer command line for instance id. The jailer adds --id
-// to Firecracker's arguments itself; the ones after "--" are passed on.
-// No --daemonize: Firecracker keeps our stdout and stderr (the logs).
-func (j *jailer) args(firecracker, id string) []string {
+// args is the jailer command line for instance id, joining the network
+// namespace at netns ("" = none). The jailer adds --id to Firecracker's
+// arguments itself; the ones after "--" are passed on. No --daemonize:
+// Firecracker keeps our stdout and stderr (the logs). No --new-pid-ns:
+// the pid we start is Firecracker's (the jailer execs it), and SIGTERM
+// reaches it (the init of a pid namespace ignores it).
+func (j *jailer) args(firecracker, id, netns string) []string {
 	args := []string{
 		"--id", id,
 		"--exec-file", firecracker,
@@ -122,8 +121,8 @@ func (j *jailer) args(firecracker, id string) []string {
 	if j.parentCgroup != "" {
 		args = append(args, "--parent-cgroup", j.parentCgroup)
 	}
-	if j.netns != "" {
-		args = append(args, "--netns", j.netns)
+	if netns != "" {
+		args = append(args, "--netns", netns)
 	}
 	return append(args, "--", "--api-sock", apiSocket)
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -126,11 +127,15 @@ func (k *logKeeper) Close() error {
 	return errors.Join(err, k.out.Close())
 }
 
+// rotated is where capLog keeps the previous part of the log at path:
+// console.log → console.old.log.
+func rotated(path string) string { return strings.TrimSuffix(path, ".log") + ".old.log" }
+
 // capLog keeps a log under limit bytes: once it is larger, its last limit
-// bytes go to path.1 (replacing it) and the log is truncated. Writers
-// must append (O_APPEND) so that they continue at the new end. Lines
-// written between the copy and the truncation are lost.
-func capLog(path string, limit int64) (rotated bool, err error) {
+// bytes go to rotated(path) (replacing it) and the log is truncated.
+// Writers must append (O_APPEND) so that they continue at the new end.
+// Lines written between the copy and the truncation are lost.
+func capLog(path string, limit int64) (done bool, err error) {
 	fi, err := os.Stat(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -146,7 +151,7 @@ func capLog(path string, limit int64) (rotated bool, err error) {
 		return false, err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(path+".1", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	out, err := os.OpenFile(rotated(path), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return false, err
 	}

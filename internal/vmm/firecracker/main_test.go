@@ -44,9 +44,12 @@ func fakeFirecrackerMain(args []string) int {
 	if os.Getenv("FCFAKE_IGNORE_TERM") == "1" {
 		signal.Ignore(syscall.SIGTERM)
 	}
+	// Firecracker's stdout is the guest console.
+	fmt.Printf("fake firecracker %s console\n", os.Getenv("FCFAKE_VERSION"))
 	if p := os.Getenv("FCFAKE_ARGV"); p != "" {
 		cwd, _ := os.Getwd()
-		b, _ := json.Marshal(invocation{Args: args, Dir: cwd})
+		netns, _ := os.Readlink("/proc/self/ns/net")
+		b, _ := json.Marshal(invocation{Args: args, Dir: cwd, Netns: netns})
 		if err := os.WriteFile(p, b, 0o600); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -74,8 +77,9 @@ func fakeFirecrackerMain(args []string) int {
 }
 
 type invocation struct {
-	Args []string `json:"args"`
-	Dir  string   `json:"dir"`
+	Args  []string `json:"args"`
+	Dir   string   `json:"dir"`
+	Netns string   `json:"netns,omitempty"` // /proc/self/ns/net's target
 }
 
 // fakeJailerMain does what the jailer does minus the isolation: it checks
@@ -145,7 +149,7 @@ func fakeJailerMain(args []string) int {
 	if err := os.Chdir(root); err != nil {
 		return fail("%v", err)
 	}
-	argv := append([]string{name, "--id", vals["--id"]}, extra...)
+	argv := append([]string{name, "--id", vals["--id"], "--start-time-us", "1", "--start-time-cpu-us", "1", "--parent-cpu-time-us", "1"}, extra...)
 	err = syscall.Exec(filepath.Join(root, name), argv, []string{})
 	return fail("exec: %v", err)
 }
@@ -260,10 +264,11 @@ func (b *fakeBinary) Requests(t *testing.T) []fcapitest.Request {
 	return reqs
 }
 
-// ResetRequests forgets the requests seen so far.
+// ResetRequests forgets the requests seen so far. The file is truncated,
+// not removed: a running fake appends to it.
 func (b *fakeBinary) ResetRequests(t *testing.T) {
 	t.Helper()
-	if err := os.Remove(b.requests); err != nil && !os.IsNotExist(err) {
+	if err := os.Truncate(b.requests, 0); err != nil && !os.IsNotExist(err) {
 		t.Fatalf("reset fake requests: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,7 @@ type process struct {
 	done      chan struct{} // closed once the process has exited
 	exitErr   error         // how it exited (nil: status 0, or unknown); set before done is closed
 	signalFn  func(syscall.Signal) error
+	release   func() // or nil; stops watching an attached process that is not kept
 }
 
 func (p *process) exited() bool {
@@ -81,26 +83,27 @@ func startProcess(cmd *exec.Cmd) (*process, error) {
 }
 
 // attachProcess re-attaches to a process that is not our child. It
-// returns vmm.ErrGone unless pid runs and started at startTime.
+// returns vmm.ErrGone unless pid runs and started at startTime. Call
+// release on the result if it is not kept.
 func attachProcess(pid int, startTime uint64) (*process, error) {
 	if pid <= 0 {
 		return nil, fmt.Errorf("pid %d: %w", pid, vmm.ErrGone)
 	}
 	// Open the pidfd first, then check the start time: if it matches, the
 	// pidfd refers to that process (a reused pid would start later).
-	fd, err := unix.PidfdOpen(pid, 0)
+	pf, err := openPidfd(pid)
 	switch {
 	case errors.Is(err, unix.ESRCH):
 		return nil, fmt.Errorf("pid %d: %w", pid, vmm.ErrGone)
 	case errors.Is(err, unix.ENOSYS):
-		fd = -1 // kernel < 5.3: poll /proc instead
+		pf = nil // kernel < 5.3: poll /proc instead
 	case err != nil:
 		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
 	}
 	st, err := readStat(pid)
 	if err != nil || st.startTime != startTime || st.state == 'Z' || st.state == 'X' {
-		if fd >= 0 {
-			unix.Close(fd)
+		if pf != nil {
+			pf.close()
 		}
 		if err == nil {
 			err = fmt.Errorf("start time %d, state %c; want start time %d", st.startTime, st.state, startTime)
@@ -108,60 +111,106 @@ func attachProcess(pid int, startTime uint64) (*process, error) {
 		return nil, fmt.Errorf("pid %d: %v: %w", pid, err, vmm.ErrGone)
 	}
 	p := &process{pid: pid, startTime: startTime, done: make(chan struct{})}
-	if fd < 0 {
+	if pf == nil {
+		stop := make(chan struct{})
+		var once sync.Once
+		p.release = func() { once.Do(func() { close(stop) }) }
 		p.signalFn = func(sig syscall.Signal) error { return signalIfSame(pid, startTime, sig) }
 		go func() {
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
 			for sameProcess(pid, startTime) {
-				time.Sleep(100 * time.Millisecond)
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+				}
 			}
 			close(p.done)
 		}()
 		return p, nil
 	}
-	pf := &pidfd{fd: fd}
+	p.release = pf.close
 	p.signalFn = pf.signal
 	go func() {
-		pf.wait()
-		close(p.done)
+		if pf.wait() {
+			close(p.done)
+		}
+		pf.close()
 	}()
 	return p, nil
 }
 
-// pidfd is an open pidfd of a process that is not our child.
+// pidfd is a pidfd of a process that is not our child, registered with
+// the runtime poller: it turns readable when the process exits, and
+// closing it ends a wait.
 type pidfd struct {
-	fd int // +checklocksignore: immutable; closed (under mu) once the process exited
-
-	mu sync.Mutex
-	// +checklocks:mu
-	closed bool
+	f  *os.File
+	rc syscall.RawConn
 }
 
-// wait blocks until the process exits (the pidfd turns readable), then
-// closes the pidfd.
-func (f *pidfd) wait() {
-	fds := []unix.PollFd{{Fd: int32(f.fd), Events: unix.POLLIN}}
-	for {
-		if _, err := unix.Poll(fds, -1); !errors.Is(err, unix.EINTR) {
-			break
+func openPidfd(pid int) (*pidfd, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, err
+	}
+	// Non-blocking, so that os.NewFile hands it to the poller.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &pidfd{f: f, rc: rc}, nil
+}
+
+// wait blocks until the process exits (true) or the pidfd is closed
+// (false).
+func (p *pidfd) wait() bool {
+	ready := func(fd uintptr) bool {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+		return err == nil && n > 0
+	}
+	err := p.rc.Read(ready)
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, os.ErrClosed) {
+		return false
+	}
+	// Not pollable after all: block in poll(2), which cannot be
+	// interrupted; the process's exit ends it.
+	var exited bool
+	if cerr := p.rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); !errors.Is(err, unix.EINTR) {
+				exited = err == nil
+				return
+			}
 		}
+	}); cerr != nil {
+		return false
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	unix.Close(f.fd)
-	f.closed = true
+	return exited
 }
 
-func (f *pidfd) signal(sig syscall.Signal) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return nil
+func (p *pidfd) signal(sig syscall.Signal) error {
+	var err error
+	if cerr := p.rc.Control(func(fd uintptr) { err = unix.PidfdSendSignal(int(fd), sig, nil, 0) }); cerr != nil {
+		return nil // closed: the process has exited, or was released
 	}
-	if err := unix.PidfdSendSignal(f.fd, sig, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err != nil && !errors.Is(err, unix.ESRCH) {
 		return err
 	}
 	return nil
 }
+
+func (p *pidfd) close() { p.f.Close() }
 
 func sameProcess(pid int, startTime uint64) bool {
 	st, err := readStat(pid)
@@ -178,6 +227,48 @@ func signalIfSame(pid int, startTime uint64, sig syscall.Signal) error {
 		return err
 	}
 	return nil
+}
+
+// inNetns runs fn on a thread that has entered the network namespace at
+// path ("" = ours): a process fn starts inherits the namespace. The thread
+// returns to its own namespace afterwards; if it cannot, it stays locked
+// and the runtime discards it. (Letting a locked goroutine simply exit is
+// not enough: on the main thread the runtime parks it instead, which would
+// leave the whole process's /proc/self/ns/net in, and pinning, the VM's
+// namespace.)
+func inNetns(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
+	ns, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("network namespace: %w", err)
+	}
+	defer ns.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("leave network namespace %s: %w", path, err))
+			return // still locked: the thread goes with the goroutine
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
 }
 
 // procStat holds what we read from /proc/<pid>/stat.

@@ -35,6 +35,11 @@ func (d *Driver) Recover(ctx context.Context, h vmm.Handle) (_ vmm.VM, err error
 	v := d.newVM(h.RunDir, st)
 	v.proc = p
 	v.log = v.log.With("vm_pid", p.pid)
+	defer func() {
+		if err != nil {
+			p.release()
+		}
+	}()
 
 	wctx, done := v.watch(ctx)
 	defer done()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"space/internal/errkind"
+	"space/internal/reflink"
 	"space/internal/vmm"
 	"space/internal/vmm/firecracker/fcapi"
 )
@@ -30,12 +32,9 @@ const (
 	metadataFormat = 1
 )
 
-// ErrNotPaused is returned by Snapshot while the VM's vCPUs run.
-var ErrNotPaused = fmt.Errorf("vm is not paused: %w", errkind.FailedPrecondition)
-
 // Metadata describes a snapshot. Snapshot writes it as snapshot.json next
-// to the vmstate and memory files, last: a directory without it holds no
-// complete snapshot.
+// to the vmstate and memory files and the disk copies, last: a directory
+// without it holds no complete snapshot.
 type Metadata struct {
 	Format             int    `json:"format"`              // 1
 	Driver             string `json:"driver"`              // "firecracker"
@@ -43,13 +42,21 @@ type Metadata struct {
 	Type               string `json:"type"`                // "Full" or "Diff"
 	// Loadable is false for a diff that must first be merged onto its
 	// base: every diff but the first one of a booted guest.
-	Loadable   bool      `json:"loadable"`
-	Created    time.Time `json:"created"`
-	HostCPU    string    `json:"host_cpu,omitempty"`    // /proc/cpuinfo model name
-	HostKernel string    `json:"host_kernel,omitempty"` // uname -r
-	VMState    string    `json:"vmstate"`               // file names in the directory
-	Memory     string    `json:"memory"`
-	Layout     Layout    `json:"layout"`
+	Loadable   bool           `json:"loadable"`
+	Created    time.Time      `json:"created"`
+	HostCPU    string         `json:"host_cpu,omitempty"`    // /proc/cpuinfo model name
+	HostKernel string         `json:"host_kernel,omitempty"` // uname -r
+	VMState    string         `json:"vmstate"`               // file names in the directory
+	Memory     string         `json:"memory"`
+	Disks      []SnapshotDisk `json:"disks"`
+	Layout     Layout         `json:"layout"`
+}
+
+// SnapshotDisk is one disk of a snapshot, in Spec.Disks order.
+type SnapshotDisk struct {
+	ReadOnly bool   `json:"read_only"`
+	Size     int64  `json:"size"`           // of the image at snapshot time
+	File     string `json:"file,omitempty"` // writable disks: the copy in the snapshot
 }
 
 // ReadMetadata reads the metadata of the snapshot in dir: an
@@ -70,16 +77,19 @@ func ReadMetadata(dir string) (*Metadata, error) {
 	return &md, nil
 }
 
-// Snapshot writes a snapshot of the paused VM into dir (created 0700):
-// vmstate, memory and snapshot.json. A diff holds only the pages dirtied
-// since the last snapshot, boot or restore (a sparse memory file). The VM
-// stays paused; its vsock connections are reset. Disks are not included:
-// copy writable ones while the VM is still paused. It returns ErrNotPaused
-// while the vCPUs run, an errkind.Conflict error if dir already holds a
-// snapshot (restored VMs may map its memory file), and
-// errkind.FailedPrecondition for a diff without dirty tracking before
-// Firecracker 1.13. Handle changes afterwards.
-func (v *VM) Snapshot(ctx context.Context, dir string, diff bool) (_ *Metadata, err error) {
+// Snapshot writes a snapshot of the VM into dir, which it creates and
+// which must not exist (errkind.Conflict): vmstate and memory (written by
+// Firecracker), a copy of each writable disk (reflinked where the file
+// system can) and snapshot.json ([Metadata]), last. It pauses a running
+// VM for the snapshot and the disk copies and resumes it afterwards, even
+// on error; a paused VM stays paused. The VM's vsock connections are
+// reset (Firecracker resets them on every snapshot). With opts.Diff the
+// memory file holds only the pages dirtied since the previous snapshot,
+// boot or restore (sparse); before Firecracker 1.13 that needs
+// Config.DirtyTracking (else errkind.FailedPrecondition). Memory is
+// written, never reflinked, so the result's Reflinked is false. Snapshot
+// implements vmm.Snapshotter; Handle changes afterwards.
+func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions) (_ *vmm.Snapshot, err error) {
 	dir, err = filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot vm %d: %w", v.proc.pid, err)
@@ -93,7 +103,7 @@ func (v *VM) Snapshot(ctx context.Context, dir string, diff bool) (_ *Metadata, 
 		return nil, vmm.ErrExited
 	}
 	kind := fcapi.Full
-	if diff {
+	if opts.Diff {
 		kind = fcapi.Diff
 		if !v.st.Layout.DirtyTracking && !v.ver.AtLeast(1, 13) {
 			return nil, fmt.Errorf("diff without dirty tracking needs firecracker 1.13, have %s: %w", v.version, errkind.FailedPrecondition)
@@ -113,38 +123,67 @@ func (v *VM) Snapshot(ctx context.Context, dir string, diff bool) (_ *Metadata, 
 		v.mu.Unlock()
 	}()
 
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("exists: %w", errkind.Conflict)
+		}
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir) // a partial snapshot must not look like one
+		}
+	}()
 	wctx, done := v.watch(ctx)
 	defer done()
 	info, err := v.api.Instance(wctx)
 	if err != nil {
 		return nil, err
 	}
-	if info.State != fcapi.StatePaused {
-		return nil, fmt.Errorf("state %q: %w", info.State, ErrNotPaused)
+	start := time.Now()
+	if info.State == fcapi.StateRunning {
+		if err := v.api.PatchVM(wctx, fcapi.Paused); err != nil {
+			return nil, err
+		}
+		defer func() {
+			// The VM runs on whatever happened: a failed snapshot must not
+			// leave the sandbox frozen.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if rerr := v.api.PatchVM(cctx, fcapi.Resumed); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("resume after snapshot: %w", rerr))
+			}
+		}()
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	md, err := v.snapshotPaused(wctx, dir, kind, taken)
+	if err != nil {
 		return nil, err
 	}
-	dstState, dstMem, dstMeta := filepath.Join(dir, vmstateFile), filepath.Join(dir, memoryFile), filepath.Join(dir, metadataFile)
-	for _, p := range []string{dstState, dstMem, dstMeta} {
-		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%s exists: %w", p, errkind.Conflict)
-		}
-	}
+	took := time.Since(start)
+	v.mu.Lock()
+	v.snapshots++
+	v.mu.Unlock()
+	v.log.Info("snapshot taken", "dir", dir, "type", md.Type, "paused_for", took)
+	return &vmm.Snapshot{Dir: dir, Driver: "firecracker", Version: v.version, Diff: opts.Diff, Took: took}, nil
+}
+
+// snapshotPaused writes the snapshot of the paused VM: Firecracker's files,
+// the disk copies, then the metadata.
+func (v *VM) snapshotPaused(ctx context.Context, dir string, kind fcapi.SnapshotType, taken int) (*Metadata, error) {
+	dstState, dstMem := filepath.Join(dir, vmstateFile), filepath.Join(dir, memoryFile)
 	// Jailed, Firecracker writes inside its root; the files move out after.
 	fcState, fcMem := dstState, dstMem
 	if v.st.Jail != nil {
 		fcState, fcMem = jailVMState, jailMemory
-	}
-	defer func() {
-		if err != nil {
-			for _, p := range []string{dstState, dstMem, filepath.Join(v.st.Root, jailVMState), filepath.Join(v.st.Root, jailMemory)} {
-				removeIfExists(p)
+		// A leftover memory file of the guest's size would make a diff
+		// merge into it.
+		for _, name := range []string{jailVMState, jailMemory} {
+			if err := removeIfExists(filepath.Join(v.st.Root, name)); err != nil {
+				return nil, err
 			}
 		}
-	}()
-	start := time.Now()
-	if err := v.api.CreateSnapshot(wctx, fcapi.SnapshotCreate{SnapshotType: kind, SnapshotPath: fcState, MemFilePath: fcMem}); err != nil {
+	}
+	if err := v.api.CreateSnapshot(ctx, fcapi.SnapshotCreate{SnapshotType: kind, SnapshotPath: fcState, MemFilePath: fcMem}); err != nil {
 		return nil, err
 	}
 	if j := v.st.Jail; j != nil {
@@ -154,13 +193,18 @@ func (v *VM) Snapshot(ctx context.Context, dir string, diff bool) (_ *Metadata, 
 		if err := moveOut(filepath.Join(v.st.Root, jailMemory), dstMem, j.UID, j.GID); err != nil {
 			return nil, err
 		}
+	} else {
+		// Firecracker creates them with its umask; guest memory is private.
+		if err := errors.Join(os.Chmod(dstState, 0o600), os.Chmod(dstMem, 0o600)); err != nil {
+			return nil, err
+		}
 	}
 	md := &Metadata{
 		Format:             metadataFormat,
 		Driver:             "firecracker",
 		FirecrackerVersion: v.version,
 		Type:               string(kind),
-		Loadable:           !diff || (!v.st.Restored && taken == 0),
+		Loadable:           kind == fcapi.Full || (!v.st.Restored && taken == 0),
 		Created:            time.Now().UTC(),
 		HostCPU:            hostCPU(),
 		HostKernel:         hostKernel(),
@@ -168,29 +212,46 @@ func (v *VM) Snapshot(ctx context.Context, dir string, diff bool) (_ *Metadata, 
 		Memory:             memoryFile,
 		Layout:             v.st.Layout,
 	}
+	// The disks as Firecracker sees them (links to the caller's files):
+	// the writable ones are copied while the guest cannot write.
+	for i, disk := range v.st.Layout.Disks {
+		src := filepath.Join(v.st.Root, disk.Path)
+		fi, err := os.Stat(src)
+		if err != nil {
+			return nil, err
+		}
+		sd := SnapshotDisk{ReadOnly: disk.ReadOnly, Size: fi.Size()}
+		if !disk.ReadOnly {
+			sd.File = "disk" + strconv.Itoa(i)
+			if err := reflink.Copy(ctx, src, filepath.Join(dir, sd.File)); err != nil {
+				return nil, fmt.Errorf("disk %d: %w", i, err)
+			}
+			if err := os.Chmod(filepath.Join(dir, sd.File), 0o600); err != nil {
+				return nil, err
+			}
+		}
+		md.Disks = append(md.Disks, sd)
+	}
 	if err := writeMetadata(dir, md); err != nil {
 		return nil, err
 	}
-	v.mu.Lock()
-	v.snapshots++
-	v.mu.Unlock()
-	v.log.Info("snapshot taken", "dir", dir, "type", kind, "took", time.Since(start))
 	return md, nil
 }
 
-// moveOut moves a file out of a jail, keeping it sparse and owned by the
-// jail's uid (so that a jailed restore can read it).
+// moveOut moves a file out of a jail, keeping it sparse, and leaves it
+// owned by the jail's uid:gid, mode 0600, so that a jailed restore (with
+// the same ids) can read it and nobody else can.
 func moveOut(src, dst string, uid, gid int) error {
 	err := os.Rename(src, dst)
 	if errors.Is(err, syscall.EXDEV) {
 		if err = copySparse(src, dst, 0o600); err == nil {
-			err = errors.Join(os.Lchown(dst, uid, gid), os.Remove(src))
+			err = os.Remove(src)
 		}
 	}
 	if err != nil {
 		return err
 	}
-	return os.Chmod(dst, 0o600)
+	return errors.Join(os.Lchown(dst, uid, gid), os.Chmod(dst, 0o600))
 }
 
 func writeMetadata(dir string, md *Metadata) error {
@@ -225,19 +286,25 @@ func writeMetadata(dir string, md *Metadata) error {
 }
 
 // Restore starts a fresh Firecracker and loads the snapshot in
-// snapshotDir into it with the File memory backend: guest memory is a
-// private copy-on-write mapping of the memory file, which must stay
-// unchanged while the VM lives. The VM runs when Restore returns. spec
-// gives the run dir, the disks (same count and read-only flags as at
-// snapshot time, with the contents of that moment) and the NIC (same
-// presence and MAC; the tap may differ on 1.12+); zero VCPUs and
-// MemoryMiB mean the snapshot's, other values must equal them; kernel,
-// initrd and command line are ignored. A snapshot of another Firecracker
-// version, CPU model or layout is vmm.ErrIncompatible; one that is not
-// loadable on its own (a later diff) errkind.FailedPrecondition.
-func (d *Driver) Restore(ctx context.Context, snapshotDir string, spec vmm.Spec) (vmm.VM, error) {
+// snapshotDir into it (vmm.Restorer). Guest memory is a private
+// copy-on-write mapping of the snapshot's memory file (the File backend),
+// which must therefore stay unchanged while the VM lives; clones of one
+// snapshot share its page cache. spec gives the run dir and the disks:
+// read-only ones as they were (same size), writable ones as the paths the
+// snapshot's copies are placed at (reflinked where possible). The NIC must
+// be present as it was; its tap may differ on 1.12+ and the guest keeps
+// the snapshot's MAC. Zero VCPUs and MemoryMiB mean the snapshot's, other
+// values must equal them; kernel, initrd and command line are ignored.
+// The VM runs when Restore returns. A snapshot of another driver,
+// Firecracker version, CPU model or layout is vmm.ErrIncompatible; one
+// that is not loadable on its own (a later diff)
+// errkind.FailedPrecondition; a missing one errkind.NotFound. Jailed, the
+// snapshot files are hard-linked into the jail: they must be on the chroot
+// base's file system and readable by the jail's uid or gid (as Snapshot
+// leaves them), else errkind.FailedPrecondition.
+func (d *Driver) Restore(ctx context.Context, snapshotDir string, spec vmm.Spec) (_ vmm.VM, err error) {
 	start := time.Now()
-	snapshotDir, err := filepath.Abs(snapshotDir)
+	snapshotDir, err = filepath.Abs(snapshotDir)
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", snapshotDir, err)
 	}
@@ -249,16 +316,32 @@ func (d *Driver) Restore(ctx context.Context, snapshotDir string, spec vmm.Spec)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("restore %s in %s: %w", snapshotDir, spec.RunDir, err)
+		}
+	}()
 	layout, err := restoreLayout(md, spec, hostCPU(), d.dirtyTracking)
 	if err != nil {
-		return nil, fmt.Errorf("restore %s: %w", snapshotDir, err)
+		return nil, err
 	}
 	snapState, snapMem := filepath.Join(snapshotDir, md.VMState), filepath.Join(snapshotDir, md.Memory)
 	for _, p := range []string{snapState, snapMem} {
 		if _, err := os.Stat(p); err != nil {
-			return nil, fmt.Errorf("restore %s: %w: %w", snapshotDir, err, errkind.NotFound)
+			return nil, fmt.Errorf("%w: %w", err, errkind.NotFound)
 		}
 	}
+	placed, err := placeDisks(ctx, snapshotDir, md, spec)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			for _, p := range placed {
+				os.Remove(p)
+			}
+		}
+	}()
 	var files []placement
 	for i, disk := range md.Layout.Disks {
 		ro := spec.Disks[i].ReadOnly
@@ -269,15 +352,12 @@ func (d *Driver) Restore(ctx context.Context, snapshotDir string, spec vmm.Spec)
 		files = append(files, placement{src: snapState, name: jailVMState, linkOnly: true}, placement{src: snapMem, name: jailMemory, linkOnly: true})
 		fcState, fcMem = jailVMState, jailMemory
 	}
-	v, err := d.start(ctx, spec.RunDir, files, layout, true)
+	v, err := d.start(ctx, spec.RunDir, files, layout, true, spec.NIC)
 	if err != nil {
-		return nil, fmt.Errorf("restore %s in %s: %w", snapshotDir, spec.RunDir, err)
-	}
-	fail := func(err error) (vmm.VM, error) {
-		return nil, v.abort(ctx, fmt.Errorf("restore %s in %s: %w", snapshotDir, spec.RunDir, err))
+		return nil, err
 	}
 	if v.version != md.FirecrackerVersion {
-		return fail(fmt.Errorf("snapshot of firecracker %s, running %s: %w", md.FirecrackerVersion, v.version, vmm.ErrIncompatible))
+		return nil, v.abort(ctx, fmt.Errorf("snapshot of firecracker %s, running %s: %w", md.FirecrackerVersion, v.version, vmm.ErrIncompatible))
 	}
 	var tap string
 	if spec.NIC != nil {
@@ -285,17 +365,60 @@ func (d *Driver) Restore(ctx context.Context, snapshotDir string, spec vmm.Spec)
 	}
 	req, err := loadRequest(v.ver, fcState, fcMem, layout.DirtyTracking, md.Layout.NIC, tap)
 	if err != nil {
-		return fail(err)
+		return nil, v.abort(ctx, err)
 	}
 	wctx, done := v.watch(ctx)
 	err = v.api.LoadSnapshot(wctx, req)
 	done()
 	if err != nil {
 		// Firecracker exits after a failed load.
-		return fail(err)
+		return nil, v.abort(ctx, err)
 	}
 	v.log.Info("vm restored", "snapshot", snapshotDir, "restore_total", time.Since(start), "version", v.version)
 	return v, nil
+}
+
+// placeDisks checks the read-only disks against the snapshot and copies
+// the snapshot's writable disks to the paths spec gives. It returns the
+// paths it wrote.
+func placeDisks(ctx context.Context, dir string, md *Metadata, spec vmm.Spec) (placed []string, err error) {
+	if len(md.Disks) != len(spec.Disks) {
+		return nil, fmt.Errorf("snapshot has %d disks, spec %d: %w", len(md.Disks), len(spec.Disks), vmm.ErrIncompatible)
+	}
+	defer func() {
+		if err != nil {
+			for _, p := range placed {
+				os.Remove(p)
+			}
+		}
+	}()
+	for i, disk := range spec.Disks {
+		sd := md.Disks[i]
+		if disk.ReadOnly != sd.ReadOnly {
+			return placed, fmt.Errorf("disk %d read-only %v, snapshot %v: %w", i, disk.ReadOnly, sd.ReadOnly, vmm.ErrIncompatible)
+		}
+		if disk.ReadOnly {
+			fi, err := os.Stat(disk.Path)
+			if err != nil {
+				return placed, fmt.Errorf("disk %d: %w", i, err)
+			}
+			if fi.Size() != sd.Size {
+				return placed, fmt.Errorf("disk %d is not the image the snapshot ran on (%d bytes, was %d): %w", i, fi.Size(), sd.Size, vmm.ErrIncompatible)
+			}
+			continue
+		}
+		if sd.File == "" || sd.File != filepath.Base(sd.File) || sd.File == ".." {
+			return placed, fmt.Errorf("disk %d: snapshot file %q: %w", i, sd.File, vmm.ErrIncompatible)
+		}
+		if err := reflink.Copy(ctx, filepath.Join(dir, sd.File), disk.Path); err != nil {
+			return placed, fmt.Errorf("disk %d: %w", i, err)
+		}
+		placed = append(placed, disk.Path)
+		if err := os.Chmod(disk.Path, 0o600); err != nil {
+			return placed, err
+		}
+	}
+	return placed, nil
 }
 
 // restoreLayout checks that spec and this host fit the snapshot and

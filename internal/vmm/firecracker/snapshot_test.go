@@ -16,8 +16,9 @@ import (
 	"space/internal/vmm/firecracker/fcapi/fcapitest"
 )
 
-// TestSnapshotRestoreAgainstFakeFirecracker takes full and diff snapshots
-// of a booted VM and restores one into a fresh process.
+// TestSnapshotRestoreAgainstFakeFirecracker snapshots a running VM (which
+// runs on), takes a diff of a paused one, and restores a clone with its
+// own copy of the writable disk into a fresh process.
 func TestSnapshotRestoreAgainstFakeFirecracker(t *testing.T) {
 	fc := newFakeFirecracker(t, fakeOptions{})
 	d := newTestDriver(t, Config{Binary: fc.path})
@@ -27,47 +28,65 @@ func TestSnapshotRestoreAgainstFakeFirecracker(t *testing.T) {
 	snaps := shortTempDir(t, "fcsnap")
 	full, diff := filepath.Join(snaps, "full"), filepath.Join(snaps, "diff")
 
-	if _, err := v.Snapshot(ctx, full, false); !errors.Is(err, ErrNotPaused) {
-		t.Fatalf("Snapshot of a running vm = %v, want ErrNotPaused", err)
-	}
-	if err := v.Pause(ctx); err != nil {
-		t.Fatalf("Pause: %v", err)
-	}
-	md, err := v.Snapshot(ctx, full, false)
+	fc.ResetRequests(t)
+	snap, err := v.Snapshot(ctx, full, vmm.SnapshotOptions{})
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
+	}
+	if snap.Dir != full || snap.Driver != "firecracker" || snap.Version != "1.16.1" || snap.Diff || snap.Took <= 0 || snap.Reflinked {
+		t.Errorf("Snapshot = %+v", snap)
+	}
+	wantReqs := []fcapitest.Request{
+		{Method: "PATCH", Path: "/vm", Body: `{"state":"Paused"}`},
+		{Method: "PUT", Path: "/snapshot/create", Body: `{"snapshot_type":"Full","snapshot_path":"` + full + `/vmstate","mem_file_path":"` + full + `/memory"}`},
+		{Method: "PATCH", Path: "/vm", Body: `{"state":"Resumed"}`},
+	}
+	if diff := cmp.Diff(wantReqs, fc.Requests(t)); diff != "" {
+		t.Errorf("snapshot requests (-want +got):\n%s", diff)
+	}
+	md, err := ReadMetadata(full)
+	if err != nil {
+		t.Fatalf("ReadMetadata: %v", err)
 	}
 	want := &Metadata{
 		Format: 1, Driver: "firecracker", FirecrackerVersion: "1.16.1", Type: "Full", Loadable: true,
 		HostCPU: hostCPU(), HostKernel: hostKernel(), VMState: "vmstate", Memory: "memory",
+		Disks:  []SnapshotDisk{{ReadOnly: true, Size: int64(len("rootfs.img"))}, {Size: int64(len("rw.img")), File: "disk1"}},
 		Layout: v.st.Layout,
 	}
 	if diff := cmp.Diff(want, md, cmpopts.IgnoreFields(Metadata{}, "Created")); diff != "" {
-		t.Errorf("Snapshot metadata (-want +got):\n%s", diff)
+		t.Errorf("snapshot metadata (-want +got):\n%s", diff)
 	}
-	onDisk, err := ReadMetadata(full)
-	if err != nil {
-		t.Fatalf("ReadMetadata: %v", err)
+	for name, size := range map[string]int64{"memory": 256 << 20, "vmstate": -1, "disk1": int64(len("rw.img"))} {
+		fi, err := os.Stat(filepath.Join(full, name))
+		if err != nil || (size >= 0 && fi.Size() != size) || fi.Mode().Perm() != 0o600 {
+			t.Errorf("snapshot %s = %v, %v; want mode 0600 (and %d bytes)", name, fi, err, size)
+		}
 	}
-	if diff := cmp.Diff(md, onDisk); diff != "" {
-		t.Errorf("ReadMetadata (-want +got):\n%s", diff)
+	if _, err := v.Snapshot(ctx, full, vmm.SnapshotOptions{}); !errors.Is(err, errkind.Conflict) || !exists(filepath.Join(full, "memory")) {
+		t.Errorf("Snapshot into an existing dir = %v, want a conflict that leaves it alone", err)
 	}
-	if fi, err := os.Stat(filepath.Join(full, "memory")); err != nil || fi.Size() != 256<<20 {
-		t.Errorf("memory file = %v, %v; want 256 MiB", fi, err)
+
+	// A paused VM stays paused; a second snapshot's diff needs its base.
+	if err := v.Pause(ctx); err != nil {
+		t.Fatalf("Pause: %v", err)
 	}
-	if _, err := v.Snapshot(ctx, full, false); !errors.Is(err, errkind.Conflict) {
-		t.Errorf("Snapshot into a snapshot dir = %v, want a conflict", err)
+	if s, err := v.Snapshot(ctx, diff, vmm.SnapshotOptions{Diff: true}); err != nil || !s.Diff {
+		t.Fatalf("diff Snapshot = %+v, %v", s, err)
 	}
-	dmd, err := v.Snapshot(ctx, diff, true)
-	if err != nil {
-		t.Fatalf("diff Snapshot: %v", err)
+	if info, err := v.API().Instance(ctx); err != nil || info.State != fcapi.StatePaused {
+		t.Errorf("state after snapshotting a paused vm = %+v, %v; want Paused", info, err)
 	}
-	if dmd.Type != "Diff" || dmd.Loadable {
-		t.Errorf("second snapshot, a diff: type %s loadable %v, want Diff, not loadable", dmd.Type, dmd.Loadable)
+	if dmd, err := ReadMetadata(diff); err != nil || dmd.Type != "Diff" || dmd.Loadable {
+		t.Errorf("second snapshot, a diff = %+v, %v; want Diff, not loadable", dmd, err)
 	}
 	var hs handleState
 	if err := json.Unmarshal(v.Handle().State, &hs); err != nil || hs.Snapshots != 2 {
 		t.Errorf("handle after two snapshots: %+v, %v; want snapshots 2", hs, err)
+	}
+	// The source writes on after its snapshot; the clone must not see it.
+	if err := os.WriteFile(spec.Disks[1].Path, []byte("written later"), 0o600); err != nil {
+		t.Fatalf("setup: %v", err)
 	}
 	stopVM(t, v)
 
@@ -75,6 +94,7 @@ func TestSnapshotRestoreAgainstFakeFirecracker(t *testing.T) {
 	restored := spec
 	restored.RunDir = filepath.Join(shortTempDir(t, "fcrun"), "clone")
 	restored.Kernel, restored.Initrd, restored.Cmdline, restored.VCPUs, restored.MemoryMiB = "", "", "", 0, 0
+	restored.Disks = []vmm.Disk{spec.Disks[0], {Path: filepath.Join(shortTempDir(t, "fcdata"), "rw.img")}}
 	restored.NIC = &vmm.NIC{TapName: "tap7"}
 	got, err := d.Restore(ctx, full, restored)
 	if err != nil {
@@ -82,13 +102,19 @@ func TestSnapshotRestoreAgainstFakeFirecracker(t *testing.T) {
 	}
 	rv := got.(*VM)
 	defer stopVM(t, rv)
-	wantReqs := []fcapitest.Request{
+	wantReqs = []fcapitest.Request{
 		{Method: "GET", Path: "/version"},
 		{Method: "PUT", Path: "/logger", Body: `{"log_path":"vmm.fifo","level":"Info","show_level":true}`},
 		{Method: "PUT", Path: "/snapshot/load", Body: `{"snapshot_path":"` + full + `/vmstate","mem_backend":{"backend_type":"File","backend_path":"` + full + `/memory"},"resume_vm":true,"network_overrides":[{"iface_id":"eth0","host_dev_name":"tap7"}]}`},
 	}
 	if diff := cmp.Diff(wantReqs, fc.Requests(t)); diff != "" {
 		t.Errorf("restore requests (-want +got):\n%s", diff)
+	}
+	if b, err := os.ReadFile(restored.Disks[1].Path); err != nil || string(b) != "rw.img" {
+		t.Errorf("clone's writable disk = %q, %v; want the snapshot's copy", b, err)
+	}
+	if dst, err := os.Readlink(filepath.Join(restored.RunDir, "d1")); err != nil || dst != restored.Disks[1].Path {
+		t.Errorf("clone's d1 = %q, %v; want a link to its own copy", dst, err)
 	}
 	if info, err := rv.API().Instance(ctx); err != nil || info.State != fcapi.StateRunning {
 		t.Errorf("restored vm state = %+v, %v; want Running", info, err)
@@ -102,20 +128,26 @@ func TestSnapshotRestoreAgainstFakeFirecracker(t *testing.T) {
 		t.Errorf("restored handle state = %+v, %v", hs, err)
 	}
 	// A restored guest's first diff is not loadable on its own.
-	if err := rv.Pause(ctx); err != nil {
-		t.Fatalf("Pause: %v", err)
-	}
 	rdiff := filepath.Join(snaps, "rdiff")
-	if md, err := rv.Snapshot(ctx, rdiff, true); err != nil || md.Loadable {
-		t.Errorf("diff of a restored vm = %+v, %v; want not loadable", md, err)
+	if s, err := rv.Snapshot(ctx, rdiff, vmm.SnapshotOptions{Diff: true}); err != nil || !s.Diff {
+		t.Fatalf("diff of a restored vm = %+v, %v", s, err)
 	}
 	other := restored
 	other.RunDir = filepath.Join(shortTempDir(t, "fcrun"), "other")
+	other.Disks = []vmm.Disk{spec.Disks[0], {Path: filepath.Join(shortTempDir(t, "fcdata"), "rw.img")}}
 	if _, err := d.Restore(ctx, rdiff, other); !errors.Is(err, errkind.FailedPrecondition) {
 		t.Errorf("Restore of a later diff = %v, want a failed precondition", err)
 	}
 	if _, err := d.Restore(ctx, filepath.Join(snaps, "none"), other); !errors.Is(err, errkind.NotFound) {
 		t.Errorf("Restore of a missing snapshot = %v, want not found", err)
+	}
+	grown := other
+	grown.Disks = []vmm.Disk{{Path: spec.Disks[1].Path, ReadOnly: true}, other.Disks[1]}
+	if _, err := d.Restore(ctx, full, grown); !errors.Is(err, vmm.ErrIncompatible) {
+		t.Errorf("Restore with another read-only image = %v, want ErrIncompatible", err)
+	}
+	if exists(other.Disks[1].Path) {
+		t.Errorf("a refused restore left its disk copy behind")
 	}
 }
 
@@ -125,11 +157,8 @@ func TestRestoreRefusesOtherVersionFakeFirecracker(t *testing.T) {
 	_, spec := testImages(t)
 	v := bootVM(t, d, spec)
 	ctx := t.Context()
-	if err := v.Pause(ctx); err != nil {
-		t.Fatalf("Pause: %v", err)
-	}
 	dir := filepath.Join(shortTempDir(t, "fcsnap"), "s")
-	if _, err := v.Snapshot(ctx, dir, false); err != nil {
+	if _, err := v.Snapshot(ctx, dir, vmm.SnapshotOptions{}); err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	stopVM(t, v)
@@ -137,6 +166,7 @@ func TestRestoreRefusesOtherVersionFakeFirecracker(t *testing.T) {
 	older := newFakeFirecracker(t, fakeOptions{version: "1.15.0"})
 	d2 := newTestDriver(t, Config{Binary: older.path})
 	spec.RunDir = filepath.Join(shortTempDir(t, "fcrun"), "clone")
+	spec.Disks[1].Path = filepath.Join(shortTempDir(t, "fcdata"), "rw.img")
 	if _, err := d2.Restore(ctx, dir, spec); !errors.Is(err, vmm.ErrIncompatible) {
 		t.Fatalf("Restore on another version = %v, want ErrIncompatible", err)
 	}
@@ -145,10 +175,13 @@ func TestRestoreRefusesOtherVersionFakeFirecracker(t *testing.T) {
 			t.Errorf("the snapshot was sent to the other version")
 		}
 	}
-	for _, name := range []string{"fc.sock", "vmm.fifo", "d0"} {
-		if exists(filepath.Join(spec.RunDir, name)) {
-			t.Errorf("%s remains after the refused restore", name)
+	for _, p := range []string{"fc.sock", "vmm.fifo", "d0", "d1"} {
+		if exists(filepath.Join(spec.RunDir, p)) {
+			t.Errorf("%s remains after the refused restore", p)
 		}
+	}
+	if exists(spec.Disks[1].Path) {
+		t.Errorf("the refused restore left its disk copy")
 	}
 }
 
@@ -161,16 +194,17 @@ func TestDirtyTrackingOnOldFirecrackerFakeFirecracker(t *testing.T) {
 	spec.NIC = nil
 	v := bootVM(t, d, spec)
 	ctx := t.Context()
-	if err := v.Pause(ctx); err != nil {
-		t.Fatalf("Pause: %v", err)
-	}
 	dir := filepath.Join(shortTempDir(t, "fcsnap"), "d")
-	if md, err := v.Snapshot(ctx, dir, true); err != nil || !md.Loadable {
-		t.Fatalf("first diff of a booted vm = %+v, %v; want loadable", md, err)
+	if _, err := v.Snapshot(ctx, dir, vmm.SnapshotOptions{Diff: true}); err != nil {
+		t.Fatalf("first diff of a booted vm: %v", err)
+	}
+	if md, err := ReadMetadata(dir); err != nil || !md.Loadable || !md.Layout.DirtyTracking {
+		t.Fatalf("first diff of a booted vm = %+v, %v; want loadable, with dirty tracking", md, err)
 	}
 	stopVM(t, v)
 	fc.ResetRequests(t)
 	spec.RunDir = filepath.Join(shortTempDir(t, "fcrun"), "clone")
+	spec.Disks[1].Path = filepath.Join(shortTempDir(t, "fcdata"), "rw.img")
 	rv, err := d.Restore(ctx, dir, spec)
 	if err != nil {
 		t.Fatalf("Restore: %v", err)
@@ -180,6 +214,14 @@ func TestDirtyTrackingOnOldFirecrackerFakeFirecracker(t *testing.T) {
 	want := `{"snapshot_path":"` + dir + `/vmstate","mem_backend":{"backend_type":"File","backend_path":"` + dir + `/memory"},"enable_diff_snapshots":true,"resume_vm":true}`
 	if got := reqs[len(reqs)-1].Body; got != want {
 		t.Errorf("load body = %s, want %s", got, want)
+	}
+
+	// Without dirty tracking, 1.12 cannot diff at all.
+	d2 := newTestDriver(t, Config{Binary: fc.path})
+	spec.RunDir = filepath.Join(shortTempDir(t, "fcrun"), "plain")
+	v2 := bootVM(t, d2, spec)
+	if _, err := v2.Snapshot(ctx, filepath.Join(shortTempDir(t, "fcsnap"), "d"), vmm.SnapshotOptions{Diff: true}); !errors.Is(err, errkind.FailedPrecondition) {
+		t.Errorf("diff without dirty tracking on 1.12 = %v, want a failed precondition", err)
 	}
 }
 

@@ -30,7 +30,6 @@ type VM struct {
 	log       *slog.Logger
 	runDir    string
 	stopGrace time.Duration
-	dirty     bool // Config.DirtyTracking, for snapshots
 
 	// Set while the VM is built (Boot, Restore, Recover), then immutable.
 	st      handleState // Snapshots is mu's; the rest is immutable
@@ -52,8 +51,11 @@ type VM struct {
 }
 
 var (
-	_ vmm.VM     = (*VM)(nil)
-	_ vmm.Pauser = (*VM)(nil)
+	_ vmm.VM          = (*VM)(nil)
+	_ vmm.Pauser      = (*VM)(nil)
+	_ vmm.Detacher    = (*VM)(nil)
+	_ vmm.Snapshotter = (*VM)(nil)
+	_ vmm.Restorer    = (*Driver)(nil)
 )
 
 // handleState is the driver-private part of a vmm.Handle.
@@ -63,15 +65,15 @@ type handleState struct {
 	Root      string     `json:"root"`       // Firecracker's root: run dir or chroot
 	Jail      *jailState `json:"jail,omitempty"`
 	Layout    Layout     `json:"layout"`
+	Netns     string     `json:"netns,omitempty"`     // network namespace Firecracker runs in
 	Restored  bool       `json:"restored,omitempty"`  // the guest came from a snapshot
 	Snapshots int        `json:"snapshots,omitempty"` // snapshots taken so far
 }
 
 type jailState struct {
-	Dir   string `json:"dir"` // removed by Stop
-	UID   int    `json:"uid"`
-	GID   int    `json:"gid"`
-	NetNS string `json:"netns,omitempty"`
+	Dir string `json:"dir"` // removed by Stop
+	UID int    `json:"uid"`
+	GID int    `json:"gid"`
 }
 
 func (d *Driver) newVM(runDir string, st handleState) *VM {
@@ -79,7 +81,6 @@ func (d *Driver) newVM(runDir string, st handleState) *VM {
 		log:       d.log.With("vm_id", st.ID),
 		runDir:    runDir,
 		stopGrace: d.stopGrace,
-		dirty:     d.dirtyTracking,
 		st:        st,
 		api:       fcapi.New(st.APISocket),
 		stopped:   make(chan struct{}),
@@ -101,7 +102,17 @@ func (v *VM) startProcess(cmd *exec.Cmd) error {
 	// Files, not writers: Firecracker writes to them directly and no pipe
 	// dies with this process.
 	cmd.Stdout, cmd.Stderr = console, stderr
-	p, err := startProcess(cmd)
+	var p *process
+	// The jailer joins the namespace itself (--netns).
+	netns := v.st.Netns
+	if v.st.Jail != nil {
+		netns = ""
+	}
+	err = inNetns(netns, func() error {
+		var err error
+		p, err = startProcess(cmd)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("start firecracker: %w", err)
 	}
@@ -190,6 +201,47 @@ func (v *VM) patchVM(ctx context.Context, s fcapi.VMState) error {
 		return fmt.Errorf("%s vm %d: %w", verb, v.proc.pid, err)
 	}
 	return nil
+}
+
+// SerialLog returns the guest's console output kept so far (the rotated
+// part, then the current one; each at most Config.LogLimit bytes, plus
+// what arrived within a second). It works after Stop too.
+func (v *VM) SerialLog() ([]byte, error) {
+	path := filepath.Join(v.runDir, consoleLog)
+	old, err := os.ReadFile(rotated(path))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("read console log: %w", err)
+	}
+	cur, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read console log: %w", err)
+	}
+	return append(old, cur...), nil
+}
+
+// Detach lets go of the VM without stopping it, for a successor to
+// Recover it from its Handle (vmm.Detacher): it stops the log keeper,
+// closes the API client and stops watching the process. Firecracker runs
+// on and keeps appending to its logs (uncapped until someone recovers
+// it). After Detach only Handle may be called; Stop returns an
+// errkind.FailedPrecondition error.
+func (v *VM) Detach() error {
+	if !v.stopping.CompareAndSwap(false, true) {
+		return fmt.Errorf("detach vm %d: already stopped or detached: %w", v.proc.pid, errkind.FailedPrecondition)
+	}
+	var err error
+	if v.keeper != nil {
+		err = v.keeper.Close()
+		v.keeper = nil
+	}
+	v.api.Close()
+	if v.proc.release != nil {
+		v.proc.release()
+	}
+	v.stopErr = fmt.Errorf("vm %d was detached: %w", v.proc.pid, errkind.FailedPrecondition)
+	close(v.stopped)
+	v.log.Info("vm detached")
+	return err
 }
 
 // watch returns a ctx that also ends (with vmm.ErrExited) when

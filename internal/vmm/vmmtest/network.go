@@ -81,22 +81,28 @@ func listenIn(t *testing.T, path, addr string) net.Listener {
 	}
 	ch := make(chan result, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: the thread is discarded
+		runtime.LockOSThread()
+		orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer orig.Close()
 		ns, err := os.Open(path)
 		if err != nil {
 			ch <- result{err: err}
 			return
 		}
 		defer ns.Close()
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			ch <- result{err: err}
-			return
-		}
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
 			ch <- result{err: err}
 			return
 		}
 		l, err := net.Listen("tcp", addr)
+		// Switch back; a thread that cannot stays locked and is retired.
+		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
 		ch <- result{l, err}
 	}()
 	r := <-ch

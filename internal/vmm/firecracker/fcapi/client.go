@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"time"
 
 	"space/internal/errkind"
 )
@@ -48,12 +47,15 @@ func New(socketPath string) *Client {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socketPath)
 		},
+		// A connection per request: a unix connect costs microseconds, and
+		// a PUT is never sent on a kept-alive connection the server may
+		// have dropped (Go does not retry PUTs).
+		DisableKeepAlives: true,
 		// Firecracker's HTTP server takes few connections; a long request
 		// (a full snapshot) blocks every other one anyway.
-		MaxConnsPerHost:     4,
-		MaxIdleConnsPerHost: 2,
-		IdleConnTimeout:     30 * time.Second,
-		DisableCompression:  true,
+		MaxConnsPerHost: 4,
+		// No Accept-Encoding: Firecracker sends identity only.
+		DisableCompression: true,
 	}
 	return &Client{
 		sock: socketPath,
@@ -68,7 +70,7 @@ func New(socketPath string) *Client {
 // SocketPath returns the API socket the client dials.
 func (c *Client) SocketPath() string { return c.sock }
 
-// Close drops idle connections. The client stays usable.
+// Close drops idle connections, if any. The client stays usable.
 func (c *Client) Close() { c.tr.CloseIdleConnections() }
 
 // Error is a request Firecracker answered with an error status.

@@ -51,7 +51,8 @@ func serveUnix(t *testing.T, h http.Handler) string {
 
 // recorder answers 204 to everything and records the raw requests.
 type recorder struct {
-	mu   sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	reqs []rawRequest
 }
 
@@ -61,6 +62,12 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.reqs = append(r.reqs, rawRequest{req.Method, req.URL.Path, req.ContentLength, req.TransferEncoding, req.Header.Get("Content-Type"), string(b)})
 	r.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.reqs)
 }
 
 func (r *recorder) last() rawRequest {
@@ -332,8 +339,8 @@ func TestClientSideValidation(t *testing.T) {
 			}
 		})
 	}
-	if len(rec.reqs) != 0 {
-		t.Errorf("%d requests sent, want none", len(rec.reqs))
+	if n := rec.count(); n != 0 {
+		t.Errorf("%d requests sent, want none", n)
 	}
 }
 

@@ -11,9 +11,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"space/internal/testenv"
 	"space/internal/vmm/firecracker/fcapi"
 	"space/internal/vmm/firecracker/fcapi/fcapitest"
 )
@@ -29,7 +31,8 @@ type step struct {
 }
 
 type exits struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	codes []int
 }
 
@@ -207,6 +210,8 @@ func TestFakeFirecrackerRules(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ex := run(t, tt.version, scratchDir(t), tt.steps)
+			// The fake exits after the response has gone out.
+			testenv.Eventually(t, 5*time.Second, func() bool { return len(ex.get()) >= len(tt.wantExits) })
 			if diff := cmp.Diff(tt.wantExits, ex.get()); diff != "" {
 				t.Errorf("exits (-want +got):\n%s", diff)
 			}

@@ -17,8 +17,9 @@ import (
 // FakeFirecracker on it until the process is killed or cfg.Exit ends it.
 // It writes complaints to stderr and returns an exit status only on
 // failure. SIGTERM keeps its default action, as in Firecracker, which
-// installs no handler for it. Flags: --api-sock, --id, --level; --version
-// prints the version and returns 0; anything else is an error.
+// installs no handler for it. Flags: --api-sock, --id, --level and the
+// jailer's --start-time-us, --start-time-cpu-us, --parent-cpu-time-us;
+// --version prints the version and returns 0; anything else is an error.
 func RunProcess(args []string, cfg Config, stdout, stderr io.Writer) int {
 	sock := "/run/firecracker.socket"
 	for i := 0; i < len(args); i++ {
@@ -31,7 +32,7 @@ func RunProcess(args []string, cfg Config, stdout, stderr io.Writer) int {
 			}
 			fmt.Fprintf(stdout, "Firecracker v%s\n", v)
 			return 0
-		case "--api-sock", "--id", "--level":
+		case "--api-sock", "--id", "--level", "--start-time-us", "--start-time-cpu-us", "--parent-cpu-time-us":
 		default:
 			fmt.Fprintf(stderr, "Arguments parsing error: Found argument '%s' which wasn't expected, or isn't valid in this context.\n", args[i])
 			return 1

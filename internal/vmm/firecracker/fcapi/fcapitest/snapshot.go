@@ -53,7 +53,7 @@ func (f *FakeFirecracker) createSnapshotLocked(body []byte) result {
 }
 
 func writeSynced(path string, data []byte) error {
-	fl, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	fl, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644) // Firecracker: 0666 less umask
 	if err != nil {
 		return err
 	}
@@ -75,7 +75,7 @@ func writeMemory(path string, size int64, diff bool) error {
 	if fi, err := os.Stat(path); diff && err == nil && fi.Size() == size {
 		flag = os.O_WRONLY
 	}
-	fl, err := os.OpenFile(path, flag, 0o600)
+	fl, err := os.OpenFile(path, flag, 0o644)
 	if err != nil {
 		return err
 	}
