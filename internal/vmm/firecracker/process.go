@@ -313,24 +313,3 @@ func parseStat(b []byte) (procStat, error) {
 		startTime: n[2],
 	}, nil
 }
-
-// parseVmRSS returns VmRSS in bytes from the contents of /proc/<pid>/status.
-// ok is false when the line is missing (a zombie has none).
-func parseVmRSS(status []byte) (rss int64, ok bool, err error) {
-	for line := range bytes.Lines(status) {
-		rest, found := bytes.CutPrefix(line, []byte("VmRSS:"))
-		if !found {
-			continue
-		}
-		f := strings.Fields(string(rest))
-		if len(f) != 2 || f[1] != "kB" {
-			return 0, false, fmt.Errorf("parse VmRSS %q", bytes.TrimSpace(line))
-		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return 0, false, fmt.Errorf("parse VmRSS: %w", err)
-		}
-		return kb << 10, true, nil
-	}
-	return 0, false, nil
-}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"space/internal/proc"
 	"space/internal/vmm"
 )
 
@@ -44,9 +45,9 @@ func TestParseVmRSS(t *testing.T) {
 		{in: "VmRSS: lots\n", wantErr: true},
 	}
 	for _, tt := range tests {
-		got, ok, err := parseVmRSS([]byte(tt.in))
+		got, ok, err := proc.ParseVmRSS([]byte(tt.in))
 		if got != tt.want || ok != tt.wantOK || (err != nil) != tt.wantErr {
-			t.Errorf("parseVmRSS(%q) = %d, %v, %v; want %d, %v, error %v", tt.in, got, ok, err, tt.want, tt.wantOK, tt.wantErr)
+			t.Errorf("proc.ParseVmRSS(%q) = %d, %v, %v; want %d, %v, error %v", tt.in, got, ok, err, tt.want, tt.wantOK, tt.wantErr)
 		}
 	}
 }

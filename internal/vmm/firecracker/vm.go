@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"space/internal/errkind"
+	"space/internal/proc"
 	"space/internal/vmm"
 	"space/internal/vmm/firecracker/fcapi"
 )
@@ -171,7 +172,7 @@ func (v *VM) Info() (vmm.ProcessInfo, error) {
 	if err != nil {
 		return vmm.ProcessInfo{}, fmt.Errorf("vm %d: %w", pid, err)
 	}
-	rss, ok, err := parseVmRSS(status)
+	rss, ok, err := proc.ParseVmRSS(status)
 	if err != nil {
 		return vmm.ProcessInfo{}, fmt.Errorf("vm %d: %w", pid, err)
 	}

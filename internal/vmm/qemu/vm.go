@@ -90,7 +90,7 @@ func (v *VM) SerialLog() ([]byte, error) {
 func (v *VM) RSS() (int64, error) {
 	var rss int64
 	err := v.readProc("status", func(b []byte) error {
-		n, ok, err := parseVmRSS(b)
+		n, ok, err := proc.ParseVmRSS(b)
 		if err == nil && !ok {
 			return ErrExited // a zombie has no memory
 		}
@@ -106,7 +106,7 @@ func (v *VM) CPUTime() (time.Duration, error) {
 	var d time.Duration
 	err := v.readProc("stat", func(b []byte) error {
 		var err error
-		d, err = parseCPUTime(b)
+		d, err = proc.ParseCPUTime(b)
 		return err
 	})
 	return d, err

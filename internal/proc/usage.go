@@ -1,4 +1,4 @@
-package qemu
+package proc
 
 import (
 	"bytes"
@@ -12,9 +12,9 @@ import (
 // at 100 in the Linux ABI).
 const userHZ = 100
 
-// parseVmRSS returns VmRSS in bytes from the contents of /proc/<pid>/status.
+// ParseVmRSS returns VmRSS in bytes from the contents of /proc/<pid>/status.
 // ok is false when the line is missing (a zombie has none).
-func parseVmRSS(status []byte) (rss int64, ok bool, err error) {
+func ParseVmRSS(status []byte) (rss int64, ok bool, err error) {
 	for line := range bytes.Lines(status) {
 		rest, found := bytes.CutPrefix(line, []byte("VmRSS:"))
 		if !found {
@@ -33,9 +33,9 @@ func parseVmRSS(status []byte) (rss int64, ok bool, err error) {
 	return 0, false, nil
 }
 
-// parseCPUTime returns utime+stime of all threads from the contents of
+// ParseCPUTime returns utime+stime of all threads from the contents of
 // /proc/<pid>/stat.
-func parseCPUTime(stat []byte) (time.Duration, error) {
+func ParseCPUTime(stat []byte) (time.Duration, error) {
 	// The command name (field 2) is in parentheses and may hold spaces or
 	// parentheses itself; the fields after the last ')' are plain.
 	i := bytes.LastIndexByte(stat, ')')

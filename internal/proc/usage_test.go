@@ -1,0 +1,56 @@
+package proc
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseVmRSS(t *testing.T) {
+	status := "Name:\tqemu-system-x86\nVmPeak:\t  999 kB\nVmRSS:\t   264128 kB\nThreads:\t5\n"
+	rss, ok, err := ParseVmRSS([]byte(status))
+	if err != nil || !ok || rss != 264128*1024 {
+		t.Errorf("ParseVmRSS() = %d, %v, %v, want %d, true, nil", rss, ok, err, 264128*1024)
+	}
+	_, ok, err = ParseVmRSS([]byte("Name:\tzombie\nState:\tZ (zombie)\n"))
+	if ok || err != nil {
+		t.Errorf("ParseVmRSS(zombie) = _, %v, %v, want false, nil", ok, err)
+	}
+	if _, _, err := ParseVmRSS([]byte("VmRSS:\t12 MB\n")); err == nil {
+		t.Error("ParseVmRSS(bad unit) = nil error, want error")
+	}
+
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	if rss, ok, err := ParseVmRSS(b); err != nil || !ok || rss <= 0 {
+		t.Errorf("ParseVmRSS(/proc/self/status) = %d, %v, %v, want positive", rss, ok, err)
+	}
+}
+
+func TestParseCPUTime(t *testing.T) {
+	// Fields: pid (comm) state ppid pgrp session tty tpgid flags minflt
+	// cminflt majflt cmajflt utime stime ...
+	stat := "4242 (qemu (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 5 0\n"
+	got, err := ParseCPUTime([]byte(stat))
+	if want := 3250 * time.Millisecond; err != nil || got != want {
+		t.Errorf("ParseCPUTime() = %v, %v, want %v, nil", got, err, want)
+	}
+	if _, err := ParseCPUTime([]byte("4242 (short) S 1 2")); err == nil {
+		t.Error("ParseCPUTime(truncated) = nil error, want error")
+	}
+
+	// Burn a little CPU so our own time is non-zero.
+	for start := time.Now(); time.Since(start) < 30*time.Millisecond; {
+		_ = strings.Repeat("x", 1000)
+	}
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	if got, err := ParseCPUTime(b); err != nil || got <= 0 {
+		t.Errorf("ParseCPUTime(/proc/self/stat) = %v, %v, want positive", got, err)
+	}
+}
