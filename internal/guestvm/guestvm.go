@@ -61,10 +61,7 @@ type VM struct {
 
 // Boot boots the guest and waits until its agent answers. On error nothing
 // is left running or on disk.
-func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
-	if cfg.Images == nil || cfg.Driver == nil || cfg.RunDir == "" || cfg.DataDir == "" {
-		return nil, fmt.Errorf("guestvm: images, driver, run dir and data dir are required: %w", errkind.InvalidArgument)
-	}
+func Boot(ctx context.Context, cfg Config) (*VM, error) {
 	if cfg.VCPUs == 0 {
 		cfg.VCPUs = 1
 	}
@@ -73,6 +70,31 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	}
 	if cfg.DiskGiB == 0 {
 		cfg.DiskGiB = 4
+	}
+	return start(ctx, cfg, func(ctx context.Context) (vmm.VM, error) {
+		rw := filepath.Join(cfg.DataDir, "rw.img")
+		if err := rootfs.NewWritableLayer(ctx, rw, int64(cfg.DiskGiB)<<30); err != nil {
+			return nil, fmt.Errorf("writable layer: %w", err)
+		}
+		params := guestinit.Params{RW: "/dev/vdb", Hostname: cfg.Hostname}
+		return cfg.Driver.Boot(ctx, vmm.Spec{
+			RunDir:    filepath.Join(cfg.RunDir, "vm"),
+			Kernel:    cfg.Images.Kernel.Vmlinux,
+			Initrd:    cfg.Images.Initramfs,
+			Cmdline:   kernel.Cmdline(params.Args()...),
+			VCPUs:     cfg.VCPUs,
+			MemoryMiB: cfg.MemoryMiB,
+			Disks:     []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: rw}},
+			NIC:       cfg.NIC,
+		})
+	})
+}
+
+// start runs launch (a boot or a restore) with the directories in place,
+// then connects to the agent. On error it undoes everything.
+func start(ctx context.Context, cfg Config, launch func(context.Context) (vmm.VM, error)) (_ *VM, err error) {
+	if cfg.Images == nil || cfg.Driver == nil || cfg.RunDir == "" || cfg.DataDir == "" {
+		return nil, fmt.Errorf("guestvm: images, driver, run dir and data dir are required: %w", errkind.InvalidArgument)
 	}
 	v := &VM{cfg: cfg}
 	defer func() {
@@ -87,25 +109,8 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 			return nil, err
 		}
 	}
-	rw := filepath.Join(cfg.DataDir, "rw.img")
-	if err := rootfs.NewWritableLayer(ctx, rw, int64(cfg.DiskGiB)<<30); err != nil {
-		return nil, fmt.Errorf("writable layer: %w", err)
-	}
-	params := guestinit.Params{RW: "/dev/vdb", Hostname: cfg.Hostname}
-	start := time.Now()
-	vm, err := cfg.Driver.Boot(ctx, vmm.Spec{
-		RunDir:    filepath.Join(cfg.RunDir, "vm"),
-		Kernel:    cfg.Images.Kernel.Vmlinux,
-		Initrd:    cfg.Images.Initramfs,
-		Cmdline:   kernel.Cmdline(params.Args()...),
-		VCPUs:     cfg.VCPUs,
-		MemoryMiB: cfg.MemoryMiB,
-		Disks: []vmm.Disk{
-			{Path: cfg.Images.Rootfs, ReadOnly: true},
-			{Path: rw},
-		},
-		NIC: cfg.NIC,
-	})
+	t0 := time.Now()
+	vm, err := launch(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +120,7 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 		return nil, fmt.Errorf("agent: %w%s", err, consoleTail(vm))
 	}
 	v.Client = c
-	v.BootTime = time.Since(start)
+	v.BootTime = time.Since(t0)
 	return v, nil
 }
 
@@ -214,53 +219,33 @@ func (v *VM) Snapshot(ctx context.Context, dir string) (*vmm.Snapshot, error) {
 // images, gives it its own writable layer (a copy of the snapshot's) and
 // fresh identity: clock, entropy and hostname via the agent's post-restore
 // call. cfg.VCPUs and cfg.MemoryMiB are ignored: they are the snapshot's.
-func Restore(ctx context.Context, cfg Config, snapDir string) (_ *VM, err error) {
+// BootTime includes the post-restore call.
+func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 	r, ok := cfg.Driver.(vmm.Restorer)
 	if !ok {
 		return nil, fmt.Errorf("restore: %T cannot restore: %w", cfg.Driver, errkind.FailedPrecondition)
 	}
-	if cfg.Images == nil || cfg.RunDir == "" || cfg.DataDir == "" {
-		return nil, fmt.Errorf("guestvm: images, run dir and data dir are required: %w", errkind.InvalidArgument)
-	}
-	v := &VM{cfg: cfg}
-	defer func() {
-		if err != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			err = errors.Join(err, v.Close(cctx))
-		}
-	}()
-	for _, d := range []string{cfg.RunDir, cfg.DataDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, err
-		}
-	}
-	start := time.Now()
-	vm, err := r.Restore(ctx, snapDir, vmm.Spec{
-		RunDir: filepath.Join(cfg.RunDir, "vm"),
-		Kernel: cfg.Images.Kernel.Vmlinux,
-		Initrd: cfg.Images.Initramfs,
-		Disks: []vmm.Disk{
-			{Path: cfg.Images.Rootfs, ReadOnly: true},
-			{Path: filepath.Join(cfg.DataDir, "rw.img")},
-		},
-		NIC: cfg.NIC,
+	t0 := time.Now()
+	v, err := start(ctx, cfg, func(ctx context.Context) (vmm.VM, error) {
+		return r.Restore(ctx, snapDir, vmm.Spec{
+			RunDir: filepath.Join(cfg.RunDir, "vm"),
+			Kernel: cfg.Images.Kernel.Vmlinux,
+			Initrd: cfg.Images.Initramfs,
+			Disks:  []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: filepath.Join(cfg.DataDir, "rw.img")}},
+			NIC:    cfg.NIC,
+		})
 	})
 	if err != nil {
 		return nil, err
 	}
-	v.VMM = vm
-	c, err := Connect(ctx, vm)
-	if err != nil {
-		return nil, fmt.Errorf("agent: %w%s", err, consoleTail(vm))
-	}
-	v.Client = c
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	pr := proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, Hostname: cfg.Hostname}
-	if err := c.PostRestore(ctx, pr); err != nil {
-		return nil, fmt.Errorf("post-restore: %w", err)
+	if err := v.Client.PostRestore(ctx, pr); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		return nil, errors.Join(fmt.Errorf("post-restore: %w", err), v.Close(cctx))
 	}
-	v.BootTime = time.Since(start)
+	v.BootTime = time.Since(t0)
 	return v, nil
 }

@@ -14,6 +14,8 @@ import (
 	"space/internal/agent/guesttest"
 	"space/internal/agent/proto"
 	"space/internal/guestvm"
+	"space/internal/storage"
+	"space/internal/testenv"
 	"space/internal/vmm"
 )
 
@@ -25,11 +27,31 @@ type NewBenchDriver func(b *testing.B) vmm.Driver
 // time of a 2 GiB guest over that of a 256 MiB guest (flat in RAM is 1.0);
 // and the VMM's resident memory beyond what the guest touched.
 func Bench(b *testing.B, newDriver NewBenchDriver) {
+	b.Run("tmpfs", func(b *testing.B) { bench(b, newDriver, "/dev/shm") })
+	// Memory files and snapshots on reflink storage: snapshot and restore
+	// copies become extent sharing (loop-mounted XFS on hosts like this).
+	b.Run("reflink", func(b *testing.B) {
+		testenv.RequireRoot(b, testenv.TierNetns)
+		dataDir, err := os.MkdirTemp("", "space-bench-store-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { storage.Unmount(context.Background(), dataDir); os.RemoveAll(dataDir) })
+		st, err := storage.Prepare(b.Context(), storage.Config{DataDir: dataDir, LoopSize: 16 << 30})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("storage mode %s", st.Mode)
+		bench(b, newDriver, st.Dir)
+	})
+}
+
+func bench(b *testing.B, newDriver NewBenchDriver, runBase string) {
 	d := newDriver(b)
 	img := guesttest.Images(b)
 	bootOne := func(memMiB int) (*guestvm.VM, time.Duration, func()) {
 		release := guesttest.AcquireSlot(b)
-		run, data := benchDirs(b)
+		run, data := benchDirs(b, runBase)
 		start := time.Now()
 		vm, err := guestvm.Boot(b.Context(), guestvm.Config{Images: img, Driver: d, RunDir: run, DataDir: data, MemoryMiB: memMiB})
 		if err != nil {
@@ -43,7 +65,7 @@ func Bench(b *testing.B, newDriver NewBenchDriver) {
 	restoreOne := func(snap string) time.Duration {
 		release := guesttest.AcquireSlot(b)
 		defer release()
-		run, data := benchDirs(b)
+		run, data := benchDirs(b, runBase)
 		start := time.Now()
 		vm, err := guestvm.Restore(b.Context(), guestvm.Config{Images: img, Driver: d, RunDir: run, DataDir: data}, snap)
 		if err != nil {
@@ -57,7 +79,7 @@ func Bench(b *testing.B, newDriver NewBenchDriver) {
 	snapshotOf := func(memMiB int) (string, *vmm.Snapshot, time.Duration) {
 		vm, _, done := bootOne(memMiB)
 		defer done()
-		dir := filepath.Join(benchSnapRoot(b), "mem"+strconv.Itoa(memMiB))
+		dir := filepath.Join(benchSnapRoot(b, runBase), "mem"+strconv.Itoa(memMiB))
 		start := time.Now()
 		s, err := vm.Snapshot(b.Context(), dir)
 		if err != nil {
@@ -113,12 +135,12 @@ func closeVM(b *testing.B, vm *guestvm.VM) {
 	}
 }
 
-func benchDirs(b *testing.B) (run, data string) {
-	run, err := os.MkdirTemp("/dev/shm", "space-bench-")
+func benchDirs(b *testing.B, base string) (run, data string) {
+	run, err := os.MkdirTemp(base, "space-bench-")
 	if err != nil {
 		b.Fatal(err)
 	}
-	data, err = os.MkdirTemp("", "space-bench-data-")
+	data, err = os.MkdirTemp(base, "space-bench-data-")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -126,8 +148,8 @@ func benchDirs(b *testing.B) (run, data string) {
 	return run, data
 }
 
-func benchSnapRoot(b *testing.B) string {
-	dir, err := os.MkdirTemp("/dev/shm", "space-bench-snap-")
+func benchSnapRoot(b *testing.B, base string) string {
+	dir, err := os.MkdirTemp(base, "space-bench-snap-")
 	if err != nil {
 		b.Fatal(err)
 	}
