@@ -306,6 +306,16 @@ func testSnapshotRestore(t *testing.T, newDriver NewDriver) {
 	}
 	closeSrc() // two VMs at once at most on the test machines
 
+	// A spec whose device layout differs from the snapshot's is refused
+	// before anything runs.
+	img := guesttest.Images(t)
+	run, _ := dirs(t)
+	_, err = d.(vmm.Restorer).Restore(t.Context(), snapDir, vmm.Spec{RunDir: filepath.Join(run, "vm"),
+		Kernel: img.Kernel.Vmlinux, Initrd: img.Initramfs, Disks: []vmm.Disk{{Path: img.Rootfs, ReadOnly: true}}})
+	if !errors.Is(err, vmm.ErrIncompatible) {
+		t.Errorf("Restore(one disk fewer than the snapshot) = %v, want ErrIncompatible", err)
+	}
+
 	a := restore(t, d, snapDir, "clone-a")
 	t.Logf("restore to agent ready (with post-restore): %v", a.BootTime)
 	if got := agenttest.Output(t, a.Client, "cat /tmp/mark /root/mark; hostname"); got != "in-memory\non-disk\nclone-a\n" {
