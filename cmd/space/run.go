@@ -48,7 +48,11 @@ func runCmd(ctx context.Context, g *globals, args []string) error {
 	if err != nil {
 		return err
 	}
-	drv, err := qemu.New(qemu.Config{Log: g.log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")})
+	qcfg := qemu.Config{Log: g.log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
+	if os.Geteuid() == 0 {
+		qcfg.User = &qemu.User{UID: 65534, GID: 65534} // nobody: QEMU needs no privilege
+	}
+	drv, err := qemu.New(qcfg)
 	if err != nil {
 		return err
 	}

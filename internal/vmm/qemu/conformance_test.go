@@ -1,16 +1,35 @@
 package qemu_test
 
 import (
+	"path/filepath"
 	"testing"
 
 	"space/internal/agent/guesttest"
+	"space/internal/cachedir"
+	"space/internal/testenv"
 	"space/internal/vmm"
+	"space/internal/vmm/qemu"
 	"space/internal/vmm/vmmtest"
 )
 
 func TestConformance(t *testing.T) {
 	vmmtest.Run(t, func(t *testing.T) vmm.Driver {
 		d, err := guesttest.Driver(t)
+		if err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		return d
+	})
+}
+
+// TestConformanceUnprivileged runs the suite with QEMU as user nobody.
+func TestConformanceUnprivileged(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierQEMU)
+	vmmtest.Run(t, func(t *testing.T) vmm.Driver {
+		d, err := qemu.New(qemu.Config{
+			User:       &qemu.User{UID: 65534, GID: 65534},
+			AccelCache: filepath.Join(testenv.CacheDir(t), cachedir.Layout, "accel-probe.json"),
+		})
 		if err != nil {
 			t.Fatalf("setup: %v", err)
 		}

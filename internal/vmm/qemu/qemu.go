@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,6 +38,17 @@ type Config struct {
 	// AccelCache is a file remembering KVM probe results across processes;
 	// "" means probe once per Driver.
 	AccelCache string
+	// User runs QEMU as this unprivileged user instead of the caller's.
+	// The caller must be root. QEMU then gets every file as an inherited
+	// descriptor (so it needs no access to the directories), and the
+	// per-VM files it writes (the memory file, writable disks) are chowned
+	// to the user. nil = run as the caller.
+	User *User
+}
+
+// User is a numeric user and group.
+type User struct {
+	UID, GID uint32
 }
 
 // Driver boots VMs with one QEMU binary. It is safe for concurrent use.
@@ -46,6 +58,7 @@ type Driver struct {
 	stopGrace  time.Duration
 	accel      string // forced by Config, or ""
 	accelCache string
+	user       *User // or nil
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -81,13 +94,16 @@ func New(cfg Config) (*Driver, error) {
 	if grace == 0 {
 		grace = 5 * time.Second
 	}
+	if cfg.User != nil && os.Geteuid() != 0 {
+		return nil, fmt.Errorf("qemu: running qemu as uid %d needs root: %w", cfg.User.UID, errkind.FailedPrecondition)
+	}
 	switch cfg.Accel {
 	case "", "kvm", "tcg":
 	default:
 		return nil, fmt.Errorf("qemu accel %q, want kvm, tcg or empty: %w", cfg.Accel, errkind.InvalidArgument)
 	}
 	return &Driver{bin: path, log: log.With("component", "qemu"), stopGrace: grace,
-		accel: cfg.Accel, accelCache: cfg.AccelCache, probed: map[string]string{}}, nil
+		accel: cfg.Accel, accelCache: cfg.AccelCache, user: cfg.User, probed: map[string]string{}}, nil
 }
 
 // Start is New(cfg) followed by Start(ctx, spec), for callers that boot one
@@ -166,17 +182,36 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	}
 	undo.push(stderr.Close)
 
-	cmd := exec.Command(d.bin, spec.args(sandbox == sandboxOn)...)
+	extra := append([]*os.File(nil), listeners...)
+	if spec.NIC != nil {
+		extra = append(extra, spec.NIC.Tap) // tapFD
+	}
+	var paths map[string]string
+	var cred *syscall.Credential
+	if d.user != nil {
+		files, p, err := d.userFiles(spec, 3+len(extra))
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			for _, f := range files {
+				f.Close()
+			}
+		}()
+		extra, paths = append(extra, files...), p
+		cred = &syscall.Credential{Uid: d.user.UID, Gid: d.user.GID, Groups: kvmGroup(spec.Accel)}
+	}
+	cmd := exec.Command(d.bin, spec.argsWith(sandbox == sandboxOn, paths)...)
 	cmd.Dir = spec.Dir
+	if cred != nil {
+		cmd.Dir = "/" // the run dir stays private to us
+	}
 	cmd.Env = []string{} // nothing from our environment
 	cmd.Stderr = stderr
-	cmd.ExtraFiles = listeners
-	if spec.NIC != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, spec.NIC.Tap) // tapFD
-	}
+	cmd.ExtraFiles = extra
 	// Own process group, and deliberately no Pdeathsig: VMs must survive a
 	// restart of this process.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	cmd.WaitDelay = 5 * time.Second
 	started := time.Now()
 	err = cmd.Start()
@@ -380,4 +415,67 @@ func (u *undoStack) run() error {
 	}
 	*u = nil
 	return errors.Join(errs...)
+}
+
+// userFiles opens the files QEMU needs for a spec when it runs as d.user:
+// the kernel, initrd and read-only disks for reading, the memory file and
+// writable disks for writing (chowned to the user, since reopening
+// /proc/self/fd/N checks the file's own permissions). first is the
+// descriptor number the first file gets in QEMU.
+func (d *Driver) userFiles(spec Spec, first int) (files []*os.File, paths map[string]string, err error) {
+	paths = map[string]string{}
+	defer func() {
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			files, paths = nil, nil
+		}
+	}()
+	add := func(path string, write bool) error {
+		if _, ok := paths[path]; ok || path == "" {
+			return nil
+		}
+		flag := os.O_RDONLY
+		if write {
+			if err := os.Chown(path, int(d.user.UID), int(d.user.GID)); err != nil {
+				return fmt.Errorf("give %s to the qemu user: %w", path, err)
+			}
+			flag = os.O_RDWR
+		}
+		f, err := os.OpenFile(path, flag, 0)
+		if err != nil {
+			return err
+		}
+		paths[path] = "/proc/self/fd/" + strconv.Itoa(first+len(files))
+		files = append(files, f)
+		return nil
+	}
+	if err := add(spec.Kernel, false); err != nil {
+		return nil, nil, err
+	}
+	if err := add(spec.Initrd, false); err != nil {
+		return nil, nil, err
+	}
+	for _, disk := range spec.Disks {
+		if err := add(disk.Path, !disk.ReadOnly); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := add(spec.path(memoryFile), true); err != nil {
+		return nil, nil, err
+	}
+	return files, paths, nil
+}
+
+// kvmGroup returns the group of /dev/kvm when QEMU needs it.
+func kvmGroup(accel string) []uint32 {
+	if accel != "kvm" {
+		return []uint32{}
+	}
+	var st syscall.Stat_t
+	if syscall.Stat("/dev/kvm", &st) != nil {
+		return []uint32{}
+	}
+	return []uint32{st.Gid}
 }

@@ -1,6 +1,7 @@
 package qemu_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -10,7 +11,9 @@ import (
 	"testing"
 
 	"space/internal/agent/guesttest"
+	"space/internal/testenv"
 	"space/internal/vmm"
+	"space/internal/vmm/qemu"
 )
 
 // TestRestoreRefusesOtherQEMUVersion writes a snapshot whose metadata names
@@ -63,6 +66,37 @@ func TestRestoreRefusesOtherQEMUVersion(t *testing.T) {
 		if strings.Contains(string(b), run) {
 			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 			t.Errorf("process %d still runs with the run dir", pid)
+		}
+	}
+}
+
+// TestRunsAsUser checks that Config.User really drops QEMU to that user.
+func TestRunsAsUser(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierQEMU)
+	img := guesttest.Images(t)
+	d, err := qemu.New(qemu.Config{User: &qemu.User{UID: 65534, GID: 65534}, Accel: "tcg"})
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	run, err := os.MkdirTemp("/dev/shm", "space-qemu-test-")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	defer os.RemoveAll(run)
+	vm, err := d.Start(t.Context(), qemu.Spec{Dir: filepath.Join(run, "vm"), Kernel: img.Kernel.Vmlinux, MemoryMiB: 64, Paused: true})
+	if err != nil {
+		t.Fatalf("Start = %v", err)
+	}
+	defer vm.Stop(context.Background())
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(vm.Pid()) + "/status")
+	if err != nil {
+		t.Fatalf("read status: %v", err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "Uid:") || strings.HasPrefix(line, "Gid:") {
+			if f := strings.Fields(line); len(f) < 3 || f[1] != "65534" || f[2] != "65534" {
+				t.Errorf("qemu %s, want 65534 (real and effective)", line)
+			}
 		}
 	}
 }

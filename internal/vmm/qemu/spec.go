@@ -193,7 +193,17 @@ const (
 //
 // The device set and order must stay identical between a VM and any clone
 // restored from its snapshot; only host-side paths may differ.
-func (s Spec) args(sandbox bool) []string {
+func (s Spec) args(sandbox bool) []string { return s.argsWith(sandbox, nil) }
+
+// argsWith is args with some file paths replaced: QEMU running as another
+// user gets its files as inherited descriptors, named /proc/self/fd/N.
+func (s Spec) argsWith(sandbox bool, paths map[string]string) []string {
+	p := func(path string) string {
+		if q, ok := paths[path]; ok {
+			return q
+		}
+		return path
+	}
 	a := []string{
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-msg", "timestamp=on",
@@ -212,12 +222,12 @@ func (s Spec) args(sandbox bool) []string {
 		"-cpu", "max",
 		"-smp", strconv.Itoa(s.VCPUs),
 		"-m", mem,
-		"-object", "memory-backend-file,id=mem,size="+mem+",mem-path="+optEscape(s.path(memoryFile))+",share=on",
+		"-object", "memory-backend-file,id=mem,size="+mem+",mem-path="+optEscape(p(s.path(memoryFile)))+",share=on",
 		// -kernel, -initrd and -append take their value verbatim.
-		"-kernel", s.Kernel,
+		"-kernel", p(s.Kernel),
 	)
 	if s.Initrd != "" {
-		a = append(a, "-initrd", s.Initrd)
+		a = append(a, "-initrd", p(s.Initrd))
 	}
 	if s.Cmdline != "" {
 		a = append(a, "-append", s.Cmdline)
@@ -249,7 +259,7 @@ func (s Spec) args(sandbox bool) []string {
 		// flushes need not reach the host disk. Snapshots still flush
 		// QEMU's own caches into the image files.
 		a = append(a,
-			"-drive", "if=none,id="+id+",file="+optEscape(d.Path)+",format="+d.Format+",readonly="+ro+",cache=unsafe",
+			"-drive", "if=none,id="+id+",file="+optEscape(p(d.Path))+",format="+d.Format+",readonly="+ro+",cache=unsafe",
 			"-device", "virtio-blk-pci,drive="+id,
 		)
 	}
