@@ -137,12 +137,21 @@ func Connect(ctx context.Context, vm vmm.VM) (*client.Client, error) {
 		}
 	}()
 	ep := vm.Handle().Agent
+	var dial func(context.Context) (*client.Client, error)
 	switch ep.Kind {
 	case "unix":
 		return client.DialUnixWait(ctx, ep.Path)
 	case "hybrid-vsock":
+		dial = func(ctx context.Context) (*client.Client, error) {
+			return client.DialHybridVsock(ctx, ep.Path, ep.Port)
+		}
+	case "vsock":
+		dial = func(ctx context.Context) (*client.Client, error) { return client.DialVsock(ctx, ep.CID, ep.Port) }
+	}
+	if dial != nil {
+		// Until the guest listens, connections are refused: retry.
 		for {
-			c, err := client.DialHybridVsock(ctx, ep.Path, ep.Port)
+			c, err := dial(ctx)
 			if err == nil {
 				if err = c.WaitReady(ctx); err == nil {
 					return c, nil

@@ -79,11 +79,13 @@ type NIC struct {
 // AgentEndpoint tells the host how to reach the guest agent.
 type AgentEndpoint struct {
 	// Kind is "unix" (a stream socket carrying the agent channel, such as
-	// QEMU's virtio-serial chardev) or "hybrid-vsock" (Firecracker's vsock
-	// unix socket: send "CONNECT <port>" first).
+	// QEMU's virtio-serial chardev), "hybrid-vsock" (Firecracker's vsock
+	// unix socket: send "CONNECT <port>" first) or "vsock" (an AF_VSOCK
+	// address on this host: vhost-vsock).
 	Kind string `json:"kind"`
-	Path string `json:"path"`
-	Port uint32 `json:"port,omitempty"` // hybrid-vsock only
+	Path string `json:"path,omitempty"` // unix and hybrid-vsock
+	CID  uint32 `json:"cid,omitempty"`  // vsock
+	Port uint32 `json:"port,omitempty"` // hybrid-vsock and vsock
 }
 
 // Handle identifies a running VM across worker restarts. It is plain data:

@@ -43,6 +43,15 @@ func (d *Driver) Boot(ctx context.Context, s vmm.Spec) (vmm.VM, error) {
 		defer nic.Tap.Close() // QEMU has its own copy
 		spec.NIC = nic
 	}
+	if !d.noVsock && vsockAvailable() {
+		vs, err := OpenVsock()
+		if err != nil {
+			return nil, err
+		}
+		defer vs.FD.Close() // QEMU has its own copy
+		spec.Vsock = vs
+		spec.Cmdline += " space.transport=vsock space.vsock_port=1024"
+	}
 	v, err := d.Start(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -64,7 +73,7 @@ func (v *VM) Handle() vmm.Handle {
 		PID:       v.proc.Pid,
 		StartTime: v.startTime,
 		RunDir:    v.spec.Dir,
-		Agent:     vmm.AgentEndpoint{Kind: "unix", Path: v.AgentSocket()},
+		Agent:     v.agentEndpoint(),
 		Accel:     v.accel,
 		State:     state,
 	}
@@ -192,4 +201,13 @@ func openNIC(n *vmm.NIC) (*NIC, error) {
 		return nil, err
 	}
 	return &NIC{Tap: f, MAC: n.MAC}, nil
+}
+
+// agentEndpoint is where the host reaches the agent: vsock when the VM has
+// a vhost-vsock device, else the virtio-serial socket.
+func (v *VM) agentEndpoint() vmm.AgentEndpoint {
+	if v.spec.Vsock != nil {
+		return vmm.AgentEndpoint{Kind: "vsock", CID: v.spec.Vsock.CID, Port: agentVsockPort}
+	}
+	return vmm.AgentEndpoint{Kind: "unix", Path: v.AgentSocket()}
 }

@@ -38,6 +38,9 @@ type Config struct {
 	// AccelCache is a file remembering KVM probe results across processes;
 	// "" means probe once per Driver.
 	AccelCache string
+	// NoVsock keeps the agent on virtio-serial even where the host has
+	// vhost-vsock (which Boot otherwise prefers).
+	NoVsock bool
 	// User runs QEMU as this unprivileged user instead of the caller's.
 	// The caller must be root. QEMU then gets every file as an inherited
 	// descriptor (so it needs no access to the directories), and the
@@ -59,6 +62,7 @@ type Driver struct {
 	accel      string // forced by Config, or ""
 	accelCache string
 	user       *User // or nil
+	noVsock    bool
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -103,7 +107,7 @@ func New(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("qemu accel %q, want kvm, tcg or empty: %w", cfg.Accel, errkind.InvalidArgument)
 	}
 	return &Driver{bin: path, log: log.With("component", "qemu"), stopGrace: grace,
-		accel: cfg.Accel, accelCache: cfg.AccelCache, user: cfg.User, probed: map[string]string{}}, nil
+		accel: cfg.Accel, accelCache: cfg.AccelCache, user: cfg.User, noVsock: cfg.NoVsock, probed: map[string]string{}}, nil
 }
 
 // Start is New(cfg) followed by Start(ctx, spec), for callers that boot one
@@ -185,6 +189,9 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	extra := append([]*os.File(nil), listeners...)
 	if spec.NIC != nil {
 		extra = append(extra, spec.NIC.Tap) // tapFD
+	}
+	if spec.Vsock != nil {
+		extra = append(extra, spec.Vsock.FD) // spec.vsockFD()
 	}
 	var paths map[string]string
 	var cred *syscall.Credential

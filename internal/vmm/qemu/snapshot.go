@@ -45,6 +45,7 @@ type snapshotMeta struct {
 	Cmdline   string     `json:"cmdline"`
 	Disks     []snapDisk `json:"disks"`
 	NIC       bool       `json:"nic"`
+	Vsock     bool       `json:"vsock"`
 	Created   time.Time  `json:"created"`
 	Reflinked bool       `json:"reflinked"`
 }
@@ -196,7 +197,7 @@ func (v *VM) meta() (*snapshotMeta, error) {
 	m := &snapshotMeta{
 		Format: snapFormat, Driver: "qemu", Version: v.version, Machine: "q35", Accel: v.spec.Accel,
 		VCPUs: v.spec.VCPUs, MemoryMiB: v.spec.MemoryMiB, Cmdline: v.spec.Cmdline, Created: time.Now().UTC(),
-		NIC: v.spec.NIC != nil,
+		NIC: v.spec.NIC != nil, Vsock: v.spec.Vsock != nil,
 	}
 	fi, err := os.Stat(v.spec.Kernel)
 	if err != nil {
@@ -277,6 +278,16 @@ func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM,
 	if nic != nil {
 		defer nic.Tap.Close() // QEMU has its own copy
 		spec.NIC = nic
+	}
+	if m.Vsock {
+		// The clone gets a CID of its own; the guest learns it from the
+		// transport reset vhost-vsock sends after the load.
+		vs, err := OpenVsock()
+		if err != nil {
+			return nil, fmt.Errorf("restore %s: %w", dir, err)
+		}
+		defer vs.FD.Close()
+		spec.Vsock = vs
 	}
 	start := time.Now()
 	v, err := d.Start(ctx, spec)

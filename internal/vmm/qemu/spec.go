@@ -68,6 +68,9 @@ type Spec struct {
 	Incoming bool
 	// NIC is the guest's network interface, or nil for none.
 	NIC *NIC
+	// Vsock adds a vhost-vsock device, or nil for none (the agent then
+	// uses the virtio-serial port).
+	Vsock *Vsock
 	// MemoryFrom is a memory file to start from (a snapshot's); it is
 	// copied (reflinked where possible) to Dir/memory. "" = fresh RAM.
 	MemoryFrom string
@@ -78,6 +81,14 @@ type Spec struct {
 type NIC struct {
 	Tap *os.File `json:"-"`
 	MAC string
+}
+
+// Vsock is a vhost-vsock device on an open /dev/vhost-vsock descriptor
+// whose guest CID is already set (see OpenVsock). The caller keeps (and
+// closes) its descriptor.
+type Vsock struct {
+	CID uint32
+	FD  *os.File `json:"-"`
 }
 
 // Disk is one virtio-blk disk.
@@ -249,6 +260,9 @@ func (s Spec) argsWith(sandbox bool, paths map[string]string) []string {
 			"-device", "virtio-net-pci,netdev=n0,mac="+s.NIC.MAC,
 		)
 	}
+	if s.Vsock != nil {
+		a = append(a, "-device", "vhost-vsock-pci,id=vsock0,guest-cid="+strconv.FormatUint(uint64(s.Vsock.CID), 10)+",vhostfd="+strconv.Itoa(s.vsockFD()))
+	}
 	for i, d := range s.Disks {
 		id := "d" + strconv.Itoa(i)
 		ro := "off"
@@ -272,3 +286,12 @@ func (s Spec) argsWith(sandbox bool, paths map[string]string) []string {
 // optEscape escapes a value inside a QEMU option list, where "," separates
 // options and ",," stands for a literal comma.
 func optEscape(v string) string { return strings.ReplaceAll(v, ",", ",,") }
+
+// vsockFD is the descriptor number QEMU inherits the vhost-vsock device
+// as: right after the sockets and the tap.
+func (s Spec) vsockFD() int {
+	if s.NIC != nil {
+		return tapFD + 1
+	}
+	return tapFD
+}

@@ -174,3 +174,28 @@ func TestNewMissingBinary(t *testing.T) {
 		t.Errorf("New(missing binary) = %v, want a FailedPrecondition error", err)
 	}
 }
+
+func TestArgsDevicesWithNICAndVsock(t *testing.T) {
+	s := Spec{Dir: "/run/vm", Kernel: "/k", MemoryMiB: 64, VCPUs: 1, Accel: "tcg",
+		NIC:   &NIC{MAC: "02:fc:00:00:00:01"},
+		Vsock: &Vsock{CID: 1234}}
+	got := strings.Join(s.args(false), " ")
+	for _, want := range []string{
+		"-netdev tap,id=n0,fd=6 -device virtio-net-pci,netdev=n0,mac=02:fc:00:00:00:01",
+		"-device vhost-vsock-pci,id=vsock0,guest-cid=1234,vhostfd=7",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("args = %q, want them to contain %q", got, want)
+		}
+	}
+	s.NIC = nil
+	if got := strings.Join(s.args(false), " "); !strings.Contains(got, "vhostfd=6") {
+		t.Errorf("args without a NIC = %q, want vhostfd=6", got)
+	}
+	// The user files that follow the sockets, tap and vsock are named by
+	// descriptor.
+	got = strings.Join(s.argsWith(false, map[string]string{"/k": "/proc/self/fd/7"}), " ")
+	if !strings.Contains(got, "-kernel /proc/self/fd/7") {
+		t.Errorf("argsWith = %q, want the kernel by descriptor", got)
+	}
+}
