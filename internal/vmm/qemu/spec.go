@@ -269,11 +269,12 @@ func (s Spec) argsWith(sandbox bool, paths map[string]string) []string {
 		if d.ReadOnly {
 			ro = "on"
 		}
-		// cache=unsafe: sandbox disks are throwaway layers, so guest
-		// flushes need not reach the host disk. Snapshots still flush
-		// QEMU's own caches into the image files.
+		// cache=writeback: the host page cache absorbs writes, and a
+		// guest's flush (fsync) reaches the disk, so what the guest (or
+		// the agent, for an acknowledged file write) made durable stays
+		// durable across a host crash.
 		a = append(a,
-			"-drive", "if=none,id="+id+",file="+optEscape(p(d.Path))+",format="+d.Format+",readonly="+ro+",cache=unsafe",
+			"-drive", "if=none,id="+id+",file="+optEscape(p(d.Path))+",format="+d.Format+",readonly="+ro+",cache=writeback",
 			"-device", "virtio-blk-pci,drive="+id,
 		)
 	}
