@@ -6,12 +6,12 @@ package tap
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"space/internal/errkind"
+	"space/internal/netns"
 )
 
 // Open opens the persistent tap device name in the network namespace at
@@ -22,7 +22,7 @@ func Open(netnsPath, name string) (*os.File, error) {
 		return nil, fmt.Errorf("tap name %q: %w", name, errkind.InvalidArgument)
 	}
 	var f *os.File
-	err := inNetns(netnsPath, func() error {
+	err := netns.Do(netnsPath, func() error {
 		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("open /dev/net/tun: %w", err)
@@ -38,40 +38,4 @@ func Open(netnsPath, name string) (*os.File, error) {
 		return nil
 	})
 	return f, err
-}
-
-// inNetns runs fn on a thread that has entered the namespace at path and
-// switches back afterwards. A thread that cannot switch back stays locked,
-// so the runtime retires it with its goroutine (or, were it the main
-// thread, parks it) instead of reusing it in the wrong namespace.
-func inNetns(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	ns, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("network namespace: %w", err)
-	}
-	defer ns.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			errc <- fmt.Errorf("current network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread() // still in its own namespace
-			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
-			return
-		}
-		err = fn()
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
 }

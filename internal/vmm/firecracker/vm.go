@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"space/internal/errkind"
+	"space/internal/netns"
 	"space/internal/proc"
 	"space/internal/vmm"
 	"space/internal/vmm/firecracker/fcapi"
@@ -105,11 +106,11 @@ func (v *VM) startProcess(cmd *exec.Cmd) error {
 	cmd.Stdout, cmd.Stderr = console, stderr
 	var p *process
 	// The jailer joins the namespace itself (--netns).
-	netns := v.st.Netns
+	nsPath := v.st.Netns
 	if v.st.Jail != nil {
-		netns = ""
+		nsPath = ""
 	}
-	err = inNetns(netns, func() error {
+	err = netns.Do(nsPath, func() error {
 		var err error
 		p, err = startProcess(cmd)
 		return err

@@ -7,17 +7,15 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"space/internal/agent/agenttest"
 	"space/internal/agent/guesttest"
 	"space/internal/agent/proto"
 	"space/internal/guestvm"
+	"space/internal/netns"
 	"space/internal/testenv"
 	"space/internal/vmm"
 )
@@ -75,39 +73,14 @@ func testNetwork(t *testing.T, newDriver NewDriver) {
 // socket stays in that namespace whoever serves it.
 func listenIn(t *testing.T, path, addr string) net.Listener {
 	t.Helper()
-	type result struct {
-		l   net.Listener
-		err error
+	var l net.Listener
+	err := netns.Do(path, func() error {
+		var err error
+		l, err = net.Listen("tcp", addr)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("setup: listen in %s: %v", path, err)
 	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer orig.Close()
-		ns, err := os.Open(path)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer ns.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: err}
-			return
-		}
-		l, err := net.Listen("tcp", addr)
-		// Switch back; a thread that cannot stays locked and is retired.
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		ch <- result{l, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("setup: listen in %s: %v", path, r.err)
-	}
-	return r.l
+	return l
 }
