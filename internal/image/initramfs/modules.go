@@ -28,7 +28,7 @@ var DefaultModules = []string{
 	"virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",
 	"virtio_mmio", "virtio_blk", "virtio_console", "failover", "net_failover", "virtio_net",
 	"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport",
-	"overlay", "virtio_rng", "ext4",
+	"overlay", "virtio_rng", "virtio_balloon", "ext4",
 }
 
 // Module is a loadable kernel module file.

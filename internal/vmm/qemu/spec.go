@@ -253,6 +253,9 @@ func (s Spec) argsWith(sandbox bool, paths map[string]string) []string {
 		"-device", "virtserialport,bus=vser0.0,chardev=agent,name="+AgentPort,
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-pci,rng=rng0",
+		// Free page reporting: pages the guest frees go back to the host
+		// (and leave holes in the memory file, which keeps snapshots small).
+		"-device", "virtio-balloon-pci,id=balloon0,free-page-reporting=on",
 	)
 	if s.NIC != nil {
 		a = append(a,
