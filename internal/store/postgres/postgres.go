@@ -1,0 +1,433 @@
+// Package postgres implements [store.Store] on PostgreSQL (pgx).
+//
+// Several control plane replicas may share one database: writes are single
+// statements or short transactions, UpdateSandbox compares versions in the
+// database, and schema migrations serialize on an advisory lock.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"space/internal/store"
+	"space/internal/store/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// migrationLock is the pg_advisory_xact_lock key migrations hold.
+const migrationLock = 0x5350414345 // "SPACE"
+
+// Store is a [store.Store] backed by PostgreSQL.
+type Store struct {
+	pool *pgxpool.Pool
+
+	closeOnce sync.Once
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open connects to the database dsn names (a libpq keyword/value string or
+// URL) and applies the schema migrations it lacks. The caller must call
+// Close.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: parse dsn: %v: %w", err, store.ErrInvalid)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	s := &Store{pool: pool}
+	if err := s.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	return s, nil
+}
+
+// Close closes the connection pool. It is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(s.pool.Close)
+	return nil
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
+			return fmt.Errorf("lock migrations: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version bigint PRIMARY KEY,
+			name    text NOT NULL,
+			applied timestamptz NOT NULL
+		)`); err != nil {
+			return fmt.Errorf("create schema_migrations: %w", err)
+		}
+		var applied int64
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&applied); err != nil {
+			return fmt.Errorf("read schema version: %w", err)
+		}
+		pending, err := migrate.Pending(ms, applied)
+		if err != nil {
+			return err
+		}
+		for _, m := range pending {
+			if _, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("apply migration %s: %w", m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name, applied) VALUES ($1, $2, now())`,
+				m.Version, m.Name); err != nil {
+				return fmt.Errorf("record migration %s: %w", m.Name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// mapErr turns constraint violations into store sentinels. what names the
+// referenced record for a foreign key violation.
+func mapErr(err error, what string) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "23505": // unique_violation
+			return store.ErrAlreadyExists
+		case "23503": // foreign_key_violation
+			return fmt.Errorf("%s: %w", what, store.ErrNotFound)
+		}
+	}
+	return err
+}
+
+func notFound(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	return err
+}
+
+// deleted returns ErrNotFound when the statement affected no row.
+func deleted(tag pgconn.CommandTag, err error) error {
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// CreateTeam implements [store.Teams].
+func (s *Store) CreateTeam(ctx context.Context, t store.Team) (store.Team, error) {
+	if err := t.Validate(); err != nil {
+		return store.Team{}, fmt.Errorf("create team: %w", err)
+	}
+	t.Created = store.StoredTime(time.Now())
+	_, err := s.pool.Exec(ctx, `INSERT INTO teams (id, name, created) VALUES ($1, $2, $3)`, t.ID, t.Name, t.Created)
+	if err != nil {
+		return store.Team{}, fmt.Errorf("create team %s: %w", t.ID, mapErr(err, ""))
+	}
+	return t, nil
+}
+
+// CreateAPIKey implements [store.APIKeys].
+func (s *Store) CreateAPIKey(ctx context.Context, k store.APIKey) (store.APIKey, error) {
+	if err := k.Validate(); err != nil {
+		return store.APIKey{}, fmt.Errorf("create api key: %w", err)
+	}
+	k.Created = store.StoredTime(time.Now())
+	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (id, team_id, name, admin, hash, created) VALUES ($1, $2, $3, $4, $5, $6)`,
+		k.ID, k.TeamID, k.Name, k.Admin, k.Hash[:], k.Created)
+	if err != nil {
+		return store.APIKey{}, fmt.Errorf("create api key %s: %w", k.ID, mapErr(err, "team "+k.TeamID))
+	}
+	return k, nil
+}
+
+const apiKeyColumns = `id, team_id, name, admin, hash, created`
+
+func scanAPIKey(row pgx.Row) (store.APIKey, error) {
+	var (
+		k    store.APIKey
+		hash []byte
+	)
+	if err := row.Scan(&k.ID, &k.TeamID, &k.Name, &k.Admin, &hash, &k.Created); err != nil {
+		return store.APIKey{}, err
+	}
+	if len(hash) != len(k.Hash) {
+		return store.APIKey{}, fmt.Errorf("api key %s: stored hash has %d bytes", k.ID, len(hash))
+	}
+	copy(k.Hash[:], hash)
+	k.Created = k.Created.UTC()
+	return k, nil
+}
+
+// APIKeyByHash implements [store.APIKeys].
+func (s *Store) APIKeyByHash(ctx context.Context, hash [32]byte) (store.APIKey, error) {
+	k, err := scanAPIKey(s.pool.QueryRow(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE hash = $1`, hash[:]))
+	if err != nil {
+		return store.APIKey{}, fmt.Errorf("api key by hash: %w", notFound(err))
+	}
+	return k, nil
+}
+
+// ListAPIKeys implements [store.APIKeys].
+func (s *Store) ListAPIKeys(ctx context.Context, teamID string) ([]store.APIKey, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE team_id = $1 ORDER BY created, id`, teamID)
+	if err != nil {
+		return nil, fmt.Errorf("list api keys of %s: %w", teamID, err)
+	}
+	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.APIKey, error) { return scanAPIKey(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list api keys of %s: %w", teamID, err)
+	}
+	return keys, nil
+}
+
+// DeleteAPIKey implements [store.APIKeys].
+func (s *Store) DeleteAPIKey(ctx context.Context, teamID, id string) error {
+	if err := deleted(s.pool.Exec(ctx, `DELETE FROM api_keys WHERE team_id = $1 AND id = $2`, teamID, id)); err != nil {
+		return fmt.Errorf("delete api key %s: %w", id, err)
+	}
+	return nil
+}
+
+const sandboxColumns = `id, team_id, template, state, worker_id, spec, handle, labels, created, updated, expires, version`
+
+func scanSandbox(row pgx.Row) (store.Sandbox, error) {
+	var (
+		sb           store.Sandbox
+		spec, handle []byte
+		labels       []byte
+		expires      *time.Time
+	)
+	if err := row.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.State, &sb.WorkerID, &spec, &handle,
+		&labels, &sb.Created, &sb.Updated, &expires, &sb.Version); err != nil {
+		return store.Sandbox{}, err
+	}
+	sb.Spec, sb.Handle = spec, handle
+	if err := json.Unmarshal(labels, &sb.Labels); err != nil {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: decode labels: %w", sb.ID, err)
+	}
+	if len(sb.Labels) == 0 {
+		sb.Labels = nil
+	}
+	sb.Created, sb.Updated = sb.Created.UTC(), sb.Updated.UTC()
+	if expires != nil {
+		sb.Expires = expires.UTC()
+	}
+	return sb, nil
+}
+
+func encodeLabels(labels map[string]string) (string, error) {
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	b, err := json.Marshal(labels)
+	return string(b), err
+}
+
+// clean makes sb's slices and map the caller's no longer and normalizes
+// empty labels to nil, so the returned record equals a later read.
+func clean(sb store.Sandbox) store.Sandbox {
+	sb.Spec = append(json.RawMessage(nil), sb.Spec...)
+	if sb.Handle != nil {
+		sb.Handle = append(json.RawMessage{}, sb.Handle...)
+	}
+	if len(sb.Labels) == 0 {
+		sb.Labels = nil
+	} else {
+		m := make(map[string]string, len(sb.Labels))
+		for k, v := range sb.Labels {
+			m[k] = v
+		}
+		sb.Labels = m
+	}
+	if !sb.Expires.IsZero() {
+		sb.Expires = store.StoredTime(sb.Expires)
+	}
+	return sb
+}
+
+// CreateSandbox implements [store.Sandboxes].
+func (s *Store) CreateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	if err := sb.Validate(); err != nil {
+		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	labels, err := encodeLabels(sb.Labels)
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	sb = clean(sb)
+	sb.Created = store.StoredTime(time.Now())
+	sb.Updated = sb.Created
+	sb.Version = 1
+	_, err = s.pool.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12)`,
+		sb.ID, sb.TeamID, sb.Template, string(sb.State), sb.WorkerID, []byte(sb.Spec), []byte(sb.Handle),
+		labels, sb.Created, sb.Updated, nullTime(sb.Expires), sb.Version)
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err, "team "+sb.TeamID))
+	}
+	return sb, nil
+}
+
+// Sandbox implements [store.Sandboxes].
+func (s *Store) Sandbox(ctx context.Context, teamID, id string) (store.Sandbox, error) {
+	sb, err := scanSandbox(s.pool.QueryRow(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE team_id = $1 AND id = $2`, teamID, id))
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, notFound(err))
+	}
+	return sb, nil
+}
+
+func (s *Store) querySandboxes(ctx context.Context, f *store.Filter, query string, args ...any) ([]store.Sandbox, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+sandboxColumns+` FROM sandboxes `+query, args...)
+	if err != nil {
+		return nil, err
+	}
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Sandbox, error) { return scanSandbox(r) })
+	if err != nil || f == nil {
+		return all, err
+	}
+	var sbs []store.Sandbox
+	for i := range all {
+		if f.Match(&all[i]) {
+			sbs = append(sbs, all[i])
+		}
+	}
+	return sbs, nil
+}
+
+// ListSandboxes implements [store.Sandboxes]. The filter runs in Go over
+// the team's sandboxes.
+func (s *Store) ListSandboxes(ctx context.Context, teamID string, f store.Filter) ([]store.Sandbox, error) {
+	if err := f.Validate(); err != nil {
+		return nil, fmt.Errorf("list sandboxes of %s: %w", teamID, err)
+	}
+	sbs, err := s.querySandboxes(ctx, &f, `WHERE team_id = $1 ORDER BY created, id`, teamID)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of %s: %w", teamID, err)
+	}
+	return sbs, nil
+}
+
+// UpdateSandbox implements [store.Sandboxes].
+func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	if err := sb.Validate(); err != nil {
+		return store.Sandbox{}, fmt.Errorf("update sandbox: %w", err)
+	}
+	labels, err := encodeLabels(sb.Labels)
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+	}
+	sb = clean(sb)
+	sb.Updated = store.StoredTime(time.Now())
+	// One statement: the row lock makes a concurrent update with the same
+	// version re-check the WHERE clause and match nothing.
+	out, err := scanSandbox(s.pool.QueryRow(ctx, `UPDATE sandboxes
+		SET state = $1, worker_id = $2, spec = $3, handle = $4, labels = $5::jsonb, updated = $6, expires = $7, version = version + 1
+		WHERE team_id = $8 AND id = $9 AND version = $10
+		RETURNING `+sandboxColumns,
+		string(sb.State), sb.WorkerID, []byte(sb.Spec), []byte(sb.Handle), labels, sb.Updated, nullTime(sb.Expires),
+		sb.TeamID, sb.ID, sb.Version))
+	if errors.Is(err, pgx.ErrNoRows) {
+		var exists bool
+		if err = s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE team_id = $1 AND id = $2)`,
+			sb.TeamID, sb.ID).Scan(&exists); err == nil {
+			err = store.ErrNotFound
+			if exists {
+				err = fmt.Errorf("at version %d: %w", sb.Version, store.ErrVersionConflict)
+			}
+		}
+	}
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+	}
+	return out, nil
+}
+
+// DeleteSandbox implements [store.Sandboxes].
+func (s *Store) DeleteSandbox(ctx context.Context, teamID, id string) error {
+	if err := deleted(s.pool.Exec(ctx, `DELETE FROM sandboxes WHERE team_id = $1 AND id = $2`, teamID, id)); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// SandboxesByWorker implements [store.SandboxIndex].
+func (s *Store) SandboxesByWorker(ctx context.Context, workerID string) ([]store.Sandbox, error) {
+	if workerID == "" {
+		return nil, fmt.Errorf("sandboxes by worker: empty worker id: %w", store.ErrInvalid)
+	}
+	sbs, err := s.querySandboxes(ctx, nil, `WHERE worker_id = $1 ORDER BY created, id`, workerID)
+	if err != nil {
+		return nil, fmt.Errorf("sandboxes by worker %s: %w", workerID, err)
+	}
+	return sbs, nil
+}
+
+// ExpiredSandboxes implements [store.SandboxIndex].
+func (s *Store) ExpiredSandboxes(ctx context.Context, now time.Time) ([]store.Sandbox, error) {
+	sbs, err := s.querySandboxes(ctx, nil, `WHERE expires IS NOT NULL AND expires <= $1 AND state <> $2 ORDER BY expires, id`,
+		store.StoredTime(now), string(store.StateDeleted))
+	if err != nil {
+		return nil, fmt.Errorf("expired sandboxes: %w", err)
+	}
+	return sbs, nil
+}
+
+// UpsertWorker implements [store.Workers].
+func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
+	if err := w.Validate(); err != nil {
+		return fmt.Errorf("upsert worker: %w", err)
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO workers (id, address, vcpus, memory_mib, last_heartbeat) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (id) DO UPDATE SET address = excluded.address, vcpus = excluded.vcpus,
+			memory_mib = excluded.memory_mib, last_heartbeat = excluded.last_heartbeat`,
+		w.ID, w.Address, w.VCPUs, w.MemoryMiB, store.StoredTime(w.LastHeartbeat))
+	if err != nil {
+		return fmt.Errorf("upsert worker %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+// ListWorkers implements [store.Workers].
+func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat FROM workers ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list workers: %w", err)
+	}
+	ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Worker, error) {
+		var w store.Worker
+		err := r.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &w.LastHeartbeat)
+		w.LastHeartbeat = w.LastHeartbeat.UTC()
+		return w, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list workers: %w", err)
+	}
+	return ws, nil
+}

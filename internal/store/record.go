@@ -1,0 +1,276 @@
+package store
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Team owns API keys and sandboxes.
+type Team struct {
+	ID      string // see ValidID
+	Name    string
+	Created time.Time // set by the store
+}
+
+// APIKey authenticates a client as a member of a team.
+type APIKey struct {
+	ID     string // see ValidID
+	TeamID string
+	Name   string
+	Admin  bool
+	// Hash is the SHA-256 of the key's secret (see HashSecret). The secret
+	// itself is never stored.
+	Hash    [32]byte
+	Created time.Time // set by the store
+}
+
+// HashSecret returns the hash an [APIKey] stores for secret.
+func HashSecret(secret string) [32]byte { return sha256.Sum256([]byte(secret)) }
+
+// SandboxState is the lifecycle state of a sandbox. Its string value is
+// stored and never changes.
+type SandboxState string
+
+// The sandbox states.
+const (
+	StateCreating SandboxState = "creating"
+	StateRunning  SandboxState = "running"
+	StatePaused   SandboxState = "paused"
+	StateStopping SandboxState = "stopping"
+	StateStopped  SandboxState = "stopped"
+	StateFailed   SandboxState = "failed"
+	StateDeleted  SandboxState = "deleted"
+)
+
+// States lists every valid SandboxState.
+var States = []SandboxState{StateCreating, StateRunning, StatePaused, StateStopping,
+	StateStopped, StateFailed, StateDeleted}
+
+func (s SandboxState) String() string { return string(s) }
+
+// Valid reports whether s is one of [States].
+func (s SandboxState) Valid() bool {
+	for _, v := range States {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Sandbox is the control plane's record of one sandbox.
+type Sandbox struct {
+	ID       string // "sbx_" + 20 lowercase base32 characters; see NewSandboxID
+	TeamID   string
+	Template string
+	State    SandboxState
+	WorkerID string // or empty before placement
+	// Spec is the sandbox's requested configuration: opaque JSON, required.
+	Spec json.RawMessage
+	// Handle is the worker's serialized VM handle: opaque JSON, or nil.
+	Handle  json.RawMessage
+	Labels  map[string]string // or nil; returned as nil when empty
+	Created time.Time         // set by the store
+	Updated time.Time         // set by the store on every write
+	Expires time.Time         // or zero for no expiry
+	// Version counts writes; UpdateSandbox compares it before writing.
+	Version int64
+}
+
+// Filter selects sandboxes in ListSandboxes. The zero Filter matches all.
+type Filter struct {
+	States []SandboxState    // any of these; or nil for any state
+	Labels map[string]string // all of these; or nil
+}
+
+// Worker is a host that runs sandboxes.
+type Worker struct {
+	ID            string // see ValidID
+	Address       string // where the control plane reaches the worker
+	VCPUs         int    // capacity
+	MemoryMiB     int64  // capacity
+	LastHeartbeat time.Time
+}
+
+const (
+	sandboxPrefix = "sbx_"
+	idChars       = 20
+	maxIDLen      = 128
+	maxNameLen    = 256
+	maxLabels     = 64
+	maxLabelKey   = 63
+	maxLabelValue = 256
+)
+
+// lowercase RFC 4648 base32 alphabet
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// NewID returns prefix followed by 20 random lowercase base32 characters
+// (100 bits).
+func NewID(prefix string) string {
+	var b [13]byte // 104 bits → 21 characters, trimmed to 20
+	rand.Read(b[:])
+	return prefix + idEncoding.EncodeToString(b[:])[:idChars]
+}
+
+// NewSandboxID returns a fresh sandbox ID.
+func NewSandboxID() string { return NewID(sandboxPrefix) }
+
+// ValidSandboxID reports whether id has the form NewSandboxID produces.
+func ValidSandboxID(id string) bool {
+	rest, ok := strings.CutPrefix(id, sandboxPrefix)
+	if !ok || len(rest) != idChars {
+		return false
+	}
+	for _, c := range rest {
+		if !('a' <= c && c <= 'z' || '2' <= c && c <= '7') {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidID reports whether id is acceptable as a team, API key or worker ID:
+// 1 to 128 characters from [A-Za-z0-9_.-].
+func ValidID(id string) bool {
+	if id == "" || len(id) > maxIDLen {
+		return false
+	}
+	for _, c := range id {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf(format+": %w", append(args, ErrInvalid)...)
+}
+
+// Validate checks t's caller-set fields; errors wrap ErrInvalid.
+func (t *Team) Validate() error {
+	if !ValidID(t.ID) {
+		return invalid("team id %q", t.ID)
+	}
+	if len(t.Name) > maxNameLen {
+		return invalid("team %s: name longer than %d bytes", t.ID, maxNameLen)
+	}
+	return nil
+}
+
+// Validate checks k's caller-set fields; errors wrap ErrInvalid.
+func (k *APIKey) Validate() error {
+	if !ValidID(k.ID) {
+		return invalid("api key id %q", k.ID)
+	}
+	if !ValidID(k.TeamID) {
+		return invalid("api key %s: team id %q", k.ID, k.TeamID)
+	}
+	if len(k.Name) > maxNameLen {
+		return invalid("api key %s: name longer than %d bytes", k.ID, maxNameLen)
+	}
+	if k.Hash == ([32]byte{}) {
+		return invalid("api key %s: empty hash", k.ID)
+	}
+	return nil
+}
+
+// Validate checks sb's caller-set fields; errors wrap ErrInvalid.
+func (sb *Sandbox) Validate() error {
+	if !ValidSandboxID(sb.ID) {
+		return invalid("sandbox id %q", sb.ID)
+	}
+	if !ValidID(sb.TeamID) {
+		return invalid("sandbox %s: team id %q", sb.ID, sb.TeamID)
+	}
+	if sb.Template == "" || len(sb.Template) > maxNameLen {
+		return invalid("sandbox %s: template %q", sb.ID, sb.Template)
+	}
+	if !sb.State.Valid() {
+		return invalid("sandbox %s: state %q", sb.ID, sb.State)
+	}
+	if sb.WorkerID != "" && !ValidID(sb.WorkerID) {
+		return invalid("sandbox %s: worker id %q", sb.ID, sb.WorkerID)
+	}
+	if len(sb.Spec) == 0 || !json.Valid(sb.Spec) {
+		return invalid("sandbox %s: spec is not valid json", sb.ID)
+	}
+	if sb.Handle != nil && !json.Valid(sb.Handle) {
+		return invalid("sandbox %s: handle is not valid json", sb.ID)
+	}
+	if err := validateLabels(sb.Labels); err != nil {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// Validate checks f; errors wrap ErrInvalid.
+func (f *Filter) Validate() error {
+	for _, s := range f.States {
+		if !s.Valid() {
+			return invalid("filter state %q", s)
+		}
+	}
+	return validateLabels(f.Labels)
+}
+
+func validateLabels(labels map[string]string) error {
+	if len(labels) > maxLabels {
+		return invalid("more than %d labels", maxLabels)
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > maxLabelKey {
+			return invalid("label key %q", k)
+		}
+		if len(v) > maxLabelValue {
+			return invalid("label %s: value longer than %d bytes", k, maxLabelValue)
+		}
+	}
+	return nil
+}
+
+// Validate checks w; errors wrap ErrInvalid.
+func (w *Worker) Validate() error {
+	if !ValidID(w.ID) {
+		return invalid("worker id %q", w.ID)
+	}
+	if w.Address == "" || len(w.Address) > maxNameLen {
+		return invalid("worker %s: address %q", w.ID, w.Address)
+	}
+	if w.VCPUs < 0 || w.MemoryMiB < 0 {
+		return invalid("worker %s: negative capacity", w.ID)
+	}
+	if w.LastHeartbeat.IsZero() {
+		return invalid("worker %s: zero heartbeat time", w.ID)
+	}
+	return nil
+}
+
+// Match reports whether sb passes f.
+func (f *Filter) Match(sb *Sandbox) bool {
+	if len(f.States) > 0 {
+		ok := false
+		for _, s := range f.States {
+			ok = ok || s == sb.State
+		}
+		if !ok {
+			return false
+		}
+	}
+	for k, v := range f.Labels {
+		if got, ok := sb.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// StoredTime returns t in the precision and zone the stores keep: UTC, whole
+// microseconds.
+func StoredTime(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }

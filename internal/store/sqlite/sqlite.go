@@ -1,0 +1,537 @@
+// Package sqlite implements [store.Store] on a SQLite file (pure Go driver).
+//
+// The database runs in WAL mode with synchronous=FULL, so a write is on disk
+// when it returns. All writes go through one connection and serialize;
+// reads use a separate pool and run concurrently with them.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"space/internal/store"
+	"space/internal/store/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// busyTimeout is how long a connection waits for another process's lock.
+const busyTimeout = 10 * time.Second
+
+// Store is a [store.Store] backed by a SQLite file.
+type Store struct {
+	w *sql.DB // exactly one connection; every write goes through it
+	r *sql.DB // read-only connections
+
+	closeOnce sync.Once
+	closeErr  error // set by closeOnce
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the database file at path and applies the
+// schema migrations it lacks. The caller must call Close.
+func Open(ctx context.Context, path string) (*Store, error) {
+	if path == "" || strings.ContainsAny(path, "?#") || strings.HasPrefix(path, "file:") || path == ":memory:" {
+		return nil, fmt.Errorf("open sqlite %q: need a plain file path: %w", path, store.ErrInvalid)
+	}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Set("_txlock", "immediate") // take the write lock at BEGIN: no upgrade deadlocks
+	w, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	s := &Store{w: w}
+	// Migrate before opening readers: the first connection creates the file
+	// and switches it to WAL.
+	if err := s.migrate(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("open sqlite %s: %w", path, err), w.Close())
+	}
+	q.Set("_query_only", "1")
+	q.Del("_txlock")
+	r, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("open sqlite %s: %w", path, err), w.Close())
+	}
+	r.SetMaxOpenConns(max(4, runtime.GOMAXPROCS(0)))
+	s.r = r
+	return s, nil
+}
+
+// Close closes the database. It is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closeErr = errors.Join(s.r.Close(), s.w.Close())
+	})
+	return s.closeErr
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		return err
+	}
+	return s.write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version    INTEGER PRIMARY KEY,
+			name       TEXT NOT NULL,
+			applied_us INTEGER NOT NULL
+		) STRICT`); err != nil {
+			return fmt.Errorf("create schema_migrations: %w", err)
+		}
+		var applied int64
+		if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&applied); err != nil {
+			return fmt.Errorf("read schema version: %w", err)
+		}
+		pending, err := migrate.Pending(ms, applied)
+		if err != nil {
+			return err
+		}
+		for _, m := range pending {
+			if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+				return fmt.Errorf("apply migration %s: %w", m.Name, err)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_us) VALUES (?, ?, ?)`,
+				m.Version, m.Name, micros(time.Now())); err != nil {
+				return fmt.Errorf("record migration %s: %w", m.Name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// write runs fn in a write transaction and commits it if fn returns nil.
+func (s *Store) write(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		return errors.Join(err, ignoreDone(tx.Rollback()))
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+func ignoreDone(err error) error {
+	if errors.Is(err, sql.ErrTxDone) {
+		return nil
+	}
+	return err
+}
+
+// mapErr turns constraint violations into store sentinels. what names the
+// referenced record for a foreign key violation.
+func mapErr(err error, what string) error {
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() {
+		case sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY, sqlite3.SQLITE_CONSTRAINT_UNIQUE:
+			return store.ErrAlreadyExists
+		case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
+			return fmt.Errorf("%s: %w", what, store.ErrNotFound)
+		}
+	}
+	return err
+}
+
+func micros(t time.Time) int64 { return t.UnixMicro() }
+
+func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+func nullMicros(t time.Time) sql.NullInt64 {
+	if t.IsZero() {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: micros(t), Valid: true}
+}
+
+// CreateTeam implements [store.Teams].
+func (s *Store) CreateTeam(ctx context.Context, t store.Team) (store.Team, error) {
+	if err := t.Validate(); err != nil {
+		return store.Team{}, fmt.Errorf("create team: %w", err)
+	}
+	t.Created = store.StoredTime(time.Now())
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO teams (id, name, created_us) VALUES (?, ?, ?)`,
+			t.ID, t.Name, micros(t.Created))
+		return mapErr(err, "")
+	})
+	if err != nil {
+		return store.Team{}, fmt.Errorf("create team %s: %w", t.ID, err)
+	}
+	return t, nil
+}
+
+// CreateAPIKey implements [store.APIKeys].
+func (s *Store) CreateAPIKey(ctx context.Context, k store.APIKey) (store.APIKey, error) {
+	if err := k.Validate(); err != nil {
+		return store.APIKey{}, fmt.Errorf("create api key: %w", err)
+	}
+	k.Created = store.StoredTime(time.Now())
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (id, team_id, name, admin, hash, created_us) VALUES (?, ?, ?, ?, ?, ?)`,
+			k.ID, k.TeamID, k.Name, k.Admin, k.Hash[:], micros(k.Created))
+		return mapErr(err, "team "+k.TeamID)
+	})
+	if err != nil {
+		return store.APIKey{}, fmt.Errorf("create api key %s: %w", k.ID, err)
+	}
+	return k, nil
+}
+
+const apiKeyColumns = `id, team_id, name, admin, hash, created_us`
+
+func scanAPIKey(sc interface{ Scan(...any) error }) (store.APIKey, error) {
+	var (
+		k       store.APIKey
+		hash    []byte
+		created int64
+	)
+	if err := sc.Scan(&k.ID, &k.TeamID, &k.Name, &k.Admin, &hash, &created); err != nil {
+		return store.APIKey{}, err
+	}
+	if len(hash) != len(k.Hash) {
+		return store.APIKey{}, fmt.Errorf("api key %s: stored hash has %d bytes", k.ID, len(hash))
+	}
+	copy(k.Hash[:], hash)
+	k.Created = fromMicros(created)
+	return k, nil
+}
+
+// APIKeyByHash implements [store.APIKeys].
+func (s *Store) APIKeyByHash(ctx context.Context, hash [32]byte) (store.APIKey, error) {
+	k, err := scanAPIKey(s.r.QueryRowContext(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE hash = ?`, hash[:]))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = store.ErrNotFound
+	}
+	if err != nil {
+		return store.APIKey{}, fmt.Errorf("api key by hash: %w", err)
+	}
+	return k, nil
+}
+
+// ListAPIKeys implements [store.APIKeys].
+func (s *Store) ListAPIKeys(ctx context.Context, teamID string) ([]store.APIKey, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE team_id = ? ORDER BY created_us, id`, teamID)
+	if err != nil {
+		return nil, fmt.Errorf("list api keys of %s: %w", teamID, err)
+	}
+	defer rows.Close()
+	var keys []store.APIKey
+	for rows.Next() {
+		k, err := scanAPIKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list api keys of %s: %w", teamID, err)
+		}
+		keys = append(keys, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list api keys of %s: %w", teamID, err)
+	}
+	return keys, nil
+}
+
+// DeleteAPIKey implements [store.APIKeys].
+func (s *Store) DeleteAPIKey(ctx context.Context, teamID, id string) error {
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		return deleted(tx.ExecContext(ctx, `DELETE FROM api_keys WHERE team_id = ? AND id = ?`, teamID, id))
+	})
+	if err != nil {
+		return fmt.Errorf("delete api key %s: %w", id, err)
+	}
+	return nil
+}
+
+// deleted returns ErrNotFound when the statement affected no row.
+func deleted(res sql.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+const sandboxColumns = `id, team_id, template, state, worker_id, spec, handle, labels, created_us, updated_us, expires_us, version`
+
+func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
+	var (
+		sb               store.Sandbox
+		labels           string
+		created, updated int64
+		expires          sql.NullInt64
+		spec, handle     []byte // scanned as []byte: database/sql copies those
+	)
+	if err := sc.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.State, &sb.WorkerID, &spec, &handle,
+		&labels, &created, &updated, &expires, &sb.Version); err != nil {
+		return store.Sandbox{}, err
+	}
+	sb.Spec, sb.Handle = spec, handle
+	if err := json.Unmarshal([]byte(labels), &sb.Labels); err != nil {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: decode labels: %w", sb.ID, err)
+	}
+	if len(sb.Labels) == 0 {
+		sb.Labels = nil
+	}
+	sb.Created, sb.Updated = fromMicros(created), fromMicros(updated)
+	if expires.Valid {
+		sb.Expires = fromMicros(expires.Int64)
+	}
+	return sb, nil
+}
+
+func encodeLabels(labels map[string]string) (string, error) {
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	b, err := json.Marshal(labels)
+	return string(b), err
+}
+
+// CreateSandbox implements [store.Sandboxes].
+func (s *Store) CreateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	if err := sb.Validate(); err != nil {
+		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	labels, err := encodeLabels(sb.Labels)
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	sb = clean(sb)
+	sb.Created = store.StoredTime(time.Now())
+	sb.Updated = sb.Created
+	sb.Expires = expiry(sb.Expires)
+	sb.Version = 1
+	err = s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			sb.ID, sb.TeamID, sb.Template, sb.State, sb.WorkerID, []byte(sb.Spec), nullBytes(sb.Handle),
+			labels, micros(sb.Created), micros(sb.Updated), nullMicros(sb.Expires), sb.Version)
+		return mapErr(err, "team "+sb.TeamID)
+	})
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	return sb, nil
+}
+
+// clean makes sb's slices and map the caller's no longer and normalizes
+// empty labels to nil, so the returned record equals a later read.
+func clean(sb store.Sandbox) store.Sandbox {
+	sb.Spec = append(json.RawMessage(nil), sb.Spec...)
+	if sb.Handle != nil {
+		sb.Handle = append(json.RawMessage{}, sb.Handle...)
+	}
+	if len(sb.Labels) == 0 {
+		sb.Labels = nil
+	} else {
+		m := make(map[string]string, len(sb.Labels))
+		for k, v := range sb.Labels {
+			m[k] = v
+		}
+		sb.Labels = m
+	}
+	return sb
+}
+
+func expiry(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return store.StoredTime(t)
+}
+
+// nullBytes keeps nil as SQL NULL and stores an empty non-nil slice as an
+// empty blob.
+func nullBytes(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return []byte(b)
+}
+
+// Sandbox implements [store.Sandboxes].
+func (s *Store) Sandbox(ctx context.Context, teamID, id string) (store.Sandbox, error) {
+	sb, err := scanSandbox(s.r.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE team_id = ? AND id = ?`, teamID, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = store.ErrNotFound
+	}
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+func (s *Store) querySandboxes(ctx context.Context, f *store.Filter, query string, args ...any) ([]store.Sandbox, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes `+query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var sbs []store.Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		if f == nil || f.Match(&sb) {
+			sbs = append(sbs, sb)
+		}
+	}
+	return sbs, rows.Err()
+}
+
+// ListSandboxes implements [store.Sandboxes]. The filter runs in Go over
+// the team's sandboxes.
+func (s *Store) ListSandboxes(ctx context.Context, teamID string, f store.Filter) ([]store.Sandbox, error) {
+	if err := f.Validate(); err != nil {
+		return nil, fmt.Errorf("list sandboxes of %s: %w", teamID, err)
+	}
+	sbs, err := s.querySandboxes(ctx, &f, `WHERE team_id = ? ORDER BY created_us, id`, teamID)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of %s: %w", teamID, err)
+	}
+	return sbs, nil
+}
+
+// UpdateSandbox implements [store.Sandboxes].
+func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	if err := sb.Validate(); err != nil {
+		return store.Sandbox{}, fmt.Errorf("update sandbox: %w", err)
+	}
+	labels, err := encodeLabels(sb.Labels)
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+	}
+	sb = clean(sb)
+	sb.Updated = store.StoredTime(time.Now())
+	sb.Expires = expiry(sb.Expires)
+	var out store.Sandbox
+	err = s.write(ctx, func(tx *sql.Tx) error {
+		out, err = scanSandbox(tx.QueryRowContext(ctx, `UPDATE sandboxes
+			SET state = ?, worker_id = ?, spec = ?, handle = ?, labels = ?, updated_us = ?, expires_us = ?, version = version + 1
+			WHERE team_id = ? AND id = ? AND version = ?
+			RETURNING `+sandboxColumns,
+			sb.State, sb.WorkerID, []byte(sb.Spec), nullBytes(sb.Handle), labels, micros(sb.Updated), nullMicros(sb.Expires),
+			sb.TeamID, sb.ID, sb.Version))
+		if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sandboxes WHERE team_id = ? AND id = ?`, sb.TeamID, sb.ID).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return store.ErrNotFound
+		}
+		return fmt.Errorf("at version %d: %w", sb.Version, store.ErrVersionConflict)
+	})
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+	}
+	return out, nil
+}
+
+// DeleteSandbox implements [store.Sandboxes].
+func (s *Store) DeleteSandbox(ctx context.Context, teamID, id string) error {
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		return deleted(tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE team_id = ? AND id = ?`, teamID, id))
+	})
+	if err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// SandboxesByWorker implements [store.SandboxIndex].
+func (s *Store) SandboxesByWorker(ctx context.Context, workerID string) ([]store.Sandbox, error) {
+	if workerID == "" {
+		return nil, fmt.Errorf("sandboxes by worker: empty worker id: %w", store.ErrInvalid)
+	}
+	sbs, err := s.querySandboxes(ctx, nil, `WHERE worker_id = ? ORDER BY created_us, id`, workerID)
+	if err != nil {
+		return nil, fmt.Errorf("sandboxes by worker %s: %w", workerID, err)
+	}
+	return sbs, nil
+}
+
+// ExpiredSandboxes implements [store.SandboxIndex].
+func (s *Store) ExpiredSandboxes(ctx context.Context, now time.Time) ([]store.Sandbox, error) {
+	sbs, err := s.querySandboxes(ctx, nil, `WHERE expires_us IS NOT NULL AND expires_us <= ? AND state <> ? ORDER BY expires_us, id`,
+		micros(store.StoredTime(now)), store.StateDeleted)
+	if err != nil {
+		return nil, fmt.Errorf("expired sandboxes: %w", err)
+	}
+	return sbs, nil
+}
+
+// UpsertWorker implements [store.Workers].
+func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
+	if err := w.Validate(); err != nil {
+		return fmt.Errorf("upsert worker: %w", err)
+	}
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO workers (id, address, vcpus, memory_mib, last_heartbeat_us) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (id) DO UPDATE SET address = excluded.address, vcpus = excluded.vcpus,
+				memory_mib = excluded.memory_mib, last_heartbeat_us = excluded.last_heartbeat_us`,
+			w.ID, w.Address, w.VCPUs, w.MemoryMiB, micros(store.StoredTime(w.LastHeartbeat)))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("upsert worker %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+// ListWorkers implements [store.Workers].
+func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat_us FROM workers ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list workers: %w", err)
+	}
+	defer rows.Close()
+	var ws []store.Worker
+	for rows.Next() {
+		var (
+			w  store.Worker
+			hb int64
+		)
+		if err := rows.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &hb); err != nil {
+			return nil, fmt.Errorf("list workers: %w", err)
+		}
+		w.LastHeartbeat = fromMicros(hb)
+		ws = append(ws, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list workers: %w", err)
+	}
+	return ws, nil
+}

@@ -1,0 +1,104 @@
+// Package store defines the control plane's durable state: teams, API keys,
+// sandboxes and workers, and the [Store] contract its backends implement.
+//
+// Backends live in subpackages (sqlite for the embedded single-host setup,
+// postgres for scale-out); both pass the conformance suite in storetest.
+// Every write is durable when it returns. Records are plain values: a caller
+// owns what it gets back and may modify it freely.
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"space/internal/errkind"
+)
+
+// Sentinel errors. Each wraps an [errkind] kind, so callers can test for
+// either the sentinel or the kind with errors.Is.
+var (
+	// ErrNotFound is returned when a record does not exist or belongs to
+	// another team.
+	ErrNotFound = fmt.Errorf("not found: %w", errkind.NotFound)
+	// ErrAlreadyExists is returned when creating a record whose ID (or API
+	// key hash) is taken.
+	ErrAlreadyExists = fmt.Errorf("already exists: %w", errkind.Conflict)
+	// ErrVersionConflict is returned by UpdateSandbox when the stored
+	// version differs from the one the caller read.
+	ErrVersionConflict = fmt.Errorf("version conflict: %w", errkind.Conflict)
+	// ErrInvalid is returned for malformed input; nothing is written.
+	ErrInvalid = fmt.Errorf("invalid argument: %w", errkind.InvalidArgument)
+)
+
+// Store is the control plane's state. Implementations are safe for
+// concurrent use. The caller must call Close.
+type Store interface {
+	Teams
+	APIKeys
+	Sandboxes
+	SandboxIndex
+	Workers
+	// Close releases the store's connections. It is idempotent.
+	Close() error
+}
+
+// Teams manages teams, the unit of ownership and isolation.
+type Teams interface {
+	// CreateTeam stores a new team. ErrAlreadyExists if the ID is taken.
+	CreateTeam(ctx context.Context, t Team) (Team, error)
+}
+
+// APIKeys manages API keys. Only the hash of a key's secret is stored.
+type APIKeys interface {
+	// CreateAPIKey stores a new key. ErrNotFound if its team does not
+	// exist, ErrAlreadyExists if its ID or hash is taken.
+	CreateAPIKey(ctx context.Context, k APIKey) (APIKey, error)
+	// APIKeyByHash returns the key whose secret hashes to hash, or ErrNotFound.
+	APIKeyByHash(ctx context.Context, hash [32]byte) (APIKey, error)
+	// ListAPIKeys returns the team's keys ordered by creation.
+	ListAPIKeys(ctx context.Context, teamID string) ([]APIKey, error)
+	// DeleteAPIKey removes one of the team's keys, or returns ErrNotFound.
+	DeleteAPIKey(ctx context.Context, teamID, id string) error
+}
+
+// Sandboxes manages sandbox records on behalf of one team at a time. A
+// sandbox of another team is reported as ErrNotFound.
+type Sandboxes interface {
+	// CreateSandbox stores sb with Version 1 and Created/Updated set to now.
+	// ErrNotFound if sb.TeamID does not exist, ErrAlreadyExists if the ID
+	// is taken.
+	CreateSandbox(ctx context.Context, sb Sandbox) (Sandbox, error)
+	// Sandbox returns the team's sandbox id, or ErrNotFound.
+	Sandbox(ctx context.Context, teamID, id string) (Sandbox, error)
+	// ListSandboxes returns the team's sandboxes that match f, ordered by
+	// creation.
+	ListSandboxes(ctx context.Context, teamID string, f Filter) ([]Sandbox, error)
+	// UpdateSandbox replaces the mutable fields (State, WorkerID, Spec,
+	// Handle, Labels, Expires) of sb.TeamID's sandbox sb.ID if its stored
+	// version is still sb.Version, and returns the new record with Version
+	// incremented and Updated set to now. ErrVersionConflict if the version
+	// moved on, ErrNotFound if the sandbox does not exist.
+	UpdateSandbox(ctx context.Context, sb Sandbox) (Sandbox, error)
+	// DeleteSandbox removes the team's sandbox id, or returns ErrNotFound.
+	DeleteSandbox(ctx context.Context, teamID, id string) error
+}
+
+// SandboxIndex answers the control plane's cross-team background queries.
+type SandboxIndex interface {
+	// SandboxesByWorker returns the sandboxes placed on the worker,
+	// of every team, ordered by creation.
+	SandboxesByWorker(ctx context.Context, workerID string) ([]Sandbox, error)
+	// ExpiredSandboxes returns the sandboxes of every team whose Expires is
+	// set and not after now, except those already in StateDeleted,
+	// earliest expiry first.
+	ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error)
+}
+
+// Workers records the hosts that run sandboxes.
+type Workers interface {
+	// UpsertWorker creates the worker or replaces all its fields.
+	UpsertWorker(ctx context.Context, w Worker) error
+	// ListWorkers returns all workers ordered by ID.
+	ListWorkers(ctx context.Context) ([]Worker, error)
+}
