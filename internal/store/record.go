@@ -6,6 +6,7 @@ import (
 	"encoding/base32"
 	"encoding/json"
 	"fmt"
+	"space/internal/sandbox"
 	"strings"
 	"time"
 )
@@ -32,36 +33,22 @@ type APIKey struct {
 // HashSecret returns the hash an [APIKey] stores for secret.
 func HashSecret(secret string) [32]byte { return sha256.Sum256([]byte(secret)) }
 
-// SandboxState is the lifecycle state of a sandbox. Its string value is
-// stored and never changes.
-type SandboxState string
+// SandboxState is the lifecycle state of a sandbox ([sandbox.State]).
+type SandboxState = sandbox.State
 
-// The sandbox states.
+// The sandbox states, as named in package sandbox.
 const (
-	StateCreating SandboxState = "creating"
-	StateRunning  SandboxState = "running"
-	StatePaused   SandboxState = "paused"
-	StateStopping SandboxState = "stopping"
-	StateStopped  SandboxState = "stopped"
-	StateFailed   SandboxState = "failed"
-	StateDeleted  SandboxState = "deleted"
+	StateCreating = sandbox.Creating
+	StateRunning  = sandbox.Running
+	StatePaused   = sandbox.Paused
+	StateStopping = sandbox.Stopping
+	StateStopped  = sandbox.Stopped
+	StateFailed   = sandbox.Failed
+	StateDeleted  = sandbox.Deleted
 )
 
 // States lists every valid SandboxState.
-var States = []SandboxState{StateCreating, StateRunning, StatePaused, StateStopping,
-	StateStopped, StateFailed, StateDeleted}
-
-func (s SandboxState) String() string { return string(s) }
-
-// Valid reports whether s is one of [States].
-func (s SandboxState) Valid() bool {
-	for _, v := range States {
-		if s == v {
-			return true
-		}
-	}
-	return false
-}
+var States = sandbox.States
 
 // Sandbox is the control plane's record of one sandbox.
 type Sandbox struct {
