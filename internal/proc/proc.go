@@ -11,6 +11,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -21,36 +24,76 @@ import (
 // another process.
 var ErrGone = fmt.Errorf("process is gone: %w", errkind.NotFound)
 
-// StartTime returns field 22 of /proc/<pid>/stat: when the process started,
-// in clock ticks since boot. With the pid it names one process for the
-// life of the host.
-func StartTime(pid int) (uint64, error) {
+// ErrClosed is returned by Wait when the Handle was closed meanwhile.
+var ErrClosed = errors.New("process handle closed")
+
+// Stat is what /proc/<pid>/stat says of a process.
+type Stat struct {
+	State     byte          // R, S, D, Z, X, ...
+	CPU       time.Duration // utime + stime of all threads
+	StartTime uint64        // clock ticks after boot: with the pid, one process
+}
+
+// Alive reports whether the process is neither a zombie nor dead.
+func (s Stat) Alive() bool { return s.State != 'Z' && s.State != 'X' }
+
+// ReadStat reads /proc/<pid>/stat; ErrGone when there is no such pid.
+func ReadStat(pid int) (Stat, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, ErrGone
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return Stat{}, ErrGone
 	}
+	if err != nil {
+		return Stat{}, err
+	}
+	return ParseStat(b)
+}
+
+// ParseStat parses the contents of /proc/<pid>/stat.
+func ParseStat(b []byte) (Stat, error) {
+	// The command name (field 2) is in parentheses and may hold anything,
+	// parentheses included; the fields after the last ')' are plain.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return Stat{}, fmt.Errorf("parse stat: no command name")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state): field n is f[n-3].
+	if len(f) < 20 || len(f[0]) != 1 {
+		return Stat{}, fmt.Errorf("parse stat: %d fields after the command name", len(f))
+	}
+	var n [3]uint64
+	for j, field := range []int{14, 15, 22} {
+		v, err := strconv.ParseUint(f[field-3], 10, 64)
+		if err != nil {
+			return Stat{}, fmt.Errorf("parse stat field %d: %w", field, err)
+		}
+		n[j] = v
+	}
+	return Stat{State: f[0][0], CPU: time.Duration(n[0]+n[1]) * (time.Second / userHZ), StartTime: n[2]}, nil
+}
+
+// StartTime returns the start time of a live process; ErrGone for no such
+// pid or a zombie.
+func StartTime(pid int) (uint64, error) {
+	st, err := ReadStat(pid)
 	if err != nil {
 		return 0, err
 	}
-	i := bytes.LastIndexByte(b, ')') // the command name may hold anything
-	if i < 0 {
-		return 0, fmt.Errorf("parse /proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3, so field 22 is f[19].
-	if len(f) < 20 {
-		return 0, fmt.Errorf("parse /proc/%d/stat: %d fields", pid, len(f))
-	}
-	if f[0] == "Z" || f[0] == "X" {
+	if !st.Alive() {
 		return 0, ErrGone
 	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return st.StartTime, nil
 }
 
-// Handle is an open reference to one process.
+// Handle is an open reference (a pidfd) to one process, which need not be
+// our child. It is safe for concurrent use.
 type Handle struct {
 	Pid int
-	fd  int // pidfd
+	f   *os.File // the pidfd, registered with the runtime poller
+	rc  syscall.RawConn
+
+	closed atomic.Bool
 }
 
 // Open returns a Handle on the process pid that started at start, or
@@ -58,55 +101,72 @@ type Handle struct {
 // a pid reused in between is detected.
 func Open(pid int, start uint64) (*Handle, error) {
 	if pid <= 0 {
-		return nil, fmt.Errorf("pid %d: %w", pid, errkind.InvalidArgument)
+		return nil, fmt.Errorf("pid %d: %w", pid, ErrGone)
 	}
-	fd, err := unix.PidfdOpen(pid, 0)
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if errors.Is(err, unix.ESRCH) {
 		return nil, ErrGone
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
 	}
+	f := os.NewFile(uintptr(fd), "pidfd") // non-blocking: the poller takes it
 	got, err := StartTime(pid)
 	if err != nil || got != start {
-		unix.Close(fd)
+		f.Close()
 		if err != nil && !errors.Is(err, ErrGone) {
 			return nil, err
 		}
 		return nil, ErrGone
 	}
-	return &Handle{Pid: pid, fd: fd}, nil
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Handle{Pid: pid, f: f, rc: rc}, nil
 }
 
-// Signal sends sig to the process; it cannot reach a later process that
-// reused the pid.
-func (h *Handle) Signal(sig unix.Signal) error {
-	err := unix.PidfdSendSignal(h.fd, sig, nil, 0)
+// Signal sends sig to the process. It cannot reach a later process that
+// reused the pid; ErrGone once the process has exited or h was closed.
+func (h *Handle) Signal(sig syscall.Signal) error {
+	var err error
+	if cerr := h.rc.Control(func(fd uintptr) { err = unix.PidfdSendSignal(int(fd), sig, nil, 0) }); cerr != nil {
+		return ErrGone // closed
+	}
 	if errors.Is(err, unix.ESRCH) {
 		return ErrGone
 	}
 	return err
 }
 
-// Wait blocks until the process has exited (it need not be our child) or
-// ctx ends.
+// Wait blocks until the process has exited, ctx ends, or h is closed
+// (ErrClosed). It costs no CPU while it waits: the pidfd turns readable on
+// exit and the runtime poller wakes it. One Wait at a time.
 func (h *Handle) Wait(ctx context.Context) error {
-	// A pidfd polls readable once the process exits. Poll with a timeout
-	// so ctx is honoured; the wait costs one wakeup a second.
-	for {
-		fds := []unix.PollFd{{Fd: int32(h.fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 1000)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return fmt.Errorf("poll pidfd: %w", err)
-		}
-		if n > 0 {
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	h.f.SetReadDeadline(time.Time{}) // an earlier Wait's ctx may have set one
+	stop := context.AfterFunc(ctx, func() { h.f.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	err := h.rc.Read(func(fd uintptr) bool {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+		return err == nil && n > 0
+	})
+	switch {
+	case err == nil:
+		return nil
+	case h.closed.Load():
+		return ErrClosed
+	case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() != nil:
+		return context.Cause(ctx)
 	}
+	return fmt.Errorf("wait for process %d: %w", h.Pid, err)
 }
 
-// Close releases the pidfd.
-func (h *Handle) Close() error { return unix.Close(h.fd) }
+// Close releases the pidfd and ends a Wait in progress. Idempotent.
+func (h *Handle) Close() error {
+	h.closed.Store(true)
+	if err := h.f.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+		return err
+	}
+	return nil
+}

@@ -48,3 +48,45 @@ func TestOpenSignalWait(t *testing.T) {
 		t.Errorf("StartTime(self) = %v", err)
 	}
 }
+
+func TestCloseEndsWait(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	start, err := StartTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatalf("StartTime = %v", err)
+	}
+	h, err := Open(cmd.Process.Pid, start)
+	if err != nil {
+		t.Fatalf("Open = %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- h.Wait(context.Background()) }()
+	h.Close()
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Errorf("Wait after Close = %v, want ErrClosed", err)
+	}
+	if err := h.Signal(unix.SIGTERM); !errors.Is(err, ErrGone) {
+		t.Errorf("Signal after Close = %v, want ErrGone", err)
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	// A real stat line whose command name holds ") (".
+	line := "4242 (fire) (cracker) S 1 4242 4242 0 -1 4194560 900 0 0 0 150 50 0 0 20 0 9 0 123456 1000000 200 18446744073709551615 1 1 0 0 0 0 0 4096 0 0 0 0 17 1 0 0 0 0 0"
+	got, err := ParseStat([]byte(line))
+	if err != nil {
+		t.Fatalf("ParseStat: %v", err)
+	}
+	if want := (Stat{State: 'S', CPU: 2 * time.Second, StartTime: 123456}); got != want {
+		t.Errorf("ParseStat = %+v, want %+v", got, want)
+	}
+	for _, bad := range []string{"", "4242 fire S 1", "4242 (fire) S 1 2 3"} {
+		if _, err := ParseStat([]byte(bad)); err == nil {
+			t.Errorf("ParseStat(%q) succeeded", bad)
+		}
+	}
+}

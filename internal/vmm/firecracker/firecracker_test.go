@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"space/internal/errkind"
+	"space/internal/proc"
 	"space/internal/testenv"
 	"space/internal/vmm"
 	"space/internal/vmm/firecracker/fcapi"
@@ -132,12 +133,12 @@ func TestBootAgainstFakeFirecracker(t *testing.T) {
 	}
 
 	h := v.Handle()
-	st, err := readStat(h.PID)
+	st, err := proc.ReadStat(h.PID)
 	if err != nil {
 		t.Fatalf("stat of the vm process: %v", err)
 	}
 	wantHandle := vmm.Handle{
-		Driver: "firecracker", Version: "1.16.1", PID: v.proc.pid, StartTime: st.startTime, RunDir: run,
+		Driver: "firecracker", Version: "1.16.1", PID: v.proc.pid, StartTime: st.StartTime, RunDir: run,
 		Agent: vmm.AgentEndpoint{Kind: "hybrid-vsock", Path: filepath.Join(run, "vsock.sock"), Port: 1024},
 		Accel: "kvm",
 	}

@@ -9,29 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"space/internal/proc"
 	"space/internal/vmm"
 )
-
-func TestParseStat(t *testing.T) {
-	// Fields 3.. of a real stat line; the command name holds ") (".
-	line := "4242 (fire) (cracker) S 1 4242 4242 0 -1 4194560 900 0 0 0 150 50 0 0 20 0 9 0 123456 1000000 200 18446744073709551615 1 1 0 0 0 0 0 4096 0 0 0 0 17 1 0 0 0 0 0"
-	got, err := parseStat([]byte(line))
-	if err != nil {
-		t.Fatalf("parseStat: %v", err)
-	}
-	want := procStat{state: 'S', cpu: 2 * time.Second, startTime: 123456}
-	if diff := cmp.Diff(want, got, cmp.AllowUnexported(procStat{})); diff != "" {
-		t.Errorf("parseStat (-want +got):\n%s", diff)
-	}
-	for _, bad := range []string{"", "4242 fire S 1", "4242 (fire) S 1 2 3"} {
-		if _, err := parseStat([]byte(bad)); err == nil {
-			t.Errorf("parseStat(%q) succeeded", bad)
-		}
-	}
-}
 
 func TestParseVmRSS(t *testing.T) {
 	tests := []struct {
@@ -82,14 +62,14 @@ func TestAttachProcess(t *testing.T) {
 	for _, c := range strings.TrimSpace(string(buf[:n])) {
 		pid = pid*10 + int(c-'0')
 	}
-	st, err := readStat(pid)
+	st, err := proc.ReadStat(pid)
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	if _, err := attachProcess(pid, st.startTime+1); !errors.Is(err, vmm.ErrGone) {
+	if _, err := attachProcess(pid, st.StartTime+1); !errors.Is(err, vmm.ErrGone) {
 		t.Errorf("attachProcess with another start time = %v, want ErrGone", err)
 	}
-	p, err := attachProcess(pid, st.startTime)
+	p, err := attachProcess(pid, st.StartTime)
 	if err != nil {
 		t.Fatalf("attachProcess: %v", err)
 	}

@@ -166,8 +166,8 @@ func (v *VM) Info() (vmm.ProcessInfo, error) {
 	}
 	status, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
 	// Read stat after status: if it is still our process, status was too.
-	st, serr := readStat(pid)
-	if serr != nil || st.startTime != v.proc.startTime || st.state == 'Z' {
+	st, serr := proc.ReadStat(pid)
+	if serr != nil || st.StartTime != v.proc.startTime || !st.Alive() {
 		return vmm.ProcessInfo{}, gone
 	}
 	if err != nil {
@@ -180,7 +180,7 @@ func (v *VM) Info() (vmm.ProcessInfo, error) {
 	if !ok {
 		return vmm.ProcessInfo{}, gone
 	}
-	return vmm.ProcessInfo{PID: pid, RSS: rss, CPUTime: st.cpu}, nil
+	return vmm.ProcessInfo{PID: pid, RSS: rss, CPUTime: st.CPU}, nil
 }
 
 // Pause stops the vCPUs. Pausing a paused VM does nothing.

@@ -179,7 +179,7 @@ func (v *VM) Detach() error {
 	if !v.stopping.CompareAndSwap(false, true) {
 		return fmt.Errorf("detach vm %d: already stopped or detached: %w", v.Pid(), errkind.FailedPrecondition)
 	}
-	errs := []error{v.qmp.Close(), v.detachSerial(), v.serialOut.Close()}
+	errs := []error{v.qmp.Close(), v.detachSerial(), v.serialOut.Close(), v.proc.Close()}
 	if v.stderr != nil {
 		// QEMU's stderr pipe breaks with this process; it ignores SIGPIPE
 		// and keeps running, but later complaints are lost.

@@ -217,7 +217,11 @@ func (v *VM) reap() {
 	if v.cmd != nil {
 		err = v.cmd.Wait()
 	} else {
-		err = v.proc.Wait(context.Background()) // the exit status belongs to our predecessor
+		// The exit status belongs to our predecessor. Detach closes the
+		// pidfd, which ends this wait without QEMU having exited.
+		if werr := v.proc.Wait(context.Background()); errors.Is(werr, proc.ErrClosed) {
+			return
+		}
 	}
 	if err != nil {
 		msg, _ := tail(v.spec.path(stderrLog), 2048)
