@@ -137,33 +137,17 @@ func Connect(ctx context.Context, vm vmm.VM) (*client.Client, error) {
 		}
 	}()
 	ep := vm.Handle().Agent
-	var dial func(context.Context) (*client.Client, error)
 	switch ep.Kind {
 	case "unix":
 		return client.DialUnixWait(ctx, ep.Path)
 	case "hybrid-vsock":
-		dial = func(ctx context.Context) (*client.Client, error) {
+		return client.DialWait(ctx, func(ctx context.Context) (*client.Client, error) {
 			return client.DialHybridVsock(ctx, ep.Path, ep.Port)
-		}
+		})
 	case "vsock":
-		dial = func(ctx context.Context) (*client.Client, error) { return client.DialVsock(ctx, ep.CID, ep.Port) }
-	}
-	if dial != nil {
-		// Until the guest listens, connections are refused: retry.
-		for {
-			c, err := dial(ctx)
-			if err == nil {
-				if err = c.WaitReady(ctx); err == nil {
-					return c, nil
-				}
-				c.Close()
-			}
-			select {
-			case <-ctx.Done():
-				return nil, fmt.Errorf("agent not ready: %w (last error: %v)", context.Cause(ctx), err)
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+		return client.DialWait(ctx, func(ctx context.Context) (*client.Client, error) {
+			return client.DialVsock(ctx, ep.CID, ep.Port)
+		})
 	}
 	return nil, fmt.Errorf("agent endpoint kind %q: %w", ep.Kind, errkind.InvalidArgument)
 }

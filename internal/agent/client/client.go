@@ -266,14 +266,20 @@ func (c *Client) OpenRaw() (io.ReadWriteCloser, error) {
 }
 
 // DialUnixWait connects to an agent channel that may not be up yet (a VM
-// that is still booting): it retries the dial and handshake until the agent
-// answers a health call or ctx ends. QEMU accepts the connection before the
-// guest opens its port and holds the hello until it does, so one attempt
-// usually suffices.
+// that is still booting). QEMU accepts the connection before the guest
+// opens its port and holds the hello until it does, so one attempt usually
+// suffices.
 func DialUnixWait(ctx context.Context, path string) (*Client, error) {
+	return DialWait(ctx, func(ctx context.Context) (*Client, error) { return DialUnix(ctx, path) })
+}
+
+// DialWait calls dial until it yields a client whose agent answers a health
+// call, or ctx ends. Use it for a guest that is booting or restoring: until
+// its agent listens, dials fail or go unanswered.
+func DialWait(ctx context.Context, dial func(context.Context) (*Client, error)) (*Client, error) {
 	var last error
 	for {
-		c, err := DialUnix(ctx, path)
+		c, err := dial(ctx)
 		if err == nil {
 			if err = c.WaitReady(ctx); err == nil {
 				return c, nil
