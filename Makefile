@@ -1,4 +1,4 @@
-# SPACE: make run (build and boot a sandbox), make test (what CI runs).
+# SPACE: make run (build and start space server), make test (what CI runs).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -33,7 +33,7 @@ test: deps
 	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime 20s ./internal/agent/proto
 
 run: deps build
-	bin/space run
+	bin/space server
 
 clean:
 	rm -rf bin

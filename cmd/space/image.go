@@ -3,15 +3,14 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"space/internal/cachedir"
 	"space/internal/image/initramfs"
@@ -21,97 +20,95 @@ import (
 	"space/internal/reflink"
 )
 
-var imageVerbs = map[string]verb{
-	"kernel":    {"fetch the guest kernel and print its version and paths", imageKernelCmd},
-	"initramfs": {"build the initramfs with the agent as /init", imageInitramfsCmd},
-	"rootfs":    {"build a root file system image (default: Debian bootstrap)", imageRootfsCmd},
-	"build":     {"build kernel, initramfs and default rootfs; print their paths", imageBuildCmd},
+func newImageCmd(g *globals) *cobra.Command {
+	return newGroupCmd("image", "Build guest images: kernel, initramfs, rootfs",
+		newImageKernelCmd(g), newImageInitramfsCmd(g), newImageRootfsCmd(g), newImageBuildCmd(g))
 }
 
-func imageCmd(ctx context.Context, g *globals, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		w := io.Writer(os.Stderr)
-		if len(args) > 0 {
-			w = os.Stdout
-		}
-		fmt.Fprintf(w, "usage: space image <verb> [flags]\n\nverbs:\n")
-		for _, name := range slices.Sorted(maps.Keys(imageVerbs)) {
-			fmt.Fprintf(w, "  %-10s %s\n", name, imageVerbs[name].summary)
-		}
-		if len(args) == 0 {
-			return usagef("image: no verb given")
-		}
-		return nil
+func newImageKernelCmd(g *globals) *cobra.Command {
+	var pkg string
+	c := &cobra.Command{
+		Use:   "kernel",
+		Short: "Fetch the guest kernel and print its version and paths",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cache, err := g.openCache()
+			if err != nil {
+				return err
+			}
+			k, err := kernel.Fetch(cmd.Context(), kernel.Config{Cache: cache, Package: pkg, Log: g.logger()})
+			if err != nil {
+				return err
+			}
+			return g.printFields(
+				"version", k.Version,
+				"package", k.Package+" "+k.PackageVersion,
+				"vmlinuz", k.Vmlinuz,
+				"vmlinux", k.Vmlinux,
+				"modules", k.ModulesDir,
+			)
+		},
 	}
-	v, ok := imageVerbs[args[0]]
-	if !ok {
-		return usagef("image: unknown verb %q", args[0])
-	}
-	return v.run(ctx, g, args[1:])
+	c.Flags().StringVar(&pkg, "package", kernel.DefaultPackage, "Debian kernel `package` (or metapackage)")
+	return c
 }
 
-func imageKernelCmd(ctx context.Context, g *globals, args []string) error {
-	fs := flag.NewFlagSet("space image kernel", flag.ContinueOnError)
-	pkg := fs.String("package", kernel.DefaultPackage, "Debian kernel `package` (or metapackage)")
-	if err := g.parseNoArgs(fs, args); err != nil {
-		return err
+func newImageInitramfsCmd(g *globals) *cobra.Command {
+	var agent string
+	c := &cobra.Command{
+		Use:   "initramfs",
+		Short: "Build the initramfs with the agent as /init",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if err := checkAgent(agent); err != nil {
+				return err
+			}
+			cache, err := g.openCache()
+			if err != nil {
+				return err
+			}
+			k, err := kernel.Fetch(ctx, kernel.Config{Cache: cache, Log: g.logger()})
+			if err != nil {
+				return err
+			}
+			p, err := initramfs.Build(ctx, cache, initramfs.Spec{Agent: agent, Kernel: k})
+			if err != nil {
+				return err
+			}
+			return g.printFields("kernel", k.Version, "initramfs", p)
+		},
 	}
-	cache, err := g.openCache()
-	if err != nil {
-		return err
-	}
-	k, err := kernel.Fetch(ctx, kernel.Config{Cache: cache, Package: *pkg, Log: g.log})
-	if err != nil {
-		return err
-	}
-	return g.printFields(
-		"version", k.Version,
-		"package", k.Package+" "+k.PackageVersion,
-		"vmlinuz", k.Vmlinuz,
-		"vmlinux", k.Vmlinux,
-		"modules", k.ModulesDir,
-	)
+	agentFlag(c.Flags(), &agent)
+	return c
 }
 
-func imageInitramfsCmd(ctx context.Context, g *globals, args []string) error {
-	fs := flag.NewFlagSet("space image initramfs", flag.ContinueOnError)
-	agent := agentFlag(fs)
-	if err := g.parseNoArgs(fs, args); err != nil {
-		return err
+func newImageRootfsCmd(g *globals) *cobra.Command {
+	var o rootfsOptions
+	c := &cobra.Command{
+		Use:   "rootfs [--dir DIR | --oci PATH | --debootstrap] [--out IMG]",
+		Short: "Build a root file system image (default: Debian bootstrap)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return imageRootfs(cmd.Context(), g, o)
+		},
 	}
-	if err := checkAgent(*agent); err != nil {
-		return err
-	}
-	cache, err := g.openCache()
-	if err != nil {
-		return err
-	}
-	k, err := kernel.Fetch(ctx, kernel.Config{Cache: cache, Log: g.log})
-	if err != nil {
-		return err
-	}
-	p, err := initramfs.Build(ctx, cache, initramfs.Spec{Agent: *agent, Kernel: k})
-	if err != nil {
-		return err
-	}
-	return g.printFields("kernel", k.Version, "initramfs", p)
+	f := c.Flags()
+	f.StringVar(&o.dir, "dir", "", "make the image from this `directory`")
+	f.StringVar(&o.oci, "oci", "", "make the image from this OCI image layout or tarball (`path`)")
+	f.BoolVar(&o.debootstrap, "debootstrap", false, "bootstrap the default Debian image into the cache (the default)")
+	f.StringVar(&o.out, "out", "", "write the image to this `file` (required with --dir and --oci)")
+	return c
 }
 
-func imageRootfsCmd(ctx context.Context, g *globals, args []string) error {
-	fs := flag.NewFlagSet("space image rootfs", flag.ContinueOnError)
-	dir := fs.String("dir", "", "make the image from this `directory`")
-	oci := fs.String("oci", "", "make the image from this OCI image layout or tarball (`path`)")
-	boot := fs.Bool("debootstrap", false, "bootstrap the default Debian image into the cache (the default)")
-	out := fs.String("out", "", "write the image to this `file` (required with --dir and --oci)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: space image rootfs [--dir DIR | --oci PATH | --debootstrap] [--out IMG]\n")
-		fs.PrintDefaults()
-	}
-	if err := g.parseNoArgs(fs, args); err != nil {
-		return err
-	}
+type rootfsOptions struct {
+	dir, oci, out string
+	debootstrap   bool
+}
+
+func imageRootfs(ctx context.Context, g *globals, o rootfsOptions) error {
 	sources := 0
-	for _, set := range []bool{*dir != "", *oci != "", *boot} {
+	for _, set := range []bool{o.dir != "", o.oci != "", o.debootstrap} {
 		if set {
 			sources++
 		}
@@ -119,34 +116,34 @@ func imageRootfsCmd(ctx context.Context, g *globals, args []string) error {
 	if sources > 1 {
 		return usagef("image rootfs: give at most one of --dir, --oci and --debootstrap")
 	}
-	if (*dir != "" || *oci != "") && *out == "" {
+	if (o.dir != "" || o.oci != "") && o.out == "" {
 		return usagef("image rootfs: --out is required with --dir and --oci")
 	}
 	opts := rootfs.Ext4Options{Label: rootfs.DefaultLabel}
 
 	switch {
-	case *dir != "":
-		if err := rootfs.MakeExt4(ctx, *dir, *out, opts); err != nil {
+	case o.dir != "":
+		if err := rootfs.MakeExt4(ctx, o.dir, o.out, opts); err != nil {
 			return err
 		}
-		return g.printFields("rootfs", *out)
+		return g.printFields("rootfs", o.out)
 
-	case *oci != "":
-		tmp, err := os.MkdirTemp(filepath.Dir(*out), ".space-rootfs-")
+	case o.oci != "":
+		tmp, err := os.MkdirTemp(filepath.Dir(o.out), ".space-rootfs-")
 		if err != nil {
-			return fmt.Errorf("unpack %s: %w", *oci, err)
+			return fmt.Errorf("unpack %s: %w", o.oci, err)
 		}
 		defer os.RemoveAll(tmp)
 		tree := filepath.Join(tmp, "tree")
-		cfg, err := rootfs.UnpackOCI(ctx, *oci, tree)
+		cfg, err := rootfs.UnpackOCI(ctx, o.oci, tree)
 		if err != nil {
 			return err
 		}
-		if err := rootfs.MakeExt4(ctx, tree, *out, opts); err != nil {
+		if err := rootfs.MakeExt4(ctx, tree, o.out, opts); err != nil {
 			return err
 		}
 		return g.printFields(
-			"rootfs", *out,
+			"rootfs", o.out,
 			"entrypoint", strings.Join(cfg.Entrypoint, " "),
 			"cmd", strings.Join(cfg.Cmd, " "),
 			"workdir", cfg.WorkingDir,
@@ -158,54 +155,59 @@ func imageRootfsCmd(ctx context.Context, g *globals, args []string) error {
 		if err != nil {
 			return err
 		}
-		p, err := rootfs.Default(ctx, cache, g.log)
+		p, err := rootfs.Default(ctx, cache, g.logger())
 		if err != nil {
 			return err
 		}
-		if *out == "" {
+		if o.out == "" {
 			return g.printFields("rootfs", p)
 		}
-		if err := reflink.Copy(ctx, p, *out); err != nil {
+		if err := reflink.Copy(ctx, p, o.out); err != nil {
 			return err
 		}
-		return g.printFields("rootfs", *out)
+		return g.printFields("rootfs", o.out)
 	}
 }
 
-func imageBuildCmd(ctx context.Context, g *globals, args []string) error {
-	fs := flag.NewFlagSet("space image build", flag.ContinueOnError)
-	agent := agentFlag(fs)
-	if err := g.parseNoArgs(fs, args); err != nil {
-		return err
+func newImageBuildCmd(g *globals) *cobra.Command {
+	var agent string
+	c := &cobra.Command{
+		Use:   "build",
+		Short: "Build kernel, initramfs and default rootfs; print their paths",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkAgent(agent); err != nil {
+				return err
+			}
+			cache, err := g.openCache()
+			if err != nil {
+				return err
+			}
+			art, err := imagebuild.Build(cmd.Context(), imagebuild.Config{Cache: cache, AgentPath: agent, Log: g.logger()})
+			if err != nil {
+				return err
+			}
+			return g.printFields(
+				"kernel", art.Kernel.Version,
+				"vmlinuz", art.Kernel.Vmlinuz,
+				"vmlinux", art.Kernel.Vmlinux,
+				"initramfs", art.Initramfs,
+				"rootfs", art.Rootfs,
+			)
+		},
 	}
-	if err := checkAgent(*agent); err != nil {
-		return err
-	}
-	cache, err := g.openCache()
-	if err != nil {
-		return err
-	}
-	art, err := imagebuild.Build(ctx, imagebuild.Config{Cache: cache, AgentPath: *agent, Log: g.log})
-	if err != nil {
-		return err
-	}
-	return g.printFields(
-		"kernel", art.Kernel.Version,
-		"vmlinuz", art.Kernel.Vmlinuz,
-		"vmlinux", art.Kernel.Vmlinux,
-		"initramfs", art.Initramfs,
-		"rootfs", art.Rootfs,
-	)
+	agentFlag(c.Flags(), &agent)
+	return c
 }
 
 // agentFlag registers --agent, defaulting to space-agent next to the
 // running executable (where make build puts it).
-func agentFlag(fs *flag.FlagSet) *string {
+func agentFlag(fs *pflag.FlagSet, p *string) {
 	def := ""
 	if exe, err := os.Executable(); err == nil {
 		def = filepath.Join(filepath.Dir(exe), "space-agent")
 	}
-	return fs.String("agent", def, "the static space-agent `binary` to put in the initramfs")
+	fs.StringVar(p, "agent", def, "the static space-agent `binary` to put in the initramfs")
 }
 
 func checkAgent(path string) error {
@@ -217,17 +219,6 @@ func checkAgent(path string) error {
 			return fmt.Errorf("agent binary %s not found: build it with 'make build' or pass --agent PATH", path)
 		}
 		return fmt.Errorf("agent binary: %w", err)
-	}
-	return nil
-}
-
-// parseNoArgs parses fs and rejects positional arguments.
-func (g *globals) parseNoArgs(fs *flag.FlagSet, args []string) error {
-	if err := g.parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("%s: unexpected argument %q", verbName(fs), fs.Arg(0))
 	}
 	return nil
 }

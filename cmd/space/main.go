@@ -1,50 +1,83 @@
-// Command space is SPACE's host binary: it builds guest images and, with
-// later verbs, runs sandboxes.
+// Command space is SPACE's host binary: it builds guest images, runs the
+// API server and workers (space server, space worker), and is the command
+// line client of the API (space sandbox, exec, file, ...).
 //
 // Usage:
 //
-//	space [--cache DIR] [-v] <verb> [flags] [args]
+//	space [--cache DIR] [--data-dir DIR] [-v] <verb> [flags] [args]
+//
+// Exit status: 0 on success; a guest command's own exit code for exec,
+// attach and run; 2 for bad usage; 125 when space itself fails; 130 when
+// interrupted.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
-	"strings"
+	"sync"
 	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
 )
 
-// verb is one subcommand of space.
-type verb struct {
-	summary string // one line for the usage text
-	// run executes the verb with its arguments (the verb name removed).
-	// It parses them with g.parse (which adds the global flags and sets
-	// g.log) and returns a usageError for bad arguments.
-	run func(ctx context.Context, g *globals, args []string) error
-}
+// Exit statuses of space's own failures.
+const (
+	exitUsage       = 2
+	exitFailure     = 125
+	exitInterrupted = 130
+)
 
-// verbs is the dispatch table: add a verb by adding an entry.
-var verbs = map[string]verb{
-	"image":   {"build guest images: kernel, initramfs, rootfs", imageCmd},
-	"run":     {"boot a throwaway sandbox VM and run a command (or a shell) in it", runCmd},
-	"version": {"print the version of space", versionCmd},
-}
-
-// globals are the flags every verb accepts, before or after the verb name.
+// globals are what every verb shares: the global flags, the standard
+// streams and the environment. Verbs read the flag fields only once
+// cobra has parsed the flags (in RunE).
 type globals struct {
-	cacheBase string // artifact cache, e.g. ~/.cache/space
-	verbose   bool
-	stdout    io.Writer
-	log       *slog.Logger // set once flags are parsed
+	cacheBase string // --cache: artifact cache, e.g. ~/.cache/space; "" = none
+	verbose   bool   // -v: log debug detail
+	dataDir   string // --data-dir: server state, admin.key, server.json
+
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	now            func() time.Time
+
+	// logger returns the logger of the run (to stderr; debug level with
+	// -v). It is made at the first call, which must come after flag
+	// parsing.
+	logger func() *slog.Logger
+}
+
+// newGlobals returns the globals of a run of space with the process's
+// streams and environment, and the defaults of the global flags.
+func newGlobals(stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) *globals {
+	g := &globals{
+		cacheBase: cacheDefault(getenv),
+		dataDir:   getenv("SPACE_DATA_DIR"),
+		stdin:     stdin,
+		stdout:    stdout,
+		stderr:    stderr,
+		getenv:    getenv,
+		now:       time.Now,
+	}
+	if g.dataDir == "" {
+		g.dataDir = defaultDataDir()
+	}
+	g.logger = sync.OnceValue(func() *slog.Logger {
+		level := slog.LevelInfo
+		if g.verbose {
+			level = slog.LevelDebug
+		}
+		return slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+	})
+	return g
 }
 
 // usageError reports bad command-line arguments (exit status 2).
@@ -54,78 +87,167 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
+// exitError carries a guest command's exit code out of a verb.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("command exited with code %d", e.code) }
+
+// runError marks an error returned by a verb's RunE, as opposed to one
+// cobra returns for bad flags, arguments or verbs (usage errors).
+type runError struct{ err error }
+
+func (e runError) Error() string { return e.err.Error() }
+func (e runError) Unwrap() error { return e.err }
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	context.AfterFunc(ctx, stop) // a second signal kills at once
-	err := run(ctx, os.Args[1:])
-	interrupted := ctx.Err() != nil
+	g := newGlobals(os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	code := execute(ctx, g, os.Args[1:])
 	stop()
-	var ue usageError
+	os.Exit(code)
+}
+
+// execute runs space with args, prints its failure to g.stderr, and
+// returns the exit status.
+func execute(ctx context.Context, g *globals, args []string) int {
+	cmd, err := run(ctx, g, args)
 	var ee exitError
+	var ue usageError
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil:
+		return 0
 	case errors.As(err, &ee):
-		os.Exit(ee.code)
+		return ee.code
 	case errors.As(err, &ue):
-		fmt.Fprintf(os.Stderr, "space: %v\nRun 'space help' for usage.\n", err)
-		os.Exit(2)
-	case interrupted:
-		fmt.Fprintf(os.Stderr, "space: interrupted: %v\n", err)
-		os.Exit(1)
+		fmt.Fprintf(g.stderr, "space: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
+		return exitUsage
+	case ctx.Err() != nil:
+		fmt.Fprintf(g.stderr, "space: interrupted: %v\n", err)
+		return exitInterrupted
 	default:
-		fmt.Fprintf(os.Stderr, "space: %v\n", err)
-		os.Exit(1)
-	}
-}
-
-func run(ctx context.Context, args []string) error {
-	g := &globals{stdout: os.Stdout, cacheBase: cacheDefault()}
-	fs := flag.NewFlagSet("space", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	g.register(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(os.Stderr)
-			return err
+		fmt.Fprintf(g.stderr, "space: %v\n", err)
+		var oe *net.OpError
+		if errors.As(err, &oe) && oe.Op == "dial" {
+			fmt.Fprintf(g.stderr, "Is space server running? Client verbs find it by SPACE_API_URL, else %s.\n",
+				filepath.Join(g.dataDir, serverInfoFile))
 		}
-		return usageError{err.Error()}
+		return exitFailure
 	}
-	if fs.NArg() == 0 {
-		printUsage(os.Stderr)
-		return usagef("no verb given")
-	}
-	name, rest := fs.Arg(0), fs.Args()[1:]
-	if name == "help" {
-		printUsage(os.Stdout)
-		return nil
-	}
-	v, ok := verbs[name]
-	if !ok {
-		return usagef("unknown verb %q", name)
-	}
-	return v.run(ctx, g, rest)
 }
 
-func printUsage(w io.Writer) {
-	fmt.Fprintf(w, "usage: space [--cache DIR] [-v] <verb> [flags] [args]\n\nverbs:\n")
-	for _, name := range slices.Sorted(maps.Keys(verbs)) {
-		fmt.Fprintf(w, "  %-10s %s\n", name, verbs[name].summary)
+// run runs space with args and returns the verb that ran (or the one
+// the usage error is about) and its error. Errors of bad usage come back
+// as usageError.
+func run(ctx context.Context, g *globals, args []string) (*cobra.Command, error) {
+	root := newRootCmd(g)
+	if args == nil {
+		args = []string{} // nil makes cobra read os.Args
 	}
-	fmt.Fprintf(w, "\nRun 'space <verb> -h' for a verb's flags.\n")
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if cmd == nil {
+		cmd = root
+	}
+	if err == nil {
+		return cmd, nil
+	}
+	var re runError
+	if errors.As(err, &re) {
+		return cmd, re.err
+	}
+	return cmd, usageError{err.Error()}
 }
 
-// register adds the global flags to fs, so that they are accepted both
-// before the verb and among its flags.
-func (g *globals) register(fs *flag.FlagSet) {
-	if fs.Lookup("cache") != nil {
-		return
+// newRootCmd returns the space command with every verb.
+func newRootCmd(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "space",
+		Short:         "Run untrusted code in micro-VMs",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown verb %q", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cmd.SetOut(g.stderr)
+			cmd.Usage()
+			return usagef("no verb given")
+		},
 	}
-	fs.StringVar(&g.cacheBase, "cache", g.cacheBase, "artifact cache `dir`; defaults to $SPACE_CACHE_DIR, else ~/.cache/space")
-	fs.BoolVar(&g.verbose, "v", g.verbose, "log debug detail")
+	root.SetIn(g.stdin)
+	root.SetOut(g.stdout)
+	root.SetErr(g.stderr)
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.cacheBase, "cache", g.cacheBase, "artifact cache `dir` (env SPACE_CACHE_DIR)")
+	pf.StringVar(&g.dataDir, "data-dir", g.dataDir, "state `dir` of space server, with admin.key and server.json (env SPACE_DATA_DIR)")
+	pf.BoolVarP(&g.verbose, "verbose", "v", g.verbose, "log debug detail")
+
+	root.AddCommand(
+		newImageCmd(g),
+		newRunCmd(g),
+		newVersionCmd(g),
+		newServerCmd(g),
+		newWorkerCmd(g),
+		newSandboxCmd(g),
+		newExecCmd(g),
+		newAttachCmd(g),
+		newPsCmd(g),
+		newKillCmd(g),
+		newFileCmd(g),
+		newAPIKeyCmd(g),
+		newQuotaCmd(g),
+	)
+	markRunErrors(root)
+	return root
 }
 
-func cacheDefault() string {
-	if d := os.Getenv("SPACE_CACHE_DIR"); d != "" {
+// markRunErrors wraps the RunE of c and its descendants so that run can
+// tell their errors from cobra's usage errors.
+func markRunErrors(c *cobra.Command) {
+	if f := c.RunE; f != nil {
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if err := f(cmd, args); err != nil {
+				return runError{err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		markRunErrors(sub)
+	}
+}
+
+// newGroupCmd returns a verb that only holds the verbs subs: without one
+// it prints its usage and fails.
+func newGroupCmd(use, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 && args[0] != "help" {
+				return usagef("%s: unknown verb %q", cmd.Name(), args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 { // help
+				return cmd.Help()
+			}
+			cmd.SetOut(cmd.ErrOrStderr())
+			cmd.Usage()
+			return usagef("%s: no verb given", cmd.Name())
+		},
+	}
+	c.AddCommand(subs...)
+	return c
+}
+
+func cacheDefault(getenv func(string) string) string {
+	if d := getenv("SPACE_CACHE_DIR"); d != "" {
 		return d
 	}
 	if d, err := os.UserCacheDir(); err == nil {
@@ -134,44 +256,17 @@ func cacheDefault() string {
 	return ""
 }
 
-// parse parses a verb's flags (with the global ones) and sets up logging.
-// Parse errors come back as usageError; -h prints the flags and returns
-// flag.ErrHelp.
-func (g *globals) parse(fs *flag.FlagSet, args []string) error {
-	g.register(fs)
-	fs.SetOutput(io.Discard)
-	err := fs.Parse(args)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fs.SetOutput(os.Stderr)
-		fs.Usage()
-		return err
-	case err != nil:
-		return usageError{fmt.Sprintf("%s: %v", verbName(fs), err)}
+func newVersionCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version of space",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, err := fmt.Fprintf(g.stdout, "space %s\n", version())
+			return err
+		},
 	}
-	level := slog.LevelInfo
-	if g.verbose {
-		level = slog.LevelDebug
-	}
-	g.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	return nil
 }
-
-func versionCmd(ctx context.Context, g *globals, args []string) error {
-	fs := flag.NewFlagSet("space version", flag.ContinueOnError)
-	if err := g.parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("version takes no arguments")
-	}
-	fmt.Fprintf(g.stdout, "space %s\n", version())
-	return nil
-}
-
-// verbName is the name of fs's verb without the program name, for messages
-// that main prefixes with "space: ".
-func verbName(fs *flag.FlagSet) string { return strings.TrimPrefix(fs.Name(), "space ") }
 
 // version describes the build: the module version (or the VCS revision of a
 // build from a checkout) and the Go toolchain.

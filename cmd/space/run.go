@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -11,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"space/internal/agent/client"
@@ -20,35 +20,49 @@ import (
 	"space/internal/vmm/qemu"
 )
 
-// exitError carries a guest command's exit code out of a verb.
-type exitError struct{ code int }
-
-func (e exitError) Error() string { return fmt.Sprintf("command exited with code %d", e.code) }
-
-// runCmd boots a throwaway sandbox VM from the default images and runs a
-// command in it, or an interactive shell when no command is given. The VM
-// and its files are gone when it returns.
-func runCmd(ctx context.Context, g *globals, args []string) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	agent := agentFlag(fs)
-	vcpus := fs.Int("cpus", 1, "virtual CPUs")
-	mem := fs.Int("memory", 512, "guest memory in `MiB`")
-	if err := g.parse(fs, args); err != nil {
-		return err
+func newRunCmd(g *globals) *cobra.Command {
+	var o runOptions
+	c := &cobra.Command{
+		Use:   "run [flags] [--] [CMD [ARGS...]]",
+		Short: "Boot a throwaway sandbox VM and run a command (or a shell) in it",
+		Long: `Boot a throwaway sandbox VM from the default images, without a server, and run
+a command in it, or an interactive shell when no command is given. The VM and
+its files are gone when the command ends. Flags go before the command.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runVM(cmd.Context(), g, o, args)
+		},
 	}
-	if err := checkAgent(*agent); err != nil {
+	f := c.Flags()
+	f.SetInterspersed(false) // space run ls -l: -l is the command's
+	agentFlag(f, &o.agent)
+	f.IntVar(&o.vcpus, "cpus", 1, "virtual CPUs")
+	f.IntVar(&o.memoryMiB, "memory", 512, "guest memory in `MiB`")
+	return c
+}
+
+type runOptions struct {
+	agent     string
+	vcpus     int
+	memoryMiB int
+}
+
+// runVM boots a throwaway sandbox VM from the default images and runs
+// argv in it, or an interactive shell when argv is empty. The VM and its
+// files are gone when it returns.
+func runVM(ctx context.Context, g *globals, o runOptions, argv []string) error {
+	if err := checkAgent(o.agent); err != nil {
 		return err
 	}
 	cache, err := g.openCache()
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(os.Stderr, "space: preparing guest images (the first run fetches a kernel and bootstraps Debian: minutes)")
-	img, err := imagebuild.Build(ctx, imagebuild.Config{Cache: cache, AgentPath: *agent, Log: g.log})
+	fmt.Fprintln(g.stderr, "space: preparing guest images (the first run fetches a kernel and bootstraps Debian: minutes)")
+	img, err := imagebuild.Build(ctx, imagebuild.Config{Cache: cache, AgentPath: o.agent, Log: g.logger()})
 	if err != nil {
 		return err
 	}
-	qcfg := qemu.Config{Log: g.log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
+	qcfg := qemu.Config{Log: g.logger(), AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
 	if os.Geteuid() == 0 {
 		qcfg.User = &qemu.User{UID: 65534, GID: 65534} // nobody: QEMU needs no privilege
 	}
@@ -71,7 +85,7 @@ func runCmd(ctx context.Context, g *globals, args []string) error {
 	}
 	bctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	vm, err := guestvm.Boot(bctx, guestvm.Config{Images: img, Driver: drv, RunDir: run, DataDir: data, VCPUs: *vcpus, MemoryMiB: *mem})
+	vm, err := guestvm.Boot(bctx, guestvm.Config{Images: img, Driver: drv, RunDir: run, DataDir: data, VCPUs: o.vcpus, MemoryMiB: o.memoryMiB})
 	if err != nil {
 		return fmt.Errorf("boot sandbox: %w", err)
 	}
@@ -79,16 +93,16 @@ func runCmd(ctx context.Context, g *globals, args []string) error {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if err := vm.Close(cctx); err != nil {
-			fmt.Fprintf(os.Stderr, "space: stop sandbox: %v\n", err)
+			fmt.Fprintf(g.stderr, "space: stop sandbox: %v\n", err)
 		}
 	}()
-	fmt.Fprintf(os.Stderr, "space: sandbox ready in %v (agent %s)\n", vm.BootTime.Round(time.Millisecond), vm.Client.AgentVersion())
+	fmt.Fprintf(g.stderr, "space: sandbox ready in %v (agent %s)\n", vm.BootTime.Round(time.Millisecond), vm.Client.AgentVersion())
 
 	var exit proto.Exit
-	if fs.NArg() == 0 {
+	if len(argv) == 0 {
 		exit, err = shell(ctx, vm.Client)
 	} else {
-		exit, err = vm.Client.Exec(ctx, proto.ExecRequest{Argv: fs.Args(), Cwd: "/root"},
+		exit, err = vm.Client.Exec(ctx, proto.ExecRequest{Argv: argv, Cwd: "/root"},
 			client.IO{Stdin: stdinIfPiped(), Stdout: os.Stdout, Stderr: os.Stderr})
 	}
 	if err != nil {

@@ -48,6 +48,12 @@ type Config struct {
 	// NIC is the guest's network interface, or nil for none. Its
 	// addresses are set through the agent (ConfigureNetwork).
 	NIC *vmm.NIC
+	// Placer puts the VMM process in its control group, or nil.
+	Placer vmm.Placer
+	// Started, if set, is called once the VMM runs and before the agent
+	// is awaited: the worker persists the VM's handle there, so a crash
+	// from then on finds the VM. An error from it aborts the boot.
+	Started func(vmm.VM) error
 }
 
 // VM is a running guest with a connected agent.
@@ -86,6 +92,7 @@ func Boot(ctx context.Context, cfg Config) (*VM, error) {
 			MemoryMiB: cfg.MemoryMiB,
 			Disks:     []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: rw}},
 			NIC:       cfg.NIC,
+			Placer:    cfg.Placer,
 		})
 	})
 }
@@ -115,6 +122,11 @@ func start(ctx context.Context, cfg Config, launch func(context.Context) (vmm.VM
 		return nil, err
 	}
 	v.VMM = vm
+	if cfg.Started != nil {
+		if err := cfg.Started(vm); err != nil {
+			return nil, err
+		}
+	}
 	c, err := Connect(ctx, vm)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w%s", err, consoleTail(vm))
@@ -226,6 +238,7 @@ func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 			Initrd: cfg.Images.Initramfs,
 			Disks:  []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: filepath.Join(cfg.DataDir, "rw.img")}},
 			NIC:    cfg.NIC,
+			Placer: cfg.Placer,
 		})
 	})
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"syscall"
 	"time"
 
 	"space/internal/errkind"
@@ -57,6 +58,17 @@ type Spec struct {
 	Disks []Disk
 	// NIC is the guest's network interface, or nil for none.
 	NIC *NIC
+	// Placer puts the VMM process into its control group as it starts,
+	// or nil to leave it in the caller's.
+	Placer Placer
+}
+
+// Placer places a process in a control group (cgroup.Group implements
+// it). Place prepares attr before the process starts; after must then be
+// called with the new pid (it does what could not be done atomically), and
+// release once the process has started or failed to.
+type Placer interface {
+	Place(attr *syscall.SysProcAttr) (after func(pid int) error, release func(), err error)
 }
 
 // Disk is one raw disk image.

@@ -34,6 +34,11 @@ type Options struct {
 	// PID1 is set when the agent is the guest's init, so orphans are its
 	// to reap.
 	PID1 bool
+	// Reconnect closes old, the suite's connection, connects to the same
+	// agent again and returns the new client; the suite uses it from then
+	// on, and the caller closes it. nil = the scenarios that need the host
+	// to go away and come back don't run.
+	Reconnect func(ctx context.Context, old *client.Client) (*client.Client, error)
 }
 
 // Run runs every scenario against c.
@@ -52,8 +57,12 @@ func Run(t *testing.T, c *client.Client, opts Options) {
 	t.Run("Files", func(t *testing.T) { testFiles(t, c, opts) })
 	t.Run("BadPaths", func(t *testing.T) { testBadPaths(t, c, opts) })
 	t.Run("MalformedFrames", func(t *testing.T) { testMalformed(t, c) })
+	runProc(t, c, opts)
 	if opts.PID1 {
 		t.Run("ZombiesReaped", func(t *testing.T) { testZombies(t, c) })
+	}
+	if opts.Reconnect != nil {
+		t.Run("ProcSurvivesReconnect", func(t *testing.T) { testProcReconnect(t, &c, opts) })
 	}
 }
 
@@ -122,19 +131,37 @@ func testSeparate(t *testing.T, c *client.Client) {
 	}
 }
 
+// testBigStdout sends 50 MiB through exec and through proc.start with
+// attach: both must arrive byte-exact (backpressure, never drops).
 func testBigStdout(t *testing.T, c *client.Client, opts Options) {
 	f := opts.Scratch + "/big"
-	sum := Output(t, c, "head -c 52428800 /dev/urandom > "+f+" && sha256sum "+f+" | cut -d' ' -f1")
-	h := sha256.New()
-	var n countWriter
-	exit, err := c.Exec(ctx(t, 5*time.Minute), proto.ExecRequest{Argv: []string{"cat", f}}, client.IO{Stdout: io.MultiWriter(h, &n)})
-	if err != nil || exit.Code != 0 {
-		t.Fatalf("cat = %+v, %v", exit, err)
+	sum := strings.TrimSpace(Output(t, c, "head -c 52428800 /dev/urandom > "+f+" && sha256sum "+f+" | cut -d' ' -f1"))
+	defer Output(t, c, "rm -f "+f)
+	check := func(t *testing.T, run func(stdout io.Writer) (proto.Exit, error)) {
+		h := sha256.New()
+		var n countWriter
+		exit, err := run(io.MultiWriter(h, &n))
+		if err != nil || exit.Code != 0 {
+			t.Fatalf("cat = %+v, %v", exit, err)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != sum || n != 50<<20 {
+			t.Errorf("stdout: %d bytes, sha256 %s; want %d bytes, sha256 %s", n, got, 50<<20, sum)
+		}
 	}
-	if got, want := hex.EncodeToString(h.Sum(nil)), strings.TrimSpace(sum); got != want || n != 50<<20 {
-		t.Errorf("stdout: %d bytes, sha256 %s; want %d bytes, sha256 %s", n, got, 50<<20, want)
-	}
-	Output(t, c, "rm -f "+f)
+	t.Run("exec", func(t *testing.T) {
+		check(t, func(w io.Writer) (proto.Exit, error) {
+			return c.Exec(ctx(t, 5*time.Minute), proto.ExecRequest{Argv: []string{"cat", f}}, client.IO{Stdout: w})
+		})
+	})
+	t.Run("proc.start", func(t *testing.T) {
+		check(t, func(w io.Writer) (proto.Exit, error) {
+			p, _, err := c.StartAttached(ctx(t, 5*time.Minute), proto.ProcStart{ExecRequest: proto.ExecRequest{Argv: []string{"cat", f}}}, client.IO{Stdout: w})
+			if err != nil {
+				return proto.Exit{}, err
+			}
+			return p.Wait()
+		})
+	})
 }
 
 type countWriter int64

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -13,50 +14,79 @@ import (
 	"space/internal/agent/server"
 )
 
-// inProcess starts an agent server in the test process, connected to a
-// client over a socketpair, as a virtio-serial port would connect them.
-func inProcess(t *testing.T) *client.Client {
+// agent is an agent server in the test process; connect gives it a new
+// host connection over a socketpair, as a virtio-serial port would.
+type agent struct {
+	t   *testing.T
+	srv *server.Server
+	ctx context.Context
+}
+
+// inProcess starts an agent server in the test process and connects a
+// client to it. The server is closed when t ends.
+func inProcess(t *testing.T) (*agent, *client.Client) {
 	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatalf("setup: socketpair: %v", err)
-	}
-	// Non-blocking fds make the files pollable, so Close interrupts reads.
-	unix.SetNonblock(fds[0], true)
-	unix.SetNonblock(fds[1], true)
-	guest, host := os.NewFile(uintptr(fds[0]), "guest"), os.NewFile(uintptr(fds[1]), "host")
 	srv, err := server.New(server.Config{Version: "test"})
 	if err != nil {
 		t.Fatalf("setup: server.New: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() {
+		cancel()
+		srv.Close()
+	})
+	a := &agent{t: t, srv: srv, ctx: ctx}
+	c, err := a.connect(t.Context())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	return a, c
+}
+
+// connect opens one more host connection to the agent. The client and the
+// server's side are closed when the test ends.
+func (a *agent) connect(ctx context.Context) (*client.Client, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	// Non-blocking fds make the files pollable, so Close interrupts reads.
+	unix.SetNonblock(fds[0], true)
+	unix.SetNonblock(fds[1], true)
+	guest, host := os.NewFile(uintptr(fds[0]), "guest"), os.NewFile(uintptr(fds[1]), "host")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		srv.ServeConn(ctx, guest)
+		a.srv.ServeConn(a.ctx, guest)
 	}()
-	hctx, hcancel := context.WithTimeout(t.Context(), 10*time.Second)
+	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer hcancel()
 	c, err := client.Dial(hctx, host)
 	if err != nil {
-		t.Fatalf("setup: Dial: %v", err)
+		guest.Close()
+		<-done
+		return nil, fmt.Errorf("dial: %w", err)
 	}
-	t.Cleanup(func() {
+	a.t.Cleanup(func() {
 		c.Close()
-		cancel()
-		srv.Close()
 		<-done
 	})
-	return c
+	return c, nil
 }
 
 func TestAgentInProcess(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Log("not root: exec as another uid will fail")
 	}
-	c := inProcess(t)
+	a, c := inProcess(t)
 	if got := c.AgentVersion(); got != "test" {
 		t.Errorf("AgentVersion() = %q, want %q", got, "test")
 	}
-	agenttest.Run(t, c, agenttest.Options{Scratch: t.TempDir()})
+	agenttest.Run(t, c, agenttest.Options{
+		Scratch: t.TempDir(),
+		Reconnect: func(ctx context.Context, old *client.Client) (*client.Client, error) {
+			old.Close()
+			return a.connect(ctx)
+		},
+	})
 }

@@ -2,12 +2,22 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"space/internal/agent/proto"
+	"space/internal/errkind"
 )
+
+// ErrDetached is returned by Process.Wait when the attachment ended before
+// the exit arrived: Detach was called, the ctx ended, a newer attachment
+// took over (the error then also wraps errkind.FailedPrecondition) or the
+// connection was lost. Unless the process was started with KillOnDetach,
+// it goes on in the guest; Attach follows it again.
+var ErrDetached = fmt.Errorf("detached from process: %w", errkind.Unavailable)
 
 // IO connects a process to the caller. Nil members mean: no stdin (the
 // process reads /dev/null unless Stdin is set) and discarded output.
@@ -19,15 +29,20 @@ type IO struct {
 	Stderr io.Writer
 }
 
-// Process is a command started in the guest.
+// Process is a command running in the guest, followed over one stream: one
+// started by Start, or an attachment to a process of the agent's table
+// (StartAttached, Attach).
 type Process struct {
-	PID int // guest pid
+	PID int   // guest pid
+	ID  int64 // id in the agent's process table; 0 for Start
 
-	c       *Client
-	s       *stream
-	release func()
-	op      proto.Op
-	ctx     context.Context
+	c        *Client
+	s        *stream
+	release  func()
+	op       proto.Op
+	ctx      context.Context
+	table    bool        // an attachment to a process of the agent's table
+	detached atomic.Bool // Detach was called
 
 	done chan struct{} // closed when the output loop ends
 	exit proto.Exit    // set before done closes
@@ -57,15 +72,121 @@ func (c *Client) Start(ctx context.Context, req proto.ExecRequest, pio IO) (*Pro
 		release()
 		return nil, err
 	}
-	p := &Process{PID: started.PID, c: c, s: s, release: release, op: proto.OpExec, ctx: ctx,
-		done: make(chan struct{}), stdinDone: make(chan struct{})}
+	p := &Process{PID: started.PID, c: c, s: s, release: release, op: proto.OpExec, ctx: ctx}
+	p.run(pio)
+	return p, nil
+}
+
+// run starts the goroutines that serve the process's IO.
+func (p *Process) run(pio IO) {
+	p.done, p.stdinDone = make(chan struct{}), make(chan struct{})
 	go p.readOutput(pio.Stdout, pio.Stderr)
 	if pio.Stdin != nil {
 		go p.copyStdin(pio.Stdin)
 	} else {
 		close(p.stdinDone)
 	}
-	return p, nil
+}
+
+// StartProcess starts a process in the agent's process table and returns
+// once it runs, without following it: the process outlives ctx and the
+// connection. ps.Attach is ignored; follow the process with Attach, or use
+// StartAttached. Output is buffered in the guest up to
+// proto.ProcOutputLimit bytes; beyond that, while nobody is attached, the
+// oldest output is dropped.
+func (c *Client) StartProcess(ctx context.Context, ps proto.ProcStart) (proto.ProcInfo, error) {
+	ps.Attach = false
+	var info proto.ProcInfo
+	s, release, err := c.open(ctx, proto.OpProcStart, ps)
+	if err != nil {
+		return info, err
+	}
+	defer release()
+	f, err := s.r.Next()
+	if err != nil {
+		return info, c.callErr(ctx, proto.OpProcStart, err)
+	}
+	err = decodeResult(proto.OpProcStart, f, proto.MaxFrame, &info)
+	return info, err
+}
+
+// StartAttached starts a process in the agent's process table and follows
+// it on the same call, from its first byte of output. Setting pio.Stdin sets
+// ps.Stdin. When ctx ends or Detach is called, the process is detached: it
+// goes on in the guest unless ps.KillOnDetach is set.
+func (c *Client) StartAttached(ctx context.Context, ps proto.ProcStart, pio IO) (*Process, proto.ProcInfo, error) {
+	ps.Attach = true
+	if pio.Stdin != nil {
+		ps.Stdin = true
+	}
+	return c.attach(ctx, proto.OpProcStart, ps, pio)
+}
+
+// Attach follows a process of the agent's table: it receives the output
+// buffered and not yet delivered to an earlier attachment, then live output
+// and the exit. An earlier attachment is taken over (its Wait returns
+// ErrDetached). pio.Stdin reaches the process only if it was started with
+// Stdin or a PTY. When ctx ends or Detach is called, the process is
+// detached (or killed, if it was started with KillOnDetach). An unknown id
+// gives an errkind.NotFound error.
+func (c *Client) Attach(ctx context.Context, id int64, pio IO) (*Process, proto.ProcInfo, error) {
+	return c.attach(ctx, proto.OpProcAttach, proto.ProcRef{ID: id}, pio)
+}
+
+func (c *Client) attach(ctx context.Context, op proto.Op, args any, pio IO) (*Process, proto.ProcInfo, error) {
+	var info proto.ProcInfo
+	s, release, err := c.open(ctx, op, args)
+	if err != nil {
+		return nil, info, err
+	}
+	f, err := s.r.Next()
+	if err != nil {
+		release()
+		return nil, info, c.callErr(ctx, op, err)
+	}
+	if err := decodeResult(op, f, proto.MaxFrame, &info); err != nil {
+		release()
+		return nil, info, err
+	}
+	p := &Process{PID: info.PID, ID: info.ID, c: c, s: s, release: release, op: op, ctx: ctx, table: true}
+	p.run(pio)
+	return p, info, nil
+}
+
+// Processes lists the agent's process table, ordered by id: running
+// processes and the most recent proto.ProcMaxExited exited ones.
+func (c *Client) Processes(ctx context.Context) ([]proto.ProcInfo, error) {
+	op := proto.OpProcList
+	s, release, err := c.open(ctx, op, proto.Empty{})
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	var out []proto.ProcInfo
+	for {
+		f, err := s.r.Next()
+		if err != nil {
+			return nil, c.callErr(ctx, op, err)
+		}
+		if f.Type == proto.TypeEnd {
+			return out, nil
+		}
+		var b proto.ProcList
+		if err := decodeResult(op, f, proto.MaxFrame, &b); err != nil {
+			return nil, err
+		}
+		out = append(out, b.Processes...)
+		if len(out) > maxListEntries {
+			return nil, protocolErr(op, "more than %d processes", maxListEntries)
+		}
+	}
+}
+
+// SignalProcess sends sig to the process group of a process of the agent's
+// table; it does nothing once the process has exited. An unknown id gives
+// an errkind.NotFound error.
+func (c *Client) SignalProcess(ctx context.Context, id int64, sig int) error {
+	return c.simple(ctx, proto.OpProcSignal, proto.ProcSignal{ID: id, Signal: sig}, &proto.Empty{})
 }
 
 func decodeStarted(f proto.Frame, v *proto.Started) error {
@@ -92,7 +213,7 @@ func (p *Process) readOutput(stdout, stderr io.Writer) {
 	for {
 		f, err := p.s.r.Next()
 		if err != nil {
-			p.err = p.c.callErr(p.ctx, p.op, err)
+			p.err = p.endErr(p.c.callErr(p.ctx, p.op, err))
 			return
 		}
 		switch f.Type {
@@ -105,7 +226,7 @@ func (p *Process) readOutput(stdout, stderr io.Writer) {
 				continue
 			}
 			if _, err := w.Write(f.Payload); err != nil {
-				p.err = fmt.Errorf("exec: write output: %w", err)
+				p.err = p.endErr(fmt.Errorf("%s: write output: %w", p.op, err))
 				return
 			}
 		case proto.TypeExit:
@@ -115,10 +236,13 @@ func (p *Process) readOutput(stdout, stderr io.Writer) {
 			return
 		default:
 			var v struct{}
-			p.err = decodeResult(p.op, f, 0, &v)
-			if p.err == nil {
-				p.err = protocolErr(p.op, "unexpected result frame")
+			err := decodeResult(p.op, f, 0, &v)
+			if err == nil {
+				err = protocolErr(p.op, "unexpected result frame")
+			} else {
+				err = p.endErr(err) // taken over
 			}
+			p.err = err
 			return
 		}
 	}
@@ -140,6 +264,28 @@ func (p *Process) copyStdin(r io.Reader) {
 			return
 		}
 	}
+}
+
+// endErr explains why the stream ended before the exit. For a process of
+// the agent's table, that is a detach: the process may go on.
+func (p *Process) endErr(err error) error {
+	switch {
+	case !p.table:
+		return err
+	case p.detached.Load():
+		return fmt.Errorf("process %d: %w", p.ID, ErrDetached)
+	case errors.Is(err, errkind.Internal):
+		return err // the agent broke the protocol
+	}
+	return fmt.Errorf("process %d: %w: %w", p.ID, ErrDetached, err)
+}
+
+// Detach stops following the process and closes its stream; Wait then
+// returns ErrDetached. A process of the agent's table goes on in the guest
+// unless it was started with KillOnDetach; a process from Start is killed.
+func (p *Process) Detach() {
+	p.detached.Store(true)
+	p.release()
 }
 
 // CloseStdin tells the process its input ended (^D on a terminal).
@@ -172,16 +318,19 @@ func (p *Process) Resize(rows, cols uint16) error {
 	return p.s.writeJSON(proto.TypeResize, proto.WinSize{Rows: rows, Cols: cols})
 }
 
-// Wait waits for the process to end and returns how it ended.
+// Wait waits for the process to end and returns how it ended. For an
+// attachment to a process of the agent's table, an error wrapping
+// ErrDetached means the attachment ended first.
 func (p *Process) Wait() (proto.Exit, error) {
 	<-p.done
 	p.release() // also unblocks a stdin copier waiting on the window
-	if p.err == nil && p.ctx.Err() != nil {
+	if p.err == nil && p.ctx.Err() != nil && !p.table {
 		// The guest killed the process because the caller gave up.
 		return p.exit, fmt.Errorf("%s: %w", p.op, context.Cause(p.ctx))
 	}
 	return p.exit, p.err
 }
 
-// Done is closed when the process has ended and its output is delivered.
+// Done is closed when the process has ended and its output is delivered,
+// or the attachment ended.
 func (p *Process) Done() <-chan struct{} { return p.done }

@@ -54,7 +54,16 @@ func TestRealVM(t *testing.T) {
 	})
 
 	t.Run("Conformance", func(t *testing.T) {
-		agenttest.Run(t, c, agenttest.Options{Scratch: "/root", PID1: true})
+		agenttest.Run(t, c, agenttest.Options{Scratch: "/root", PID1: true,
+			Reconnect: func(ctx context.Context, old *client.Client) (*client.Client, error) {
+				old.Close()
+				nc, err := guestvm.Connect(ctx, vm.VMM)
+				if err != nil {
+					return nil, err
+				}
+				vm.Client, c = nc, nc // the later subtests use the new connection
+				return nc, nil
+			}})
 	})
 
 	t.Run("WritableLayerHoldsChanges", func(t *testing.T) {

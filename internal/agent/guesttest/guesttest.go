@@ -178,12 +178,7 @@ func AcquireSlot(t testing.TB) (release func()) {
 // oversubscribe two cores with emulated CPUs.
 func acquireSlot(t testing.TB) (release func()) {
 	t.Helper()
-	n := 2
-	if s := os.Getenv("SPACE_TEST_VMS"); s != "" {
-		if v, err := strconv.Atoi(s); err == nil && v > 0 {
-			n = v
-		}
-	}
+	n := slotCount()
 	cache, err := cachedir.Open(cacheBase())
 	if err != nil {
 		t.Fatalf("setup: %v", err)
@@ -204,4 +199,54 @@ func acquireSlot(t testing.TB) (release func()) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// AcquireAllSlots takes every machine-wide test VM slot, in order (so two
+// takers cannot deadlock), for a test that runs several VMs at once, and
+// returns the release of all of them.
+func AcquireAllSlots(t testing.TB) (release func()) {
+	t.Helper()
+	cache, err := cachedir.Open(cacheBase())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	var unlocks []func()
+	releaseAll := func() {
+		for i := len(unlocks) - 1; i >= 0; i-- {
+			unlocks[i]()
+		}
+	}
+	deadline := time.Now().Add(15 * time.Minute)
+	for i := 0; i < slotCount(); {
+		unlock, ok, err := cache.TryLock("test-vm-slot-" + strconv.Itoa(i))
+		if err != nil {
+			releaseAll()
+			t.Fatalf("setup: vm slot: %v", err)
+		}
+		if ok {
+			unlocks = append(unlocks, unlock)
+			i++
+			continue
+		}
+		if time.Now().After(deadline) {
+			releaseAll()
+			t.Fatalf("setup: test VM slots not free within 15m")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return releaseAll
+}
+
+// CacheBase returns the artifact cache base the tests share.
+func CacheBase() string { return cacheBase() }
+
+// slotCount is the number of machine-wide test VM slots (SPACE_TEST_VMS,
+// default 2).
+func slotCount() int {
+	if s := os.Getenv("SPACE_TEST_VMS"); s != "" {
+		if v, err := strconv.Atoi(s); err == nil && v > 0 {
+			return v
+		}
+	}
+	return 2
 }

@@ -27,7 +27,35 @@ const (
 	OpPostRestore Op = "post_restore" // args PostRestore -> Result {}
 	OpNetwork     Op = "network"      // args NetConfig -> Result {}
 	OpShutdown    Op = "shutdown"     // args Shutdown -> Result {}, then the guest powers off
+
+	// OpProcStart starts a process in the agent's process table, where it
+	// outlives the stream and the connection. args ProcStart -> Result
+	// ProcInfo; with ProcStart.Attach the stream then goes on as OpProcAttach
+	// after its Result.
+	OpProcStart Op = "proc.start"
+	// OpProcAttach attaches the stream to a process of the table, taking
+	// over from any earlier attachment. args ProcRef -> Result ProcInfo,
+	// Stdout/Stderr..., Exit; the host may send Stdin, StdinEOF, Signal and
+	// Resize frames meanwhile.
+	OpProcAttach Op = "proc.attach"
+	// OpProcList lists the process table ordered by id. -> Result
+	// ProcList..., End.
+	OpProcList Op = "proc.list"
+	// OpProcSignal signals a process group of the table. args ProcSignal ->
+	// Result {}.
+	OpProcSignal Op = "proc.signal"
 )
+
+// ProcOutputLimit is how many bytes of output the agent buffers per process
+// of its table. While the process is attached, a full buffer stops the
+// agent reading the process's pipes (backpressure); while it is detached,
+// the oldest buffered bytes are dropped instead and counted in
+// ProcInfo.DroppedBytes.
+const ProcOutputLimit = 1 << 20
+
+// ProcMaxExited is how many exited processes the table keeps; beyond it the
+// oldest exited entries are forgotten, with any output not yet delivered.
+const ProcMaxExited = 128
 
 // Request is the first frame of every stream.
 type Request struct {
@@ -85,6 +113,61 @@ type Exit struct {
 	Code     int  `json:"code"`
 	Signal   int  `json:"signal,omitempty"`
 	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// ProcStart starts a process in the agent's process table. The
+// ExecRequest fields are flattened into the same JSON object.
+type ProcStart struct {
+	ExecRequest
+	// KillOnDetach kills the process group (SIGKILL) when its attachment
+	// ends because the host closed the stream or went away: the lifetime of
+	// OpExec. A takeover by a new attachment is not a detach, and a process
+	// that was never attached is not killed.
+	KillOnDetach bool `json:"kill_on_detach,omitempty"`
+	// Attach attaches the same stream right away, before the process can
+	// write anything: the reply goes on as OpProcAttach.
+	Attach bool `json:"attach,omitempty"`
+}
+
+// ProcRef names a process of the agent's table.
+type ProcRef struct {
+	ID int64 `json:"id"`
+}
+
+// ProcSignal signals the process group of a process of the agent's table.
+// It does nothing once the process has exited.
+type ProcSignal struct {
+	ID     int64 `json:"id"`
+	Signal int   `json:"signal"` // 1..64
+}
+
+// ProcInfo describes a process of the agent's table.
+type ProcInfo struct {
+	// ID is assigned by the agent, counting from 1; it is never reused
+	// within a boot. It is not the pid.
+	ID            int64    `json:"id"`
+	PID           int      `json:"pid"`
+	Argv          []string `json:"argv,omitempty"`  // as requested, or
+	Shell         string   `json:"shell,omitempty"` // as requested
+	Cwd           string   `json:"cwd"`
+	PTY           bool     `json:"pty,omitempty"`
+	StartedUnixMS int64    `json:"started_unix_ms"`
+	// Running is false once the process exited and its output ended (the
+	// pipes reached EOF, or stayed quiet for the exit grace); Exit is set
+	// then.
+	Running  bool  `json:"running"`
+	Exit     *Exit `json:"exit,omitempty"`
+	Attached bool  `json:"attached"`
+	// DroppedBytes counts output discarded because the buffer was full
+	// while nobody was attached; BufferedBytes is output buffered and not
+	// yet delivered.
+	DroppedBytes  int64 `json:"dropped_bytes"`
+	BufferedBytes int64 `json:"buffered_bytes"`
+}
+
+// ProcList is one batch of an OpProcList reply.
+type ProcList struct {
+	Processes []ProcInfo `json:"processes"`
 }
 
 // PathArgs names one guest path.

@@ -3,6 +3,7 @@ package proto
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"strings"
@@ -79,6 +80,24 @@ func TestDecodeJSON(t *testing.T) {
 	}
 }
 
+// TestProcStartJSON pins the wire form of proc.start arguments: the exec
+// request's fields sit beside kill_on_detach and attach in one object.
+func TestProcStartJSON(t *testing.T) {
+	want := ProcStart{ExecRequest: ExecRequest{Argv: []string{"sleep", "9"}, TimeoutMS: 5}, KillOnDetach: true, Attach: true}
+	const wire = `{"argv":["sleep","9"],"timeout_ms":5,"kill_on_detach":true,"attach":true}`
+	var got ProcStart
+	if err := DecodeJSON(Frame{TypeRequest, []byte(wire)}, 0, &got); err != nil {
+		t.Fatalf("DecodeJSON(%s) = %v", wire, err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("DecodeJSON(%s) differs (-want +got):\n%s", wire, diff)
+	}
+	b, err := json.Marshal(want)
+	if err != nil || string(b) != wire {
+		t.Errorf("json.Marshal(%+v) = %s, %v; want %s", want, b, err, wire)
+	}
+}
+
 func TestHandshake(t *testing.T) {
 	nonce := "0123456789abcdef0123"
 	stale := "garbage\x00\x01 from before SPACE-READY 1 ffffffffffffffffff old\n" +
@@ -120,6 +139,7 @@ func FuzzReader(f *testing.F) {
 	f.Add(AppendFrame(AppendFrame(nil, TypeStdout, []byte("hi")), TypeExit, []byte(`{"code":137,"signal":9}`)))
 	f.Add(AppendFrame(nil, TypeError, []byte(`{"code":"not_found","message":"m"}`)))
 	f.Add(AppendFrame(nil, TypeResult, []byte(`{"entries":[{"name":"a","type":"file","size":1}]}`)))
+	f.Add(AppendFrame(nil, TypeResult, []byte(`{"processes":[{"id":1,"pid":9,"argv":["sleep","9"],"cwd":"/","started_unix_ms":1,"running":false,"exit":{"code":0},"attached":false,"dropped_bytes":0,"buffered_bytes":3}]}`)))
 	f.Add([]byte{byte(TypeData), 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte("SPACE-READY 1 0123456789abcdef agent\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -136,6 +156,10 @@ func FuzzReader(f *testing.F) {
 			var x Exit
 			var l ListBatch
 			var h Health
+			var pl ProcList
+			var pi ProcInfo
+			_ = DecodeJSON(fr, MaxFrame, &pl)
+			_ = DecodeJSON(fr, MaxFrame, &pi)
 			_ = DecodeJSON(fr, 0, &e)
 			_ = DecodeJSON(fr, 0, &x)
 			_ = DecodeJSON(fr, MaxFrame, &l)

@@ -6,7 +6,14 @@
 // (the clock, the RNG, the network, power) goes through the System it is
 // given, so tests can run it without changing the host.
 //
-// Lock order: Server.mu, then reaper.mu. Neither is held across I/O.
+// Processes live in a table (procTable) rather than in the calls that
+// started them: op exec, proc.start and proc.attach attach a stream to a
+// process, and a process may outlive its stream and the host connection.
+// Each process's output goes through a bounded log (outputLog) that an
+// attachment drains; see docs/agent-protocol.md for the semantics.
+//
+// Lock order: Server.mu, then reaper.mu; process.mu, then outputLog.mu.
+// procTable.mu and attachment.mu are taken alone. None is held across I/O.
 package server
 
 import (
@@ -65,6 +72,7 @@ type Server struct {
 	log     *slog.Logger
 	start   time.Time
 	reaper  *reaper
+	procs   *procTable
 	bootID  string
 	runDone chan struct{} // closed when Run returns
 
@@ -96,6 +104,7 @@ func New(cfg Config) (*Server, error) {
 		log:      cfg.Log,
 		start:    time.Now(),
 		reaper:   newReaper(cfg.ReapAll),
+		procs:    newProcTable(cfg.Log, cfg.ExitGrace),
 		bootID:   string(trimNL(boot)),
 		runDone:  make(chan struct{}),
 		sessions: map[*yamux.Session]struct{}{},
@@ -108,14 +117,15 @@ type Listener interface {
 	Accept(ctx context.Context) (io.ReadWriteCloser, error)
 }
 
-// Run serves connections from l until ctx ends, then closes every session and
-// waits for its streams.
+// Run serves connections from l until ctx ends, then closes every session,
+// kills every process of the table and waits for its streams and processes.
 func (s *Server) Run(ctx context.Context, l Listener) error {
 	defer close(s.runDone)
 	reapCtx, stopReap := context.WithCancel(ctx)
 	reapDone := make(chan struct{})
 	go func() { defer close(reapDone); s.reaper.run(reapCtx) }()
 	defer func() { stopReap(); <-reapDone }()
+	defer s.procs.wait() // the reaper still runs: the killed processes are reaped
 	defer s.wg.Wait()
 	defer s.Close()
 	for {
@@ -136,8 +146,10 @@ func (s *Server) Run(ctx context.Context, l Listener) error {
 	}
 }
 
-// Close ends every session. It is idempotent.
+// Close ends every session and kills every running process of the table.
+// It is idempotent.
 func (s *Server) Close() error {
+	s.procs.close()
 	s.mu.Lock()
 	s.closed = true
 	sessions := make([]*yamux.Session, 0, len(s.sessions))
@@ -211,9 +223,16 @@ func (s *Server) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
 	}
 }
 
+// stream is what a call runs on: a yamux stream.
+type stream interface {
+	io.ReadWriteCloser
+	SetReadDeadline(t time.Time) error
+	SetWriteDeadline(t time.Time) error
+}
+
 // call is one stream: a request and its reply frames.
 type call struct {
-	st io.ReadWriteCloser
+	st stream
 	r  *proto.Reader
 	mu sync.Mutex // serializes frames on st
 }
@@ -272,6 +291,30 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 			return c.fail(err)
 		}
 		return s.exec(ctx, c, a)
+	case proto.OpProcStart:
+		var a proto.ProcStart
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.procStart(ctx, c, a)
+	case proto.OpProcAttach:
+		var a proto.ProcRef
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.procAttach(ctx, c, a)
+	case proto.OpProcList:
+		var a proto.Empty
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.procList(c)
+	case proto.OpProcSignal:
+		var a proto.ProcSignal
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return reply(c, proto.Empty{}, s.procSignal(a))
 	case proto.OpFileRead:
 		var a proto.PathArgs
 		if err := decodeArgs(req, &a); err != nil {

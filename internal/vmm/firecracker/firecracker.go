@@ -114,7 +114,7 @@ func (d *Driver) Boot(ctx context.Context, spec vmm.Spec) (vmm.VM, error) {
 		return nil, err
 	}
 	files, kernel, initrd := bootFiles(spec, d.jail != nil)
-	v, err := d.start(ctx, spec.RunDir, files, layout, false, spec.NIC)
+	v, err := d.start(ctx, spec.RunDir, files, layout, false, spec.NIC, spec.Placer)
 	if err != nil {
 		return nil, fmt.Errorf("boot vm in %s: %w", spec.RunDir, err)
 	}
@@ -129,7 +129,7 @@ func (d *Driver) Boot(ctx context.Context, spec vmm.Spec) (vmm.VM, error) {
 // NIC's network namespace, so that it can open the tap), waits for its API
 // and configures its logger: everything that a boot and a restore share.
 // On error it leaves nothing behind but the logs.
-func (d *Driver) start(ctx context.Context, runDir string, files []placement, layout Layout, restored bool, nic *vmm.NIC) (_ *VM, err error) {
+func (d *Driver) start(ctx context.Context, runDir string, files []placement, layout Layout, restored bool, nic *vmm.NIC, placer vmm.Placer) (_ *VM, err error) {
 	id := instanceID(runDir)
 	var netns string
 	if nic != nil {
@@ -182,7 +182,7 @@ func (d *Driver) start(ctx context.Context, runDir string, files []placement, la
 		return nil, err
 	}
 
-	if err := v.startProcess(d.command(st)); err != nil {
+	if err := v.startProcess(d.command(st), placer); err != nil {
 		return nil, err
 	}
 	v.keeper, err = startLogKeeper(v.log, filepath.Join(st.Root, logFIFO), filepath.Join(runDir, vmmLog),

@@ -44,9 +44,23 @@ func (p *process) signal(sig syscall.Signal) error {
 }
 
 // startProcess starts cmd and reaps it in a goroutine.
-func startProcess(cmd *exec.Cmd) (*process, error) {
+func startProcess(cmd *exec.Cmd, placer vmm.Placer) (*process, error) {
+	placed := func(int) error { return nil }
+	if placer != nil {
+		after, release, err := placer.Place(cmd.SysProcAttr)
+		if err != nil {
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+		defer release()
+		placed = after
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
+	}
+	if err := placed(cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("cgroup: %w", err)
 	}
 	p := &process{pid: cmd.Process.Pid, done: make(chan struct{})}
 	// os.Process signals through a pidfd: no risk of hitting a reused pid.

@@ -352,7 +352,7 @@ func (d *Driver) Restore(ctx context.Context, snapshotDir string, spec vmm.Spec)
 		files = append(files, placement{src: snapState, name: jailVMState, linkOnly: true}, placement{src: snapMem, name: jailMemory, linkOnly: true})
 		fcState, fcMem = jailVMState, jailMemory
 	}
-	v, err := d.start(ctx, spec.RunDir, files, layout, true, spec.NIC)
+	v, err := d.start(ctx, spec.RunDir, files, layout, true, spec.NIC, spec.Placer)
 	if err != nil {
 		return nil, err
 	}

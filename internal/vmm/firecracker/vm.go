@@ -90,7 +90,9 @@ func (d *Driver) newVM(runDir string, st handleState) *VM {
 	}
 }
 
-func (v *VM) startProcess(cmd *exec.Cmd) error {
+// startProcess starts Firecracker (or the jailer) in placer's control
+// group, if any.
+func (v *VM) startProcess(cmd *exec.Cmd, placer vmm.Placer) error {
 	console, err := openLog(filepath.Join(v.runDir, consoleLog), true)
 	if err != nil {
 		return err
@@ -112,7 +114,7 @@ func (v *VM) startProcess(cmd *exec.Cmd) error {
 	}
 	err = netns.Do(nsPath, func() error {
 		var err error
-		p, err = startProcess(cmd)
+		p, err = startProcess(cmd, placer)
 		return err
 	})
 	if err != nil {

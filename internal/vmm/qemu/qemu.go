@@ -220,11 +220,25 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	// restart of this process.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	cmd.WaitDelay = 5 * time.Second
+	placed := func(int) error { return nil }
+	if spec.Placer != nil {
+		after, release, err := spec.Placer.Place(cmd.SysProcAttr)
+		if err != nil {
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+		defer release()
+		placed = after
+	}
 	started := time.Now()
 	err = cmd.Start()
 	closeListeners()
 	if err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
+	}
+	if err := placed(cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("cgroup: %w", err)
 	}
 	p, startTime, err := openProcess(cmd.Process.Pid)
 	if err != nil {

@@ -251,7 +251,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM,
 	spec := Spec{
 		Dir: s.RunDir, Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: m.Cmdline, VCPUs: m.VCPUs,
 		MemoryMiB: m.MemoryMiB, Accel: m.Accel, Paused: true, Incoming: true,
-		MemoryFrom: filepath.Join(dir, snapMemory),
+		MemoryFrom: filepath.Join(dir, snapMemory), Placer: s.Placer,
 	}
 	var placed []string
 	defer func() {

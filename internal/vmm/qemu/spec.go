@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"space/internal/errkind"
+	"space/internal/vmm"
 )
 
 // AgentPort is the name of the virtio-serial port that carries the guest
@@ -31,6 +32,8 @@ const (
 	// maxSocketPath is the longest path a unix socket address can hold
 	// (sun_path is 108 bytes including the terminating NUL).
 	maxSocketPath = 107
+	// tcgCacheMiB caps TCG's translation cache (QEMU's default is 1 GiB).
+	tcgCacheMiB = 128
 )
 
 // Spec describes one VM to boot.
@@ -71,6 +74,9 @@ type Spec struct {
 	// Vsock adds a vhost-vsock device, or nil for none (the agent then
 	// uses the virtio-serial port).
 	Vsock *Vsock
+	// Placer puts the QEMU process in its control group as it starts, or
+	// nil.
+	Placer vmm.Placer `json:"-"`
 	// MemoryFrom is a memory file to start from (a snapshot's); it is
 	// copied (reflinked where possible) to Dir/memory. "" = fresh RAM.
 	MemoryFrom string
@@ -223,8 +229,13 @@ func (s Spec) argsWith(sandbox bool, paths map[string]string) []string {
 		a = append(a, "-sandbox", sandboxArg)
 	}
 	accel := s.Accel
-	if s.Accel == "tcg" && s.VCPUs > 1 {
-		accel += ",thread=multi"
+	if s.Accel == "tcg" {
+		// QEMU's default translation cache is 1 GiB per VM; a small guest
+		// runs well on far less, and many of them must fit on one host.
+		accel += ",tb-size=" + strconv.Itoa(tcgCacheMiB)
+		if s.VCPUs > 1 {
+			accel += ",thread=multi"
+		}
 	}
 	mem := strconv.Itoa(s.MemoryMiB) + "M"
 	a = append(a,

@@ -1,0 +1,302 @@
+// Package api holds the wire types of SPACE's public REST API (version 1,
+// under /v1). openapi.yaml in this directory describes the same API for
+// other languages; a test keeps the two and the server's routes in step.
+//
+// Field names and string values here are wire format: they change only
+// with a new API version.
+package api
+
+import "time"
+
+// Version is the API version in every path ("/v1/...").
+const Version = "v1"
+
+// Error is the body of every failed request: {"error": {...}}.
+type Error struct {
+	Error ErrorBody `json:"error"`
+}
+
+// ErrorBody says what went wrong. Code is one of the ErrorCode values;
+// Field names the offending request field of a validation error, if any.
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+// Error codes, with the HTTP status each is sent with.
+const (
+	CodeInvalidArgument    = "invalid_argument"    // 400
+	CodeUnauthenticated    = "unauthenticated"     // 401
+	CodePermissionDenied   = "permission_denied"   // 403
+	CodeNotFound           = "not_found"           // 404
+	CodeConflict           = "conflict"            // 409
+	CodeFailedPrecondition = "failed_precondition" // 409
+	CodeTooLarge           = "request_too_large"   // 413
+	CodeResourceExhausted  = "resource_exhausted"  // 429 (quota) or 503 (no capacity)
+	CodeUnavailable        = "unavailable"         // 503
+	CodeDeadlineExceeded   = "deadline_exceeded"   // 504
+	CodeInternal           = "internal"            // 500
+)
+
+// Health is the reply of GET /v1/health (no authentication).
+type Health struct {
+	Status  string `json:"status"` // "ok"
+	Version string `json:"version"`
+}
+
+// CreateSandbox is the body of POST /v1/sandboxes. Zero values take the
+// server's defaults (see the OpenAPI document).
+type CreateSandbox struct {
+	Template       string            `json:"template,omitempty"`
+	VCPUs          int               `json:"vcpus,omitempty"`
+	MemoryMiB      int64             `json:"memory_mib,omitempty"`
+	DiskMiB        int64             `json:"disk_mib,omitempty"`
+	TimeoutSeconds int64             `json:"timeout_seconds,omitempty"` // 0 = the server's default TTL
+	Env            map[string]string `json:"env,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+}
+
+// Sandbox is a sandbox as the API shows it.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Team      string            `json:"team"`
+	Template  string            `json:"template"`
+	State     string            `json:"state"`
+	Worker    string            `json:"worker,omitempty"`
+	VCPUs     int               `json:"vcpus"`
+	MemoryMiB int64             `json:"memory_mib"`
+	DiskMiB   int64             `json:"disk_mib"`
+	Env       map[string]string `json:"env,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	UpdatedAt time.Time         `json:"updated_at"`
+	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
+	// VM describes the running VM; absent until the sandbox first ran.
+	VM *VMInfo `json:"vm,omitempty"`
+}
+
+// VMInfo is how a sandbox's VM was started and runs.
+type VMInfo struct {
+	VMM        string `json:"vmm"`         // "qemu" or "firecracker"
+	VMMVersion string `json:"vmm_version"` // e.g. "7.2.22"
+	Accel      string `json:"accel"`       // "kvm" or "tcg"
+	StartedBy  string `json:"started_by"`  // "boot" (later: "restore")
+	BootMS     int64  `json:"boot_ms"`     // VMM start until the agent answered
+	PID        int    `json:"pid,omitempty"`
+}
+
+// SandboxList is the reply of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// Exec is the body of POST /v1/sandboxes/{id}/exec and the first message
+// of an exec WebSocket. Exactly one of Command and Shell is set.
+type Exec struct {
+	Command []string          `json:"command,omitempty"` // argv
+	Shell   string            `json:"shell,omitempty"`   // run by /bin/sh -c
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+	// User is a user name known in the guest or a numeric uid; "" = root.
+	User           string `json:"user,omitempty"`
+	TimeoutSeconds int64  `json:"timeout_seconds,omitempty"` // 0 = none
+	// Stdin is written to the command's stdin, which is then closed
+	// (streaming responses only; a WebSocket streams stdin instead).
+	Stdin []byte `json:"stdin,omitempty"`
+	// Detach starts the command and returns its Process at once; read its
+	// output later with the attach routes.
+	Detach bool `json:"detach,omitempty"`
+	// KillOnDisconnect kills the command when the client that started it
+	// goes away. By default a command outlives its client; its output is
+	// kept (up to OutputBufferBytes) until someone attaches.
+	KillOnDisconnect bool `json:"kill_on_disconnect,omitempty"`
+	// TTY runs the command on a terminal of this size (WebSocket only).
+	TTY *WinSize `json:"tty,omitempty"`
+}
+
+// OutputBufferBytes is how much output a command that nobody is attached
+// to keeps; beyond it the oldest bytes are dropped (Process.DroppedBytes).
+const OutputBufferBytes = 1 << 20
+
+// WinSize is a terminal size.
+type WinSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// Process is a command started in a sandbox.
+type Process struct {
+	ID           int64     `json:"id"`
+	PID          int       `json:"pid"`
+	Command      []string  `json:"command,omitempty"`
+	Shell        string    `json:"shell,omitempty"`
+	Cwd          string    `json:"cwd,omitempty"`
+	TTY          bool      `json:"tty,omitempty"`
+	StartedAt    time.Time `json:"started_at"`
+	Running      bool      `json:"running"`
+	Exit         *Exit     `json:"exit,omitempty"`
+	Attached     bool      `json:"attached"`
+	DroppedBytes int64     `json:"dropped_bytes"`
+}
+
+// ProcessList is the reply of GET /v1/sandboxes/{id}/processes.
+type ProcessList struct {
+	Processes []Process `json:"processes"`
+}
+
+// Exit is how a command ended. Code follows the shell's convention:
+// 128+n when killed by signal n.
+type Exit struct {
+	Code     int  `json:"code"`
+	Signal   int  `json:"signal,omitempty"`
+	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// Event is one line of an exec or attach stream (Content-Type
+// application/x-ndjson), or one text message on a WebSocket.
+type Event struct {
+	Type EventType `json:"type"`
+	// Data holds the raw bytes of stdout and stderr events (base64 in
+	// JSON, so any byte survives).
+	Data    []byte     `json:"data,omitempty"`
+	Process *Process   `json:"process,omitempty"` // started
+	Exit    *Exit      `json:"exit,omitempty"`    // exit
+	Error   *ErrorBody `json:"error,omitempty"`   // error
+}
+
+// EventType names an Event.
+type EventType string
+
+// Event types. A stream is: started, then stdout/stderr in the order the
+// command wrote them, then exactly one of exit or error.
+const (
+	EventStarted EventType = "started"
+	EventStdout  EventType = "stdout"
+	EventStderr  EventType = "stderr"
+	EventExit    EventType = "exit"
+	EventError   EventType = "error"
+)
+
+// WebSocket protocol for /exec/ws and /processes/{pid}/attach: binary
+// messages carry stream bytes, prefixed by one byte naming the stream
+// (StreamStdin from the client; StreamStdout, StreamStderr from the
+// server). Text messages are JSON: Control from the client, Event from the
+// server. On /exec/ws the client's first message is an Exec.
+const (
+	StreamStdin  byte = 0
+	StreamStdout byte = 1
+	StreamStderr byte = 2
+)
+
+// Control is a text message from a WebSocket client.
+type Control struct {
+	Type   ControlType `json:"type"`
+	Rows   uint16      `json:"rows,omitempty"`   // resize
+	Cols   uint16      `json:"cols,omitempty"`   // resize
+	Signal int         `json:"signal,omitempty"` // signal
+}
+
+// ControlType names a Control.
+type ControlType string
+
+// Control types.
+const (
+	ControlStdinEOF ControlType = "stdin_eof"
+	ControlResize   ControlType = "resize"
+	ControlSignal   ControlType = "signal"
+	ControlDetach   ControlType = "detach" // end the attachment, leave the command running
+)
+
+// Signal is the body of POST /v1/sandboxes/{id}/processes/{pid}/signal.
+type Signal struct {
+	Signal int `json:"signal"`
+}
+
+// FileInfo describes a file in a sandbox.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Type    string    `json:"type"` // "file", "dir", "symlink", "other"
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"` // permission bits
+	ModTime time.Time `json:"mod_time"`
+	Target  string    `json:"target,omitempty"` // of a symlink
+}
+
+// FileList is the reply of GET /v1/sandboxes/{id}/files/list.
+type FileList struct {
+	Path    string     `json:"path"`
+	Entries []FileInfo `json:"entries"`
+}
+
+// FileWritten is the reply of PUT /v1/sandboxes/{id}/files.
+type FileWritten struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+}
+
+// CreateAPIKey is the body of POST /v1/apikeys. Team "" is the caller's
+// team; another team (created when missing) needs an admin key.
+type CreateAPIKey struct {
+	Name  string `json:"name,omitempty"`
+	Team  string `json:"team,omitempty"`
+	Admin bool   `json:"admin,omitempty"` // needs an admin key
+}
+
+// APIKey describes a key. Secret is set only in the reply that created it.
+type APIKey struct {
+	ID        string    `json:"id"`
+	Team      string    `json:"team"`
+	Name      string    `json:"name,omitempty"`
+	Admin     bool      `json:"admin"`
+	CreatedAt time.Time `json:"created_at"`
+	Secret    string    `json:"secret,omitempty"`
+}
+
+// APIKeyList is the reply of GET /v1/apikeys.
+type APIKeyList struct {
+	Keys []APIKey `json:"keys"`
+}
+
+// Quota is a team's limits (0 = unlimited) and what it uses.
+type Quota struct {
+	Sandboxes   int   `json:"sandboxes"`
+	VCPUs       int   `json:"vcpus"`
+	MemoryMiB   int64 `json:"memory_mib"`
+	SnapshotMiB int64 `json:"snapshot_mib"`
+}
+
+// QuotaUsage is the reply of GET /v1/quota: the team's limits and what it
+// uses now.
+type QuotaUsage struct {
+	Limits Quota `json:"limits"`
+	Used   Quota `json:"used"`
+}
+
+// RegisterWorker is the body of POST /v1/workers, which a standalone
+// worker sends (with the cluster's worker token) to join and then as its
+// heartbeat.
+type RegisterWorker struct {
+	ID        string `json:"id"`
+	Address   string `json:"address"` // where the control plane reaches the worker's API
+	VCPUs     int    `json:"vcpus"`
+	MemoryMiB int64  `json:"memory_mib"`
+}
+
+// Worker is a worker as GET /v1/workers (admin) shows it.
+type Worker struct {
+	ID            string    `json:"id"`
+	Address       string    `json:"address"`
+	VCPUs         int       `json:"vcpus"`
+	MemoryMiB     int64     `json:"memory_mib"`
+	UsedVCPUs     int       `json:"used_vcpus"`
+	UsedMemoryMiB int64     `json:"used_memory_mib"`
+	Sandboxes     int       `json:"sandboxes"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	Healthy       bool      `json:"healthy"`
+}
+
+// WorkerList is the reply of GET /v1/workers.
+type WorkerList struct {
+	Workers []Worker `json:"workers"`
+}

@@ -1,0 +1,398 @@
+// Package client is a Go client for SPACE's REST API (see package api and
+// api/openapi.yaml).
+//
+// A Client is safe for concurrent use. Requests have no deadline of their
+// own: a command may stream for hours, so the ctx passed to each method
+// governs how long it may take.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"space/api"
+)
+
+// Client talks to one SPACE API server with one API key.
+type Client struct {
+	base *url.URL // scheme, host and path prefix; no trailing slash
+	key  string   // or "" (only Health works then)
+	hc   *http.Client
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient makes the Client send its requests with hc instead of a
+// new http.Client using http.DefaultTransport. hc should have no Timeout:
+// it would cut long output streams (pass a ctx deadline instead).
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *Client) { c.hc = hc }
+}
+
+// New returns a Client for the server at baseURL (e.g.
+// "http://127.0.0.1:7070"; a path prefix is kept) that authenticates with
+// apiKey.
+func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("api url: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("api url %q: scheme must be http or https", baseURL)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("api url %q: no host", baseURL)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	u.RawPath, u.RawQuery, u.Fragment = "", "", ""
+	c := &Client{base: u, key: apiKey, hc: &http.Client{}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
+}
+
+// Error is a failure the server reported: an HTTP error status with an
+// api.Error body, or an error event in an output stream (Status 0).
+// Use errors.As to get at it, or the Is* helpers.
+type Error struct {
+	Status  int    // HTTP status; 0 for an error event in a stream
+	Code    string // one of the api.Code* values
+	Message string
+	Field   string // the offending request field, or ""
+}
+
+func (e *Error) Error() string {
+	msg := e.Message
+	if msg == "" {
+		msg = strings.ReplaceAll(e.Code, "_", " ")
+	}
+	if e.Field != "" {
+		msg = e.Field + ": " + msg
+	}
+	if e.Status != 0 {
+		return fmt.Sprintf("%s (%s, HTTP %d)", msg, e.Code, e.Status)
+	}
+	return fmt.Sprintf("%s (%s)", msg, e.Code)
+}
+
+// IsNotFound reports whether err is an *Error saying that the object does
+// not exist (or belongs to another team).
+func IsNotFound(err error) bool { return hasCode(err, api.CodeNotFound) }
+
+// IsConflict reports whether err is an *Error saying that the object's
+// state does not allow the request (codes conflict and
+// failed_precondition).
+func IsConflict(err error) bool {
+	return hasCode(err, api.CodeConflict) || hasCode(err, api.CodeFailedPrecondition)
+}
+
+// IsUnauthenticated reports whether err is an *Error saying that the API
+// key is missing or not valid.
+func IsUnauthenticated(err error) bool { return hasCode(err, api.CodeUnauthenticated) }
+
+func hasCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// codeForStatus guesses an error code for a reply without an api.Error
+// body (from a proxy, say).
+func codeForStatus(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return api.CodeInvalidArgument
+	case http.StatusUnauthorized:
+		return api.CodeUnauthenticated
+	case http.StatusForbidden:
+		return api.CodePermissionDenied
+	case http.StatusNotFound:
+		return api.CodeNotFound
+	case http.StatusConflict:
+		return api.CodeConflict
+	case http.StatusRequestEntityTooLarge:
+		return api.CodeTooLarge
+	case http.StatusTooManyRequests:
+		return api.CodeResourceExhausted
+	case http.StatusServiceUnavailable, http.StatusBadGateway:
+		return api.CodeUnavailable
+	case http.StatusGatewayTimeout:
+		return api.CodeDeadlineExceeded
+	default:
+		return api.CodeInternal
+	}
+}
+
+// maxErrorBody bounds how much of an error reply is read.
+const maxErrorBody = 64 << 10
+
+// decodeError turns a failed reply (status and the start of its body)
+// into an *Error.
+func decodeError(status int, body []byte) *Error {
+	var eb api.Error
+	if err := json.Unmarshal(body, &eb); err == nil && eb.Error.Code != "" {
+		return &Error{Status: status, Code: eb.Error.Code, Message: eb.Error.Message, Field: eb.Error.Field}
+	}
+	msg := strings.TrimSpace(string(body))
+	if len(msg) > 200 {
+		msg = msg[:200] + "..."
+	}
+	if msg == "" {
+		msg = strings.ToLower(http.StatusText(status))
+	}
+	return &Error{Status: status, Code: codeForStatus(status), Message: msg}
+}
+
+// url returns the URL of path (which starts with "/v1/") with query q.
+func (c *Client) url(path string, q url.Values) string {
+	u := *c.base
+	u.Path += path
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// sandboxPath returns "/v1/sandboxes/{id}" plus the elements of rest.
+func sandboxPath(id string, rest ...string) string {
+	return "/" + api.Version + "/sandboxes/" + url.PathEscape(id) + strings.Join(rest, "")
+}
+
+func processPath(id string, pid int64, rest string) string {
+	return sandboxPath(id, "/processes/", strconv.FormatInt(pid, 10), rest)
+}
+
+// request describes one call.
+type request struct {
+	method string
+	path   string
+	query  url.Values
+	body   io.Reader // or nil
+	// contentType of body; "application/json" when body is set and this
+	// is empty.
+	contentType   string
+	contentLength int64 // of body when known, else 0
+	accept        string
+	want          []int // the success statuses; 200 when empty
+}
+
+// jsonBody marshals v for a request body.
+func jsonBody(v any) (io.Reader, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.NewReader(b), nil
+}
+
+// do sends r and returns the reply when its status is one of r.want; the
+// caller closes its body. Any other status comes back as an *Error
+// (wrapped with the method and path; a transport error names them
+// already).
+func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, r.method, c.url(r.path, r.query), r.body)
+	if err != nil {
+		return nil, err
+	}
+	if r.body != nil {
+		ct := r.contentType
+		if ct == "" {
+			ct = "application/json"
+		}
+		req.Header.Set("Content-Type", ct)
+		if r.contentLength > 0 {
+			req.ContentLength = r.contentLength
+		}
+	}
+	accept := r.accept
+	if accept == "" {
+		accept = "application/json"
+	}
+	req.Header.Set("Accept", accept)
+	c.authorize(req.Header)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	want := r.want
+	if len(want) == 0 {
+		want = []int{http.StatusOK}
+	}
+	if !slices.Contains(want, resp.StatusCode) {
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return nil, fmt.Errorf("%s %s: %w", r.method, r.path, decodeError(resp.StatusCode, body))
+	}
+	return resp, nil
+}
+
+func (c *Client) authorize(h http.Header) {
+	h.Set("User-Agent", "space-client/"+api.Version)
+	if c.key != "" {
+		h.Set("Authorization", "Bearer "+c.key)
+	}
+}
+
+// call sends r and decodes a JSON reply into out (unless out is nil, when
+// the body is discarded). The error names the method and path.
+func (c *Client) call(ctx context.Context, r request, out any) error {
+	resp, err := c.do(ctx, r)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode reply: %w", r.method, r.path, err)
+	}
+	return nil
+}
+
+// Health asks whether the server is up. It needs no API key.
+func (c *Client) Health(ctx context.Context) (api.Health, error) {
+	var h api.Health
+	err := c.call(ctx, request{method: http.MethodGet, path: "/v1/health"}, &h)
+	return h, err
+}
+
+// CreateSandbox creates a sandbox and returns it. Zero fields of req take
+// the server's defaults.
+func (c *Client) CreateSandbox(ctx context.Context, req api.CreateSandbox) (api.Sandbox, error) {
+	var sb api.Sandbox
+	body, err := jsonBody(req)
+	if err != nil {
+		return sb, err
+	}
+	err = c.call(ctx, request{method: http.MethodPost, path: "/v1/sandboxes", body: body,
+		want: []int{http.StatusCreated}}, &sb)
+	return sb, err
+}
+
+// ListOptions filters Sandboxes.
+type ListOptions struct {
+	State  string            // only sandboxes in this state; "" = any
+	Labels map[string]string // only sandboxes carrying all these labels
+}
+
+// Sandboxes lists the team's sandboxes.
+func (c *Client) Sandboxes(ctx context.Context, opts ListOptions) ([]api.Sandbox, error) {
+	q := url.Values{}
+	if opts.State != "" {
+		q.Set("state", opts.State)
+	}
+	for _, k := range sortedKeys(opts.Labels) {
+		q.Add("label", k+"="+opts.Labels[k])
+	}
+	var l api.SandboxList
+	err := c.call(ctx, request{method: http.MethodGet, path: "/v1/sandboxes", query: q}, &l)
+	return l.Sandboxes, err
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// Sandbox describes sandbox id.
+func (c *Client) Sandbox(ctx context.Context, id string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.call(ctx, request{method: http.MethodGet, path: sandboxPath(id)}, &sb)
+	return sb, err
+}
+
+// DeleteSandbox stops sandbox id's VM and deletes the sandbox.
+func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
+	return c.call(ctx, request{method: http.MethodDelete, path: sandboxPath(id),
+		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
+}
+
+// StartDetached starts req in sandbox id and returns its Process at once
+// (req.Detach is implied). Read its output with Output or Attach.
+func (c *Client) StartDetached(ctx context.Context, id string, req api.Exec) (api.Process, error) {
+	req.Detach = true
+	var p api.Process
+	body, err := jsonBody(req)
+	if err != nil {
+		return p, err
+	}
+	err = c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/exec"), body: body,
+		want: []int{http.StatusCreated}}, &p)
+	return p, err
+}
+
+// Processes lists the commands started in sandbox id.
+func (c *Client) Processes(ctx context.Context, id string) ([]api.Process, error) {
+	var l api.ProcessList
+	err := c.call(ctx, request{method: http.MethodGet, path: sandboxPath(id, "/processes")}, &l)
+	return l.Processes, err
+}
+
+// Process describes the command pid (an api.Process.ID) in sandbox id.
+func (c *Client) Process(ctx context.Context, id string, pid int64) (api.Process, error) {
+	var p api.Process
+	err := c.call(ctx, request{method: http.MethodGet, path: processPath(id, pid, "")}, &p)
+	return p, err
+}
+
+// Signal sends signal sig (a Linux signal number) to the command pid in
+// sandbox id.
+func (c *Client) Signal(ctx context.Context, id string, pid int64, sig int) error {
+	body, err := jsonBody(api.Signal{Signal: sig})
+	if err != nil {
+		return err
+	}
+	return c.call(ctx, request{method: http.MethodPost, path: processPath(id, pid, "/signal"), body: body,
+		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
+}
+
+// CreateAPIKey creates an API key. The returned key's Secret is the only
+// copy the server hands out.
+func (c *Client) CreateAPIKey(ctx context.Context, req api.CreateAPIKey) (api.APIKey, error) {
+	var k api.APIKey
+	body, err := jsonBody(req)
+	if err != nil {
+		return k, err
+	}
+	err = c.call(ctx, request{method: http.MethodPost, path: "/v1/apikeys", body: body,
+		want: []int{http.StatusCreated}}, &k)
+	return k, err
+}
+
+// APIKeys lists the API keys of team, or of the caller's team when team
+// is "" (another team needs an admin key). Secrets are never included.
+func (c *Client) APIKeys(ctx context.Context, team string) ([]api.APIKey, error) {
+	q := url.Values{}
+	if team != "" {
+		q.Set("team", team)
+	}
+	var l api.APIKeyList
+	err := c.call(ctx, request{method: http.MethodGet, path: "/v1/apikeys", query: q}, &l)
+	return l.Keys, err
+}
+
+// DeleteAPIKey revokes the API key with ID id.
+func (c *Client) DeleteAPIKey(ctx context.Context, id string) error {
+	return c.call(ctx, request{method: http.MethodDelete, path: "/v1/apikeys/" + url.PathEscape(id),
+		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
+}
+
+// Quota returns the caller's team's limits and usage.
+func (c *Client) Quota(ctx context.Context) (api.QuotaUsage, error) {
+	var q api.QuotaUsage
+	err := c.call(ctx, request{method: http.MethodGet, path: "/v1/quota"}, &q)
+	return q, err
+}

@@ -1,0 +1,278 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/coder/websocket"
+
+	"space/api"
+)
+
+// ErrStreamCut is returned when an output stream ends before its exit (or
+// error) event: the connection broke or the server went away. The command
+// may still be running; Process tells, and Output or Attach resume.
+var ErrStreamCut = errors.New("output stream ended before the command exited")
+
+// Exec runs req in sandbox id and streams its output as it arrives:
+// stdout bytes to stdout, stderr bytes to stderr (nil discards). It
+// returns how the command ended. An error event from the server comes
+// back as an *Error; a stream that ends without an exit event as
+// ErrStreamCut. Use StartDetached for req.Detach and ExecStream for
+// interactive stdin or a terminal.
+func (c *Client) Exec(ctx context.Context, id string, req api.Exec, stdout, stderr io.Writer) (api.Exit, error) {
+	if req.Detach {
+		return api.Exit{}, errors.New("exec: detach is set: use StartDetached")
+	}
+	body, err := jsonBody(req)
+	if err != nil {
+		return api.Exit{}, err
+	}
+	return c.ndjson(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/exec"), body: body}, stdout, stderr)
+}
+
+// Output streams the output of the command pid (an api.Process.ID) in
+// sandbox id: what is buffered, then live output until the command exits.
+// It sends nothing to the command. Errors are as for Exec.
+func (c *Client) Output(ctx context.Context, id string, pid int64, stdout, stderr io.Writer) (api.Exit, error) {
+	return c.ndjson(ctx, request{method: http.MethodGet, path: processPath(id, pid, "/output")}, stdout, stderr)
+}
+
+// ndjson sends r, whose reply is an application/x-ndjson event stream, and
+// copies the output events to stdout and stderr until the exit event.
+func (c *Client) ndjson(ctx context.Context, r request, stdout, stderr io.Writer) (api.Exit, error) {
+	r.accept = "application/x-ndjson"
+	resp, err := c.do(ctx, r)
+	if err != nil {
+		return api.Exit{}, err
+	}
+	defer resp.Body.Close()
+	out := outputs{stdout, stderr}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev api.Event
+		if err := dec.Decode(&ev); err != nil {
+			if ctx.Err() != nil {
+				return api.Exit{}, context.Cause(ctx)
+			}
+			if errors.Is(err, io.EOF) {
+				return api.Exit{}, ErrStreamCut
+			}
+			return api.Exit{}, fmt.Errorf("%w: %w", ErrStreamCut, err)
+		}
+		if exit, done, err := out.event(ev); done || err != nil {
+			return exit, err
+		}
+	}
+}
+
+// outputs are where a stream's output goes.
+type outputs struct {
+	stdout, stderr io.Writer // or nil
+}
+
+// write copies b to w unless w is nil.
+func write(w io.Writer, name string, b []byte) error {
+	if w == nil || len(b) == 0 {
+		return nil
+	}
+	if _, err := w.Write(b); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	return nil
+}
+
+// event handles one stream event. done is set by the final event (exit
+// or error).
+func (o outputs) event(ev api.Event) (exit api.Exit, done bool, err error) {
+	switch ev.Type {
+	case api.EventStdout:
+		return api.Exit{}, false, write(o.stdout, "stdout", ev.Data)
+	case api.EventStderr:
+		return api.Exit{}, false, write(o.stderr, "stderr", ev.Data)
+	case api.EventExit:
+		if ev.Exit == nil {
+			return api.Exit{}, true, errors.New("exit event without exit status")
+		}
+		return *ev.Exit, true, nil
+	case api.EventError:
+		if ev.Error == nil {
+			return api.Exit{}, true, &Error{Code: api.CodeInternal, Message: "error event without error"}
+		}
+		return api.Exit{}, true, &Error{Code: ev.Error.Code, Message: ev.Error.Message, Field: ev.Error.Field}
+	default: // started, and kinds of events this client does not know
+		return api.Exit{}, false, nil
+	}
+}
+
+// StreamIO is the I/O of a command on a WebSocket.
+type StreamIO struct {
+	// Stdin is copied to the command's stdin, which is closed at EOF. Nil
+	// sends no stdin: ExecStream closes the command's stdin at once,
+	// Attach leaves it alone. A Read that blocks (a terminal) may keep a
+	// goroutine alive after the call returns, until the Read returns.
+	Stdin io.Reader
+	// Stdout and Stderr receive the command's output (a terminal's is all
+	// stdout); nil discards it.
+	Stdout, Stderr io.Writer
+	// Resize, if not nil, carries new terminal sizes for a command on a
+	// terminal. The caller owns it and may close it, or not.
+	Resize <-chan api.WinSize
+}
+
+// ExecStream runs req in sandbox id over a WebSocket, with stdin streamed
+// from sio.Stdin; set req.TTY to run it on a terminal of that size. It
+// returns how the command ended. Errors are as for Exec. When ctx ends
+// the connection is dropped; the command keeps running unless
+// req.KillOnDisconnect is set.
+func (c *Client) ExecStream(ctx context.Context, id string, req api.Exec, sio StreamIO) (api.Exit, error) {
+	req.Detach = false
+	req.Stdin = nil
+	return c.websocket(ctx, sandboxPath(id, "/exec/ws"), &req, sio)
+}
+
+// Attach attaches to the running command pid (an api.Process.ID) in
+// sandbox id over a WebSocket: its buffered, then live output goes to
+// sio.Stdout and sio.Stderr and sio.Stdin to its stdin, until it exits.
+// Errors are as for Exec.
+func (c *Client) Attach(ctx context.Context, id string, pid int64, sio StreamIO) (api.Exit, error) {
+	return c.websocket(ctx, processPath(id, pid, "/attach"), nil, sio)
+}
+
+// maxMessage bounds a WebSocket message from the server: an event or a
+// chunk of output.
+const maxMessage = 16 << 20
+
+func (c *Client) websocket(ctx context.Context, path string, first *api.Exec, sio StreamIO) (_ api.Exit, err error) {
+	h := http.Header{}
+	c.authorize(h)
+	conn, resp, err := websocket.Dial(ctx, c.url(path, nil), &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+			return api.Exit{}, fmt.Errorf("GET %s: %w", path, decodeError(resp.StatusCode, body))
+		}
+		return api.Exit{}, fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer conn.CloseNow()
+	conn.SetReadLimit(maxMessage)
+
+	if first != nil {
+		b, err := json.Marshal(first)
+		if err != nil {
+			return api.Exit{}, err
+		}
+		if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
+			return api.Exit{}, fmt.Errorf("send exec: %w", err)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	switch {
+	case sio.Stdin != nil:
+		// Not waited for: a Read from a terminal cannot be interrupted.
+		go sendStdin(ctx, conn, sio.Stdin)
+	case first != nil:
+		if err := sendControl(ctx, conn, api.Control{Type: api.ControlStdinEOF}); err != nil {
+			return api.Exit{}, err
+		}
+	}
+	if sio.Resize != nil {
+		wg.Go(func() { sendResizes(ctx, conn, sio.Resize) })
+	}
+
+	out := outputs{sio.Stdout, sio.Stderr}
+	for {
+		typ, msg, err := conn.Read(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return api.Exit{}, context.Cause(ctx)
+			}
+			return api.Exit{}, fmt.Errorf("%w: %w", ErrStreamCut, err)
+		}
+		if typ == websocket.MessageBinary {
+			if len(msg) == 0 {
+				continue
+			}
+			switch msg[0] {
+			case api.StreamStdout:
+				err = write(out.stdout, "stdout", msg[1:])
+			case api.StreamStderr:
+				err = write(out.stderr, "stderr", msg[1:])
+			}
+			if err != nil {
+				return api.Exit{}, err
+			}
+			continue
+		}
+		var ev api.Event
+		if err := json.Unmarshal(msg, &ev); err != nil {
+			return api.Exit{}, fmt.Errorf("decode event: %w", err)
+		}
+		if exit, done, err := out.event(ev); done || err != nil {
+			if done {
+				conn.Close(websocket.StatusNormalClosure, "")
+			}
+			return exit, err
+		}
+	}
+}
+
+func sendControl(ctx context.Context, conn *websocket.Conn, ctl api.Control) error {
+	b, err := json.Marshal(ctl)
+	if err != nil {
+		return err
+	}
+	if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
+		return fmt.Errorf("send %s: %w", ctl.Type, err)
+	}
+	return nil
+}
+
+// sendStdin copies r to the command's stdin until EOF, which it passes
+// on as a stdin_eof control. A read error other than EOF also closes the
+// command's stdin. It gives up once ctx ends or a send fails: the read
+// loop then sees the broken connection.
+func sendStdin(ctx context.Context, conn *websocket.Conn, r io.Reader) {
+	buf := make([]byte, 1+32<<10)
+	buf[0] = api.StreamStdin
+	for {
+		n, err := r.Read(buf[1:])
+		if n > 0 {
+			if conn.Write(ctx, websocket.MessageBinary, buf[:1+n]) != nil {
+				return
+			}
+		}
+		if err != nil {
+			sendControl(ctx, conn, api.Control{Type: api.ControlStdinEOF})
+			return
+		}
+	}
+}
+
+// sendResizes forwards terminal sizes until ctx ends or a send fails.
+func sendResizes(ctx context.Context, conn *websocket.Conn, sizes <-chan api.WinSize) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ws, ok := <-sizes:
+			if !ok {
+				return
+			}
+			if sendControl(ctx, conn, api.Control{Type: api.ControlResize, Rows: ws.Rows, Cols: ws.Cols}) != nil {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,305 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"space/api"
+	"space/client"
+)
+
+func newSandboxCmd(g *globals) *cobra.Command {
+	return newGroupCmd("sandbox", "Create, list and remove sandboxes",
+		newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g))
+}
+
+func newSandboxCreateCmd(g *globals) *cobra.Command {
+	var (
+		req         api.CreateSandbox
+		timeout     time.Duration
+		env, labels []string
+		output      string
+	)
+	c := &cobra.Command{
+		Use:   "create [flags]",
+		Short: "Create a sandbox and print its ID",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			var err error
+			if req.Env, err = parseKV("env", env); err != nil {
+				return err
+			}
+			if req.Labels, err = parseKV("label", labels); err != nil {
+				return err
+			}
+			if req.TimeoutSeconds, err = seconds("timeout", timeout); err != nil {
+				return err
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			sb, err := cl.CreateSandbox(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return g.printJSON(sb)
+			}
+			_, err = fmt.Fprintln(g.stdout, sb.ID)
+			return err
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&req.Template, "template", "", "template to start from; default the server's (\"default\")")
+	f.IntVar(&req.VCPUs, "vcpus", 0, "virtual CPUs (1 to 8); default 1")
+	f.Int64Var(&req.MemoryMiB, "memory", 0, "guest memory in `MiB` (128 to 16384); default 512")
+	f.Int64Var(&req.DiskMiB, "disk", 0, "disk size in `MiB` (512 to 65536); default 4096")
+	f.DurationVar(&timeout, "timeout", 0, "time to live, e.g. 30m; default 1h")
+	f.StringArrayVar(&env, "env", nil, "environment of every command, `KEY=VALUE` (repeatable)")
+	f.StringArrayVar(&labels, "label", nil, "a label, `key=value` (repeatable)")
+	outputFlag(f, &output)
+	return c
+}
+
+func newSandboxListCmd(g *globals) *cobra.Command {
+	var (
+		opts   client.ListOptions
+		labels []string
+		output string
+	)
+	c := &cobra.Command{
+		Use:     "ls [flags]",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			var err error
+			if opts.Labels, err = parseKV("label", labels); err != nil {
+				return err
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			sbs, err := cl.Sandboxes(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return g.printJSON(api.SandboxList{Sandboxes: nonNil(sbs)})
+			}
+			return g.printTable([]string{"ID", "STATE", "TEMPLATE", "VCPUS", "MEMORY", "CREATED", "EXPIRES", "LABELS"},
+				func(row func(...any)) {
+					for _, sb := range sbs {
+						row(sb.ID, sb.State, sb.Template, sb.VCPUs, fmt.Sprintf("%dMiB", sb.MemoryMiB),
+							g.ago(sb.CreatedAt), g.until(sb.ExpiresAt), joinKV(sb.Labels))
+					}
+				})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&opts.State, "state", "", "only sandboxes in this `state` (e.g. running)")
+	f.StringArrayVar(&labels, "label", nil, "only sandboxes with this label, `key=value` (repeatable)")
+	outputFlag(f, &output)
+	return c
+}
+
+func newSandboxGetCmd(g *globals) *cobra.Command {
+	var output string
+	c := &cobra.Command{
+		Use:   "get ID",
+		Short: "Describe a sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			sb, err := cl.Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return g.printJSON(sb)
+			}
+			kv := []string{
+				"id", sb.ID,
+				"team", sb.Team,
+				"state", sb.State,
+				"template", sb.Template,
+				"worker", sb.Worker,
+				"vcpus", strconv.Itoa(sb.VCPUs),
+				"memory", fmt.Sprintf("%d MiB", sb.MemoryMiB),
+				"disk", fmt.Sprintf("%d MiB", sb.DiskMiB),
+				"created", sb.CreatedAt.Local().Format(time.RFC3339),
+				"updated", sb.UpdatedAt.Local().Format(time.RFC3339),
+			}
+			if sb.ExpiresAt != nil {
+				kv = append(kv, "expires", sb.ExpiresAt.Local().Format(time.RFC3339))
+			}
+			kv = append(kv, "env", joinKV(sb.Env), "labels", joinKV(sb.Labels))
+			if vm := sb.VM; vm != nil {
+				kv = append(kv, "vm", fmt.Sprintf("%s %s (%s), %s in %d ms", vm.VMM, vm.VMMVersion, vm.Accel, vm.StartedBy, vm.BootMS))
+			}
+			return g.printFields(kv...)
+		},
+	}
+	outputFlag(c.Flags(), &output)
+	return c
+}
+
+func newSandboxRemoveCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm ID...",
+		Aliases: []string{"delete"},
+		Short:   "Delete sandboxes",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, id := range args {
+				if err := cl.DeleteSandbox(cmd.Context(), id); err != nil {
+					errs = append(errs, fmt.Errorf("rm %s: %w", id, err))
+				}
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+// outputFlag registers -o/--output.
+func outputFlag(f *pflag.FlagSet, p *string) {
+	f.StringVarP(p, "output", "o", "", "output `format`: json (default: a table)")
+}
+
+// checkOutput checks the value of -o.
+func checkOutput(format string) error {
+	switch format {
+	case "", "json", "table":
+		return nil
+	}
+	return usagef("-o %q: the formats are json and table", format)
+}
+
+// printJSON prints v as indented JSON.
+func (g *globals) printJSON(v any) error {
+	enc := json.NewEncoder(g.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// printTable prints a table with the header and the rows that rows
+// passes to row.
+func (g *globals) printTable(header []string, rows func(row func(...any))) error {
+	tw := tabwriter.NewWriter(g.stdout, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	rows(func(cells ...any) {
+		for i, c := range cells {
+			if i > 0 {
+				io.WriteString(tw, "\t")
+			}
+			fmt.Fprint(tw, c)
+		}
+		io.WriteString(tw, "\n")
+	})
+	return tw.Flush()
+}
+
+// nonNil returns s, or an empty slice for nil (JSON [] rather than null).
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// parseKV parses repeated KEY=VALUE flag values; nil when there are none.
+func parseKV(flag string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usagef("--%s %q: want KEY=VALUE", flag, kv)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+// joinKV shows a map as sorted k=v pairs.
+func joinKV(m map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+"="+m[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+// seconds converts a duration flag to whole seconds, rounding up.
+func seconds(flag string, d time.Duration) (int64, error) {
+	if d < 0 {
+		return 0, usagef("--%s %v: must not be negative", flag, d)
+	}
+	return int64((d + time.Second - 1) / time.Second), nil
+}
+
+// ago shows how long ago t was, e.g. "5m ago".
+func (g *globals) ago(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return short(g.now().Sub(t)) + " ago"
+}
+
+// until shows how long until t, e.g. "in 55m"; "" for nil.
+func (g *globals) until(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return ""
+	}
+	d := t.Sub(g.now())
+	if d < 0 {
+		return "expired"
+	}
+	return "in " + short(d)
+}
+
+// short shows d in its largest unit, e.g. 3h.
+func short(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d/time.Hour))
+	default:
+		return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+	}
+}

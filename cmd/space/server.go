@@ -1,0 +1,146 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"space/internal/server"
+)
+
+// newServerCmd returns `space server`: the control plane with an embedded
+// worker and the default template.
+func newServerCmd(g *globals) *cobra.Command {
+	var (
+		listen, agent, storeURL, workerID string
+		vcpus                             int
+		memory                            int64
+	)
+	c := &cobra.Command{
+		Use:   "server",
+		Short: "Run the control plane and API with an embedded worker",
+		Long: `Run SPACE's control plane (the REST API, state and placement) together
+with a worker that runs sandbox VMs on this host. The first start prepares
+the default template (a Debian kernel, an initramfs with space-agent and a
+Debian root file system with python3) and creates the first admin API key
+in DATA_DIR/admin.key; later starts reuse both. VMs keep running when the
+server stops, and the next start re-adopts them.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkAgent(agent); err != nil {
+				return err
+			}
+			dataDir, err := g.serverDataDir()
+			if err != nil {
+				return err
+			}
+			if g.cacheBase == "" {
+				return usagef("no cache directory: pass --cache DIR or set SPACE_CACHE_DIR")
+			}
+			if storeURL == "" {
+				storeURL = g.getenv("SPACE_STORE_URL")
+			}
+			return server.Run(cmd.Context(), server.Config{
+				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
+				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory,
+				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
+				Progress: g.stderr, Log: g.logger(),
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&listen, "listen", server.DefaultListen, "`address` the API listens on")
+	f.StringVar(&storeURL, "store", "", "PostgreSQL `URL` for the state (default: SQLite in the data dir; env SPACE_STORE_URL)")
+	f.StringVar(&workerID, "worker-id", "local", "`ID` of the embedded worker")
+	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers (default: 4 per host CPU)")
+	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
+	agentFlag(f, &agent)
+	return c
+}
+
+// newWorkerCmd returns `space worker`: a standalone worker that registers
+// with a control plane.
+func newWorkerCmd(g *globals) *cobra.Command {
+	var (
+		controlPlane, token, tokenFile, listen, advertise, agent, id string
+		vcpus                                                        int
+		memory                                                       int64
+	)
+	c := &cobra.Command{
+		Use:   "worker --control-plane URL --token T",
+		Short: "Run a standalone worker that registers with a control plane",
+		Long: `Run a worker that hosts sandbox VMs for the control plane at URL. It
+registers (and sends a heartbeat every 10 s) with the control plane's worker
+token, found in the server's DATA_DIR/worker.token. Several workers may run
+on one host, each with its own --data-dir, --listen and --id.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkAgent(agent); err != nil {
+				return err
+			}
+			if controlPlane == "" {
+				return usagef("--control-plane is required")
+			}
+			if token == "" && tokenFile != "" {
+				b, err := os.ReadFile(tokenFile)
+				if err != nil {
+					return fmt.Errorf("worker token: %w", err)
+				}
+				token = strings.TrimSpace(string(b))
+			}
+			if token == "" {
+				token = g.getenv("SPACE_WORKER_TOKEN")
+			}
+			if token == "" {
+				return usagef("--token (or --token-file, or SPACE_WORKER_TOKEN) is required: the server's DATA_DIR/%s", server.WorkerTokenFile)
+			}
+			dataDir, err := g.serverDataDir()
+			if err != nil {
+				return err
+			}
+			if g.dataDir == "" {
+				dataDir = filepath.Join(dataDir, "workers", "default")
+			}
+			if id == "" {
+				host, _ := os.Hostname()
+				sum := sha256.Sum256([]byte(host + "\x00" + dataDir))
+				id = "w-" + hex.EncodeToString(sum[:4])
+			}
+			if g.cacheBase == "" {
+				return usagef("no cache directory: pass --cache DIR or set SPACE_CACHE_DIR")
+			}
+			return server.RunWorker(cmd.Context(), server.WorkerConfig{
+				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
+				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory,
+				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(),
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&controlPlane, "control-plane", "", "the control plane's `URL`, e.g. http://127.0.0.1:7070")
+	f.StringVar(&token, "token", "", "the control plane's worker `token`")
+	f.StringVar(&tokenFile, "token-file", "", "read the worker token from `FILE`")
+	f.StringVar(&listen, "listen", server.DefaultWorkerListen, "`address` the worker API listens on")
+	f.StringVar(&advertise, "advertise", "", "`URL` the control plane reaches this worker at (default: http://LISTEN)")
+	f.StringVar(&id, "id", "", "worker `ID` (default: derived from the host name and data dir)")
+	f.IntVar(&vcpus, "vcpus", 0, "vCPUs offered (default: 4 per host CPU)")
+	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory offered (default: 80% of host RAM)")
+	agentFlag(f, &agent)
+	return c
+}
+
+// serverDataDir returns --data-dir, SPACE_DATA_DIR or the default.
+func (g *globals) serverDataDir() (string, error) {
+	if g.dataDir != "" {
+		return g.dataDir, nil
+	}
+	if d := defaultDataDir(); d != "" {
+		return d, nil
+	}
+	return "", usagef("no data directory: pass --data-dir DIR or set SPACE_DATA_DIR")
+}

@@ -1,0 +1,184 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"space/api"
+	"space/internal/errkind"
+	"space/internal/httpapi"
+	"space/internal/store"
+)
+
+// HeartbeatTimeout is how long a standalone worker may stay silent before
+// it gets no new sandboxes; workers register again every
+// HeartbeatInterval.
+const (
+	HeartbeatInterval = 10 * time.Second
+	HeartbeatTimeout  = 3 * HeartbeatInterval
+)
+
+// LoadWorkers connects the standalone workers the store knows, so their
+// sandboxes are served before the workers' next heartbeat.
+func (s *Server) LoadWorkers(ctx context.Context) error {
+	if s.cfg.WorkerToken == "" {
+		return nil
+	}
+	all, err := s.cfg.Store.ListWorkers(ctx)
+	if err != nil {
+		return err
+	}
+	for _, w := range all {
+		if s.isLocal(w.ID) {
+			continue
+		}
+		rm, err := NewRemote(w.ID, w.Address, s.cfg.WorkerToken)
+		if err != nil {
+			s.log.Warn("skipping stored worker", "worker_id", w.ID, "err", err)
+			continue
+		}
+		s.mu.Lock()
+		s.workers[w.ID] = rm
+		s.seen[w.ID] = w.LastHeartbeat
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+func (s *Server) isLocal(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.workers[id]
+	if !ok {
+		return false
+	}
+	_, local := w.(*Local)
+	return local
+}
+
+// healthy reports whether placement may use w: in-process workers always,
+// standalone ones while their heartbeat is recent.
+func (s *Server) healthy(w Worker) bool {
+	if _, ok := w.(*Local); ok {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.now().Sub(s.seen[w.ID()]) < HeartbeatTimeout
+}
+
+func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if s.cfg.WorkerToken == "" || !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.WorkerToken)) != 1 {
+		httpapi.WriteError(w, fmt.Errorf("worker token missing or wrong: %w", httpapi.ErrUnauthenticated))
+		return
+	}
+	var req api.RegisterWorker
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if !store.ValidID(req.ID) || len(req.ID) > 32 {
+		httpapi.WriteError(w, httpapi.Invalid("id", "%.64q: 1-32 characters of [A-Za-z0-9_.-]", req.ID))
+		return
+	}
+	if u, err := url.Parse(req.Address); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		httpapi.WriteError(w, httpapi.Invalid("address", "%.100q: want http(s)://host:port", req.Address))
+		return
+	}
+	if req.VCPUs < 0 || req.MemoryMiB < 0 {
+		httpapi.WriteError(w, httpapi.Invalid("vcpus", "negative capacity"))
+		return
+	}
+	if s.isLocal(req.ID) {
+		httpapi.WriteError(w, fmt.Errorf("worker id %s is the server's embedded worker: %w", req.ID, errkind.Conflict))
+		return
+	}
+	now := s.now()
+	if err := s.cfg.Store.UpsertWorker(r.Context(), store.Worker{
+		ID: req.ID, Address: req.Address, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, LastHeartbeat: now,
+	}); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	s.mu.Lock()
+	prev, known := s.workers[req.ID].(*Remote)
+	s.mu.Unlock()
+	var wk Worker = prev
+	if !known || prev.base.String() != req.Address {
+		rm, err := NewRemote(req.ID, req.Address, s.cfg.WorkerToken)
+		if err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		wk = rm
+	}
+	s.mu.Lock()
+	s.workers[req.ID] = wk
+	wasSeen := now.Sub(s.seen[req.ID]) < HeartbeatTimeout
+	s.seen[req.ID] = now
+	s.mu.Unlock()
+	if !known || !wasSeen {
+		s.log.Info("worker registered", "worker_id", req.ID, "address", req.Address)
+		// Settle what happened on it while it was away. Its sandboxes'
+		// records are ours; errors are retried at its next registration.
+		recs, err := s.cfg.Store.SandboxesByWorker(r.Context(), req.ID)
+		if err == nil {
+			for _, rec := range recs {
+				if err := s.reconcile(r.Context(), wk, rec); err != nil {
+					s.log.Warn("reconcile", "sandbox_id", rec.ID, "err", err)
+				}
+			}
+		}
+	}
+	v, err := s.workerView(r.Context(), wk)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, v)
+}
+
+func (s *Server) workerView(ctx context.Context, wk Worker) (api.Worker, error) {
+	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	st, err := wk.Status(sctx)
+	v := api.Worker{ID: wk.ID(), Healthy: err == nil && s.healthy(wk)}
+	if rm, ok := wk.(*Remote); ok {
+		v.Address = rm.base.String()
+	}
+	s.mu.Lock()
+	v.LastHeartbeat = s.seen[wk.ID()]
+	s.mu.Unlock()
+	if err != nil {
+		if errors.Is(err, errkind.Unavailable) {
+			return v, nil
+		}
+		return v, err
+	}
+	v.VCPUs, v.MemoryMiB, v.UsedVCPUs, v.UsedMemoryMiB, v.Sandboxes = st.VCPUs, st.MemoryMiB, st.UsedVCPUs, st.UsedMemoryMiB, st.Sandboxes
+	return v, nil
+}
+
+func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
+	if !callerOf(r).admin {
+		httpapi.WriteError(w, fmt.Errorf("listing workers needs an admin key: %w", errkind.PermissionDenied))
+		return
+	}
+	out := api.WorkerList{Workers: []api.Worker{}}
+	for _, wk := range s.workerList() {
+		v, err := s.workerView(r.Context(), wk)
+		if err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		out.Workers = append(out.Workers, v)
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
+}

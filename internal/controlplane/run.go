@@ -1,0 +1,96 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"space/internal/errkind"
+	"space/internal/sandbox"
+	"space/internal/store"
+)
+
+// Reconcile settles what a crash left between the control plane's steps,
+// for every sandbox placed on a connected worker: a create the worker
+// finished becomes running, one it does not have is rolled back; a delete
+// under way is finished; a running sandbox its worker lost is failed. Run
+// it before serving.
+func (s *Server) Reconcile(ctx context.Context) error {
+	var errs []error
+	for _, wk := range s.workerList() {
+		recs, err := s.cfg.Store.SandboxesByWorker(ctx, wk.ID())
+		if err != nil {
+			return err
+		}
+		for _, rec := range recs {
+			if err := s.reconcile(ctx, wk, rec); err != nil {
+				errs = append(errs, fmt.Errorf("reconcile %s: %w", rec.ID, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) error {
+	inf, err := wk.Sandbox(ctx, rec.ID)
+	missing := errors.Is(err, errkind.NotFound)
+	if err != nil && !missing {
+		return err
+	}
+	log := s.log.With("sandbox_id", rec.ID, "worker_id", wk.ID())
+	switch rec.State {
+	case sandbox.Creating:
+		if missing || inf.State != sandbox.Running {
+			log.Info("rolling back interrupted create")
+			return s.rollback(ctx, wk, rec)
+		}
+		log.Info("completing interrupted create")
+		_, err := s.transition(ctx, rec, sandbox.Running, func(sb *store.Sandbox) { setVM(sb, inf.VM) })
+		return err
+	case sandbox.Stopping:
+		log.Info("finishing interrupted delete")
+		return s.delete(ctx, rec)
+	case sandbox.Running, sandbox.Paused:
+		if missing || inf.State == sandbox.Failed {
+			log.Warn("worker lost the sandbox", "error", inf.Error)
+			_, err := s.transition(ctx, rec, sandbox.Failed, nil)
+			s.forgetUsage(rec.TeamID)
+			return err
+		}
+	}
+	return nil
+}
+
+// Run removes expired sandboxes until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			s.reapExpired(ctx)
+		}
+	}
+}
+
+// reapExpired deletes every sandbox whose TTL has passed.
+func (s *Server) reapExpired(ctx context.Context) {
+	expired, err := s.cfg.Store.ExpiredSandboxes(ctx, s.now())
+	if err != nil {
+		s.log.Error("list expired sandboxes", "err", err)
+		return
+	}
+	for _, sb := range expired {
+		if sb.State == sandbox.Creating {
+			continue // its create is still under way
+		}
+		if err := s.delete(ctx, sb); err != nil {
+			s.log.Error("remove expired sandbox", "sandbox_id", sb.ID, "err", err)
+			continue
+		}
+		s.log.Info("removed expired sandbox", "sandbox_id", sb.ID, "expired", sb.Expires.Format(time.RFC3339))
+	}
+}

@@ -1,0 +1,450 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"space/api"
+	"space/internal/errkind"
+	"space/internal/httpapi"
+	"space/internal/sandbox"
+	"space/internal/store"
+	"space/internal/worker"
+)
+
+// createBody mirrors api.CreateSandbox with pointers, so an explicit 0
+// (invalid) differs from an omitted field (the default).
+type createBody struct {
+	Template       *string           `json:"template"`
+	VCPUs          *int              `json:"vcpus"`
+	MemoryMiB      *int64            `json:"memory_mib"`
+	DiskMiB        *int64            `json:"disk_mib"`
+	TimeoutSeconds *int64            `json:"timeout_seconds"`
+	Env            map[string]string `json:"env"`
+	Labels         map[string]string `json:"labels"`
+}
+
+// spec is what the store keeps as a sandbox's Spec.
+type spec struct {
+	worker.Spec
+	TimeoutSeconds int64 `json:"timeout_seconds"`
+}
+
+// stored is what the store keeps as a sandbox's Handle: how its VM runs.
+type stored struct {
+	VM *api.VMInfo `json:"vm,omitempty"`
+}
+
+const (
+	maxEnv      = 256
+	maxEnvBytes = 64 << 10
+)
+
+// validate applies defaults and bounds; errors name the field.
+func (s *Server) validate(b createBody) (spec, error) {
+	l := s.cfg.Limits
+	sp := spec{Spec: worker.Spec{Template: s.cfg.Templates[0], VCPUs: l.DefaultVCPUs, MemoryMiB: l.DefaultMemoryMiB, DiskMiB: l.DefaultDiskMiB}}
+	sp.TimeoutSeconds = int64(l.DefaultTTL / time.Second)
+	if b.Template != nil {
+		if !slices.Contains(s.cfg.Templates, *b.Template) {
+			return sp, httpapi.Invalid("template", "unknown template %.64q (have %s)", *b.Template, strings.Join(s.cfg.Templates, ", "))
+		}
+		sp.Template = *b.Template
+	}
+	if b.VCPUs != nil {
+		if *b.VCPUs < 1 || *b.VCPUs > l.MaxVCPUs {
+			return sp, httpapi.Invalid("vcpus", "%d is outside 1..%d", *b.VCPUs, l.MaxVCPUs)
+		}
+		sp.VCPUs = *b.VCPUs
+	}
+	if b.MemoryMiB != nil {
+		if *b.MemoryMiB < l.MinMemoryMiB || *b.MemoryMiB > l.MaxMemoryMiB {
+			return sp, httpapi.Invalid("memory_mib", "%d is outside %d..%d", *b.MemoryMiB, l.MinMemoryMiB, l.MaxMemoryMiB)
+		}
+		sp.MemoryMiB = *b.MemoryMiB
+	}
+	if b.DiskMiB != nil {
+		if *b.DiskMiB < l.MinDiskMiB || *b.DiskMiB > l.MaxDiskMiB {
+			return sp, httpapi.Invalid("disk_mib", "%d is outside %d..%d", *b.DiskMiB, l.MinDiskMiB, l.MaxDiskMiB)
+		}
+		sp.DiskMiB = *b.DiskMiB
+	}
+	if b.TimeoutSeconds != nil {
+		max := int64(l.MaxTTL / time.Second)
+		if *b.TimeoutSeconds < 1 || *b.TimeoutSeconds > max {
+			return sp, httpapi.Invalid("timeout_seconds", "%d is outside 1..%d", *b.TimeoutSeconds, max)
+		}
+		sp.TimeoutSeconds = *b.TimeoutSeconds
+	}
+	if len(b.Env) > maxEnv {
+		return sp, httpapi.Invalid("env", "more than %d variables", maxEnv)
+	}
+	size := 0
+	for k, v := range b.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return sp, httpapi.Invalid("env", "variable %.64q: names are non-empty without '=' and values have no NUL", k)
+		}
+		size += len(k) + len(v)
+	}
+	if size > maxEnvBytes {
+		return sp, httpapi.Invalid("env", "larger than %d bytes", maxEnvBytes)
+	}
+	sp.Env = b.Env
+	return sp, nil
+}
+
+func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	var b createBody
+	if err := httpapi.DecodeJSON(r, &b); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	sp, err := s.validate(b)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	// A client that goes away mid-create must not leave it half done: the
+	// create runs to its end either way.
+	ctx := context.WithoutCancel(r.Context())
+	sb, err := s.create(ctx, c.team, sp, b.Labels)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusCreated, s.view(sb))
+}
+
+// create records, places and boots a sandbox.
+func (s *Server) create(ctx context.Context, team string, sp spec, labels map[string]string) (store.Sandbox, error) {
+	lock := s.teamLock(team)
+	lock.Lock()
+	if err := s.checkQuota(ctx, team, sp); err != nil {
+		lock.Unlock()
+		return store.Sandbox{}, err
+	}
+	var healthy []Worker
+	for _, w := range s.workerList() {
+		if s.healthy(w) {
+			healthy = append(healthy, w)
+		}
+	}
+	wk, err := place(ctx, healthy, sp.Spec)
+	if err != nil {
+		lock.Unlock()
+		return store.Sandbox{}, err
+	}
+	specJSON, _ := json.Marshal(sp)
+	rec, err := s.cfg.Store.CreateSandbox(ctx, store.Sandbox{
+		ID: store.NewSandboxID(), TeamID: team, Template: sp.Template, State: sandbox.Creating,
+		WorkerID: wk.ID(), Spec: specJSON, Labels: labels,
+		Expires: s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second),
+	})
+	if err == nil {
+		s.adjustUsage(team, specJSON, 1)
+	}
+	lock.Unlock()
+	if err != nil {
+		if errors.Is(err, store.ErrInvalid) {
+			return store.Sandbox{}, &httpapi.FieldError{Field: "labels", Err: err}
+		}
+		return store.Sandbox{}, err
+	}
+	s.crash("api.create.recorded")
+	inf, err := wk.Create(ctx, worker.CreateRequest{ID: rec.ID, Team: team, Spec: sp.Spec})
+	if err != nil {
+		s.log.Warn("create failed", "sandbox_id", rec.ID, "worker_id", wk.ID(), "err", err)
+		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
+	}
+	s.crash("api.create.worker-done")
+	rec, err = s.transition(ctx, rec, sandbox.Running, func(sb *store.Sandbox) { setVM(sb, inf.VM) })
+	if err != nil {
+		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
+	}
+	s.log.Info("sandbox created", "sandbox_id", rec.ID, "team", team, "worker_id", wk.ID())
+	return rec, nil
+}
+
+func setVM(sb *store.Sandbox, vm *api.VMInfo) {
+	b, _ := json.Marshal(stored{VM: vm})
+	sb.Handle = b
+}
+
+// rollback undoes a create the worker did not (or may not) complete.
+func (s *Server) rollback(ctx context.Context, wk Worker, rec store.Sandbox) error {
+	var errs []error
+	if err := wk.Delete(ctx, rec.ID); err != nil && !errors.Is(err, errkind.NotFound) {
+		errs = append(errs, fmt.Errorf("roll back on worker: %w", err))
+	}
+	if err := s.cfg.Store.DeleteSandbox(ctx, rec.TeamID, rec.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		errs = append(errs, fmt.Errorf("roll back record: %w", err))
+		s.forgetUsage(rec.TeamID)
+	} else if err == nil {
+		s.adjustUsage(rec.TeamID, rec.Spec, -1)
+	}
+	return errors.Join(errs...)
+}
+
+// transition moves a record to state (checked against the one table),
+// applying edit, with compare-and-set on its version.
+func (s *Server) transition(ctx context.Context, rec store.Sandbox, to sandbox.State, edit func(*store.Sandbox)) (store.Sandbox, error) {
+	if err := sandbox.Check(rec.State, to); err != nil {
+		return rec, fmt.Errorf("sandbox %s: %w", rec.ID, err)
+	}
+	rec.State = to
+	if edit != nil {
+		edit(&rec)
+	}
+	return s.cfg.Store.UpdateSandbox(ctx, rec)
+}
+
+// live reports whether a sandbox counts against quota.
+func live(st sandbox.State) bool {
+	return st != sandbox.Deleted && st != sandbox.Failed && st != sandbox.Stopped
+}
+
+func (s *Server) storedUsage(ctx context.Context, team string) (api.Quota, error) {
+	all, err := s.cfg.Store.ListSandboxes(ctx, team, store.Filter{})
+	if err != nil {
+		return api.Quota{}, err
+	}
+	var u api.Quota
+	for _, sb := range all {
+		if !live(sb.State) {
+			continue
+		}
+		var sp spec
+		json.Unmarshal(sb.Spec, &sp)
+		u.Sandboxes++
+		u.VCPUs += sp.VCPUs
+		u.MemoryMiB += sp.MemoryMiB
+	}
+	return u, nil
+}
+
+// teamUsage returns what the team's live sandboxes use, from the cache
+// this process keeps (every change of a team's sandboxes goes through it),
+// loading it from the store once.
+func (s *Server) teamUsage(ctx context.Context, team string) (api.Quota, error) {
+	s.mu.Lock()
+	u, ok := s.usage[team]
+	s.mu.Unlock()
+	if ok {
+		return u, nil
+	}
+	u, err := s.storedUsage(ctx, team)
+	if err != nil {
+		return u, err
+	}
+	s.mu.Lock()
+	s.usage[team] = u
+	s.mu.Unlock()
+	return u, nil
+}
+
+// adjustUsage adds (sign 1) or removes (sign -1) a sandbox's resources
+// from its team's cached usage.
+func (s *Server) adjustUsage(team string, specJSON []byte, sign int) {
+	var sp spec
+	if json.Unmarshal(specJSON, &sp) != nil {
+		s.forgetUsage(team)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.usage[team]
+	if !ok {
+		return
+	}
+	u.Sandboxes += sign
+	u.VCPUs += sign * sp.VCPUs
+	u.MemoryMiB += int64(sign) * sp.MemoryMiB
+	s.usage[team] = u
+}
+
+// forgetUsage drops a team's cached usage; the next create reloads it.
+func (s *Server) forgetUsage(team string) {
+	s.mu.Lock()
+	delete(s.usage, team)
+	s.mu.Unlock()
+}
+
+// checkQuota fails with ResourceExhausted if the team cannot take sp.
+func (s *Server) checkQuota(ctx context.Context, team string, sp spec) error {
+	u, err := s.teamUsage(ctx, team)
+	if err != nil {
+		return err
+	}
+	q := s.cfg.Quota
+	switch {
+	case q.Sandboxes > 0 && u.Sandboxes+1 > q.Sandboxes:
+		return fmt.Errorf("team %s quota: %d of %d sandboxes in use: %w", team, u.Sandboxes, q.Sandboxes, errkind.ResourceExhausted)
+	case q.VCPUs > 0 && u.VCPUs+sp.VCPUs > q.VCPUs:
+		return fmt.Errorf("team %s quota: %d of %d vcpus in use, %d asked: %w", team, u.VCPUs, q.VCPUs, sp.VCPUs, errkind.ResourceExhausted)
+	case q.MemoryMiB > 0 && u.MemoryMiB+sp.MemoryMiB > q.MemoryMiB:
+		return fmt.Errorf("team %s quota: %d of %d MiB memory in use, %d asked: %w", team, u.MemoryMiB, q.MemoryMiB, sp.MemoryMiB, errkind.ResourceExhausted)
+	}
+	return nil
+}
+
+func (s *Server) handleQuota(w http.ResponseWriter, r *http.Request) {
+	u, err := s.teamUsage(r.Context(), callerOf(r).team)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, api.QuotaUsage{Limits: s.cfg.Quota, Used: u})
+}
+
+// view is the API's picture of a record.
+func (s *Server) view(sb store.Sandbox) api.Sandbox {
+	var sp spec
+	json.Unmarshal(sb.Spec, &sp)
+	v := api.Sandbox{
+		ID: sb.ID, Team: sb.TeamID, Template: sb.Template, State: sb.State.String(), Worker: sb.WorkerID,
+		VCPUs: sp.VCPUs, MemoryMiB: sp.MemoryMiB, DiskMiB: sp.DiskMiB, Env: sp.Env, Labels: sb.Labels,
+		CreatedAt: sb.Created, UpdatedAt: sb.Updated,
+	}
+	if !sb.Expires.IsZero() {
+		e := sb.Expires
+		v.ExpiresAt = &e
+	}
+	var st stored
+	if json.Unmarshal(sb.Handle, &st) == nil {
+		v.VM = st.VM
+	}
+	return v
+}
+
+// load returns the caller's sandbox named in the path, or 404.
+func (s *Server) load(r *http.Request) (store.Sandbox, error) {
+	id := r.PathValue("id")
+	if !store.ValidSandboxID(id) {
+		return store.Sandbox{}, fmt.Errorf("sandbox %.64q: %w", id, store.ErrNotFound)
+	}
+	return s.cfg.Store.Sandbox(r.Context(), callerOf(r).team, id)
+}
+
+func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.load(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+}
+
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var f store.Filter
+	for _, st := range q["state"] {
+		if !sandbox.State(st).Valid() {
+			httpapi.WriteError(w, httpapi.Invalid("state", "unknown state %.32q", st))
+			return
+		}
+		f.States = append(f.States, sandbox.State(st))
+	}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			httpapi.WriteError(w, httpapi.Invalid("label", "want key=value, got %.64q", l))
+			return
+		}
+		if f.Labels == nil {
+			f.Labels = map[string]string{}
+		}
+		f.Labels[k] = v
+	}
+	all, err := s.cfg.Store.ListSandboxes(r.Context(), callerOf(r).team, f)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(all))}
+	for _, sb := range all {
+		out.Sandboxes = append(out.Sandboxes, s.view(sb))
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.load(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if err := s.delete(context.WithoutCancel(r.Context()), sb); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// delete records stopping, has the worker destroy the VM, then removes
+// the record.
+func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
+	if sb.State == sandbox.Creating {
+		return fmt.Errorf("sandbox %s is still being created: %w", sb.ID, errkind.FailedPrecondition)
+	}
+	if sb.State != sandbox.Stopping {
+		var err error
+		if sb, err = s.transition(ctx, sb, sandbox.Stopping, nil); err != nil {
+			return err
+		}
+	}
+	s.crash("api.delete.stopping-saved")
+	if sb.WorkerID != "" {
+		wk, err := s.worker(sb.WorkerID)
+		if err != nil {
+			return err
+		}
+		if err := wk.Delete(ctx, sb.ID); err != nil && !errors.Is(err, errkind.NotFound) {
+			return err
+		}
+	}
+	if err := s.cfg.Store.DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.forgetUsage(sb.TeamID)
+		return err
+	} else if err == nil {
+		s.adjustUsage(sb.TeamID, sb.Spec, -1)
+	}
+	s.log.Info("sandbox deleted", "sandbox_id", sb.ID)
+	return nil
+}
+
+// forward sends a data-plane request to the sandbox's worker.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.load(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if sb.State != sandbox.Running {
+		httpapi.WriteError(w, fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errkind.FailedPrecondition))
+		return
+	}
+	wk, err := s.worker(sb.WorkerID)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	rest := strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"+sb.ID)
+	r2 := r.Clone(r.Context())
+	r2.URL.Path = worker.PathPrefix + "/sandboxes/" + sb.ID + rest
+	r2.URL.RawPath = ""
+	r2.Header.Del("Authorization")
+	if r.Method == http.MethodPut {
+		r2.Body = http.MaxBytesReader(w, r.Body, maxUpload)
+	}
+	wk.ServeHTTP(w, r2)
+}
+
+// maxUpload bounds one file upload.
+const maxUpload = 1 << 30

@@ -1,0 +1,321 @@
+// Package controlplane serves SPACE's public API (/v1): it authenticates
+// API keys, owns the truth about sandboxes in the store, enforces team
+// isolation and quotas, places sandboxes on workers and forwards each
+// sandbox's data-plane requests (exec, processes, files) to its worker.
+//
+// A sandbox is acknowledged only once the store says so: create records it
+// (creating) before asking the worker, and marks it running after; delete
+// records stopping before the worker destroys the VM. Reconcile, run at
+// start, settles whatever a crash left between those steps.
+//
+// Lock order: Server.mu, then teamLocks' mutexes. Neither is held across
+// store or worker calls except a team's create lock, which serializes that
+// team's quota check and record creation.
+package controlplane
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"space/api"
+	"space/internal/errkind"
+	"space/internal/httpapi"
+	"space/internal/store"
+)
+
+// Defaults and bounds of a sandbox's resources.
+type Limits struct {
+	DefaultVCPUs, MaxVCPUs         int
+	DefaultMemoryMiB, MinMemoryMiB int64
+	MaxMemoryMiB                   int64
+	DefaultDiskMiB, MinDiskMiB     int64
+	MaxDiskMiB                     int64
+	DefaultTTL, MaxTTL             time.Duration
+}
+
+// DefaultLimits are the limits the OpenAPI document states.
+var DefaultLimits = Limits{
+	DefaultVCPUs: 1, MaxVCPUs: 8,
+	DefaultMemoryMiB: 512, MinMemoryMiB: 128, MaxMemoryMiB: 16384,
+	DefaultDiskMiB: 4096, MinDiskMiB: 512, MaxDiskMiB: 65536,
+	DefaultTTL: time.Hour, MaxTTL: 7 * 24 * time.Hour,
+}
+
+// Quota limits what one team may hold at once; 0 = unlimited.
+type Quota = api.Quota
+
+// DefaultQuota is every team's quota unless configured otherwise.
+var DefaultQuota = Quota{Sandboxes: 50, VCPUs: 64, MemoryMiB: 128 << 10, SnapshotMiB: 100 << 10}
+
+// Config configures a Server.
+type Config struct {
+	// Store holds the state. Required; the caller closes it.
+	Store store.Store
+	// Templates names the templates sandboxes may use; the first is the
+	// default. Required.
+	Templates []string
+	// Limits bound a sandbox's resources; zero value = DefaultLimits.
+	Limits Limits
+	// Quota is each team's quota; zero value = DefaultQuota.
+	Quota Quota
+	// ReapInterval is how often expired sandboxes are looked for; 0 = 5s.
+	ReapInterval time.Duration
+	// WorkerToken authenticates standalone workers (their registration,
+	// and the control plane's calls to them); "" = no standalone workers.
+	WorkerToken string
+	// CrashAt names a crash point (see CrashPoints); "" = never. For tests.
+	CrashAt string
+	// Version is reported by /v1/health.
+	Version string
+	// Log receives events; nil = discard.
+	Log *slog.Logger
+	// Now is the clock; nil = time.Now.
+	Now func() time.Time
+}
+
+// CrashPoints are the control plane's crash points.
+var CrashPoints = []string{
+	"api.create.recorded",    // store says creating; the worker was not asked
+	"api.create.worker-done", // the worker runs it; the store says creating
+	"api.delete.stopping-saved",
+}
+
+// Server is the control plane.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	now func() time.Time
+
+	mu sync.Mutex
+	// +checklocks:mu
+	workers map[string]Worker
+	// +checklocks:mu
+	teamLocks map[string]*sync.Mutex
+	// +checklocks:mu
+	seen map[string]time.Time // last registration of each standalone worker
+	// +checklocks:mu
+	usage map[string]api.Quota // per team: what its live sandboxes use; absent = load from the store
+}
+
+// New validates cfg and returns a server with no workers.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil || len(cfg.Templates) == 0 {
+		return nil, fmt.Errorf("controlplane: store and templates are required: %w", errkind.InvalidArgument)
+	}
+	if cfg.Limits == (Limits{}) {
+		cfg.Limits = DefaultLimits
+	}
+	if cfg.Quota == (Quota{}) {
+		cfg.Quota = DefaultQuota
+	}
+	if cfg.ReapInterval == 0 {
+		cfg.ReapInterval = 5 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Server{
+		cfg:       cfg,
+		log:       cfg.Log.With("component", "controlplane"),
+		now:       now,
+		workers:   make(map[string]Worker),
+		teamLocks: make(map[string]*sync.Mutex),
+		seen:      make(map[string]time.Time),
+		usage:     make(map[string]api.Quota),
+	}, nil
+}
+
+// AddWorker makes w available for placement and data-plane forwarding,
+// replacing a worker of the same ID.
+func (s *Server) AddWorker(w Worker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.workers[w.ID()] = w
+}
+
+func (s *Server) worker(id string) (Worker, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.workers[id]
+	if !ok {
+		return nil, fmt.Errorf("worker %q is not connected: %w", id, errkind.Unavailable)
+	}
+	return w, nil
+}
+
+func (s *Server) workerList() []Worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ws := make([]Worker, 0, len(s.workers))
+	for _, w := range s.workers {
+		ws = append(ws, w)
+	}
+	sort.Slice(ws, func(i, j int) bool { return ws[i].ID() < ws[j].ID() })
+	return ws
+}
+
+func (s *Server) teamLock(team string) *sync.Mutex {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.teamLocks[team]
+	if !ok {
+		m = new(sync.Mutex)
+		s.teamLocks[team] = m
+	}
+	return m
+}
+
+func (s *Server) crash(step string) {
+	if s.cfg.CrashAt == step {
+		s.log.Warn("crashing at crash point", "step", step)
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+}
+
+// DefaultTeam is the team of the first admin key.
+const DefaultTeam = "default"
+
+// Bootstrap makes sure the default team and an admin key exist. When it
+// creates the key it returns its secret (shown once); otherwise "".
+// hasKey reports whether the caller still holds a key secret (the admin
+// key file); when it does, no new key is made.
+func (s *Server) Bootstrap(ctx context.Context, hasKey bool) (secret string, err error) {
+	if _, err := s.cfg.Store.CreateTeam(ctx, store.Team{ID: DefaultTeam, Name: "default"}); err != nil && !errors.Is(err, store.ErrAlreadyExists) {
+		return "", fmt.Errorf("bootstrap: %w", err)
+	}
+	if hasKey {
+		return "", nil
+	}
+	k, secret, err := s.newKey(ctx, DefaultTeam, "admin (first start)", true)
+	if err != nil {
+		return "", fmt.Errorf("bootstrap: %w", err)
+	}
+	s.log.Info("created the first admin key", "key_id", k.ID)
+	return secret, nil
+}
+
+// newKey stores a new API key and returns it with its secret.
+func (s *Server) newKey(ctx context.Context, team, name string, admin bool) (store.APIKey, string, error) {
+	var b [32]byte
+	rand.Read(b[:])
+	secret := "sk_" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+	k, err := s.cfg.Store.CreateAPIKey(ctx, store.APIKey{
+		ID: store.NewID("key_"), TeamID: team, Name: name, Admin: admin, Hash: store.HashSecret(secret),
+	})
+	return k, secret, err
+}
+
+// caller is the authenticated key of a request.
+type caller struct {
+	team  string
+	admin bool
+	keyID string
+}
+
+type callerKey struct{}
+
+func callerOf(r *http.Request) caller { return r.Context().Value(callerKey{}).(caller) }
+
+// authenticate resolves the bearer key, or answers 401.
+func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || secret == "" || len(secret) > 256 {
+			httpapi.WriteError(w, fmt.Errorf("missing bearer api key (Authorization: Bearer <key>): %w", httpapi.ErrUnauthenticated))
+			return
+		}
+		k, err := s.cfg.Store.APIKeyByHash(r.Context(), store.HashSecret(secret))
+		if errors.Is(err, store.ErrNotFound) {
+			httpapi.WriteError(w, fmt.Errorf("unknown api key: %w", httpapi.ErrUnauthenticated))
+			return
+		}
+		if err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		ctx := context.WithValue(r.Context(), callerKey{}, caller{team: k.TeamID, admin: k.Admin, keyID: k.ID})
+		next(w, r.WithContext(ctx))
+	}
+}
+
+// route is one public route; Routes lists them for the OpenAPI check.
+type route struct {
+	method, path string
+	handler      http.HandlerFunc
+	public       bool // no authentication
+}
+
+func (s *Server) routes() []route {
+	sb := "/v1/sandboxes/{id}"
+	fwd := s.forward
+	return []route{
+		{"GET", "/v1/health", s.handleHealth, true},
+		{"POST", "/v1/sandboxes", s.handleCreate, false},
+		{"GET", "/v1/sandboxes", s.handleList, false},
+		{"GET", sb, s.handleGet, false},
+		{"DELETE", sb, s.handleDelete, false},
+		{"POST", sb + "/exec", fwd, false},
+		{"GET", sb + "/exec/ws", fwd, false},
+		{"GET", sb + "/processes", fwd, false},
+		{"GET", sb + "/processes/{pid}", fwd, false},
+		{"GET", sb + "/processes/{pid}/output", fwd, false},
+		{"GET", sb + "/processes/{pid}/attach", fwd, false},
+		{"POST", sb + "/processes/{pid}/signal", fwd, false},
+		{"GET", sb + "/files", fwd, false},
+		{"PUT", sb + "/files", fwd, false},
+		{"DELETE", sb + "/files", fwd, false},
+		{"GET", sb + "/files/list", fwd, false},
+		{"POST", "/v1/apikeys", s.handleCreateKey, false},
+		{"GET", "/v1/apikeys", s.handleListKeys, false},
+		{"DELETE", "/v1/apikeys/{id}", s.handleDeleteKey, false},
+		{"GET", "/v1/quota", s.handleQuota, false},
+		{"POST", "/v1/workers", s.handleRegister, true}, // worker token, checked by the handler
+		{"GET", "/v1/workers", s.handleListWorkers, false},
+	}
+}
+
+// Routes returns "METHOD /path" of every public route, sorted.
+func (s *Server) Routes() []string {
+	var out []string
+	for _, rt := range s.routes() {
+		out = append(out, rt.method+" "+rt.path)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Handler returns the public API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	for _, rt := range s.routes() {
+		h := rt.handler
+		if !rt.public {
+			h = s.authenticate(h)
+		}
+		mux.HandleFunc(rt.method+" "+rt.path, h)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		httpapi.WriteError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errkind.NotFound))
+	})
+	return mux
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	httpapi.WriteJSON(w, http.StatusOK, api.Health{Status: "ok", Version: s.cfg.Version})
+}

@@ -1,0 +1,278 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"space/api"
+	"space/client"
+	"space/internal/agent/guesttest"
+	"space/internal/controlplane"
+	"space/internal/testenv"
+	"space/internal/worker"
+)
+
+// Environment of a server child process (see TestMain).
+const (
+	envChild    = "SPACE_TEST_SERVER_CHILD"
+	envDataDir  = "SPACE_TEST_SERVER_DATA_DIR"
+	envWorkerID = "SPACE_TEST_SERVER_WORKER_ID"
+	envAgent    = "SPACE_TEST_SERVER_AGENT"
+	envCrashAt  = "SPACE_TEST_SERVER_CRASH_AT"
+)
+
+// TestMain runs this test binary as a server process when asked to, so
+// crash tests can kill -9 a real server at a named step.
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) == "1" {
+		os.Exit(childMain())
+	}
+	os.Exit(m.Run())
+}
+
+func childMain() int {
+	ctx, stop := signalContext()
+	defer stop()
+	err := Run(ctx, Config{
+		DataDir: os.Getenv(envDataDir), Listen: "127.0.0.1:0", CacheBase: guesttest.CacheBase(),
+		AgentPath: os.Getenv(envAgent), WorkerID: os.Getenv(envWorkerID), CrashAt: os.Getenv(envCrashAt),
+		Version: "test", Progress: os.Stderr,
+		Ready: func(url string) { fmt.Printf("READY %s\n", url) },
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
+		return 1
+	}
+	return 0
+}
+
+func signalContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 1)
+	signalNotify(ch)
+	go func() {
+		select {
+		case <-ch:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// child is a server running in a child process.
+type child struct {
+	cmd    *exec.Cmd
+	url    string
+	done   chan struct{}
+	client *client.Client
+}
+
+// startChild starts a server process on dataDir; crashAt names its crash
+// point or is "".
+func startChild(t *testing.T, dataDir, workerID, crashAt string) *child {
+	t.Helper()
+	agent, err := guesttest.BuildAgent(t.Context())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChild+"=1", envDataDir+"="+dataDir, envWorkerID+"="+workerID,
+		envAgent+"="+agent, envCrashAt+"="+crashAt)
+	logf, err := os.OpenFile(filepath.Join(t.TempDir(), "server.log"), os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	defer logf.Close()
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("setup: start server: %v", err)
+	}
+	c := &child{cmd: cmd, done: make(chan struct{})}
+	urlc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), "READY "); ok {
+				urlc <- u
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	go func() { cmd.Wait(); close(c.done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		<-c.done
+	})
+	select {
+	case c.url = <-urlc:
+	case <-c.done:
+		b, _ := os.ReadFile(logf.Name())
+		t.Fatalf("setup: server exited before serving:\n%s", b)
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("setup: server not ready in 5m")
+	}
+	key, err := os.ReadFile(filepath.Join(dataDir, AdminKeyFile))
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	c.client, _ = client.New(c.url, strings.TrimSpace(string(key)))
+	return c
+}
+
+// waitExit waits for the child to die by itself (a crash point).
+func (c *child) waitExit(t *testing.T) {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("server did not exit at its crash point")
+	}
+	if ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("server exit = %v, want killed by SIGKILL at the crash point", c.cmd.ProcessState)
+	}
+}
+
+func (c *child) kill(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	c.cmd.Process.Signal(sig)
+	select {
+	case <-c.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("server did not exit on %v", sig)
+	}
+}
+
+// TestCrashAtEveryStep kills the server at each named step of create and
+// delete, restarts it, and checks that the sandbox was completed or rolled
+// back (create) or finished (delete), with nothing left behind.
+func TestCrashAtEveryStep(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	var steps []string
+	steps = append(steps, controlplane.CrashPoints...)
+	steps = append(steps, worker.CrashPoints...)
+	for _, step := range steps {
+		t.Run(step, func(t *testing.T) {
+			dataDir, workerID := t.TempDir(), newWorkerID(t)
+			deleting := strings.Contains(step, "delete")
+			var id string
+			if deleting {
+				c := startChild(t, dataDir, workerID, "")
+				sb, err := c.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 192})
+				if err != nil {
+					t.Fatalf("CreateSandbox = %v", err)
+				}
+				id = sb.ID
+				c.kill(t, syscall.SIGTERM)
+			}
+			c := startChild(t, dataDir, workerID, step)
+			if deleting {
+				if err := c.client.DeleteSandbox(t.Context(), id); err == nil {
+					t.Fatalf("DeleteSandbox returned before the crash point %s", step)
+				}
+			} else if sb, err := c.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 192}); err == nil {
+				t.Fatalf("CreateSandbox = %s, want the server to die at %s", sb.ID, step)
+			}
+			c.waitExit(t)
+
+			c = startChild(t, dataDir, workerID, "")
+			all, err := c.client.Sandboxes(t.Context(), client.ListOptions{})
+			if err != nil {
+				t.Fatalf("Sandboxes after restart = %v", err)
+			}
+			ts := &testServer{dataDir: dataDir, workerID: workerID}
+			switch {
+			case len(all) == 0:
+				t.Logf("%s: rolled back / finished", step)
+			case len(all) == 1 && !deleting && all[0].State == "running":
+				t.Logf("%s: completed", step)
+				var out strings.Builder
+				exit, err := c.client.Exec(t.Context(), all[0].ID, sh("echo alive"), &out, io.Discard)
+				if err != nil || exit.Code != 0 || out.String() != "alive\n" {
+					t.Errorf("exec in completed sandbox = %q, %+v, %v", out.String(), exit, err)
+				}
+				if err := c.client.DeleteSandbox(t.Context(), all[0].ID); err != nil {
+					t.Fatalf("DeleteSandbox = %v", err)
+				}
+			default:
+				t.Fatalf("after restart: sandboxes = %+v, want none or one running", all)
+			}
+			assertNoLeftovers(t, ts)
+		})
+	}
+}
+
+// TestReadoptAfterRestart kills the server (SIGKILL, then SIGTERM) while
+// a sandbox runs a detached counter: the VM keeps running, the restarted
+// server re-adopts it (same VMM pid) and the counter keeps advancing.
+func TestReadoptAfterRestart(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	dataDir, workerID := t.TempDir(), newWorkerID(t)
+	c := startChild(t, dataDir, workerID, "")
+	ctx := t.Context()
+	sb, err := c.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	counter, err := c.client.StartDetached(ctx, sb.ID, api.Exec{Detach: true,
+		Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"})
+	if err != nil {
+		t.Fatalf("StartDetached = %v", err)
+	}
+	pid := sb.VM.PID
+	read := func(c *child) int {
+		var out strings.Builder
+		if _, err := c.client.ReadFile(ctx, sb.ID, "/tmp/count", &out); client.IsNotFound(err) {
+			return 0 // not written yet
+		} else if err != nil {
+			t.Fatalf("read counter: %v", err)
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(out.String()))
+		return n
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return read(c) > 0 })
+	before := read(c)
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		c.kill(t, sig)
+		if err := syscall.Kill(pid, 0); err != nil {
+			t.Fatalf("after %v of the server: vm pid %d: %v", sig, pid, err)
+		}
+		c = startChild(t, dataDir, workerID, "")
+		got, err := c.client.Sandbox(ctx, sb.ID)
+		if err != nil || got.State != "running" || got.VM == nil || got.VM.PID != pid {
+			t.Fatalf("after %v: Sandbox = %+v, %v; want running on vm pid %d", sig, got, err, pid)
+		}
+		testenv.Eventually(t, 30*time.Second, func() bool { return read(c) > before })
+		before = read(c)
+		p, err := c.client.Process(ctx, sb.ID, counter.ID)
+		if err != nil || !p.Running {
+			t.Errorf("after %v: counter process = %+v, %v; want running", sig, p, err)
+		}
+		t.Logf("after %v: same vm pid %d, counter at %d", sig, pid, before)
+	}
+	if err := c.client.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatalf("DeleteSandbox = %v", err)
+	}
+	// The VMM's parent was the first server process; init reaps it.
+	testenv.Eventually(t, 10*time.Second, func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+	assertNoLeftovers(t, &testServer{dataDir: dataDir, workerID: workerID})
+}

@@ -1,0 +1,119 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"space/api"
+	"space/client"
+	"space/internal/agent/guesttest"
+	"space/internal/httpapi"
+	"space/internal/testenv"
+)
+
+// startWorker runs a standalone worker registered with ts.
+func startWorker(t *testing.T, ts *testServer, memoryMiB int64) *testServer {
+	t.Helper()
+	agent, err := guesttest.BuildAgent(t.Context())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	token, err := os.ReadFile(filepath.Join(ts.dataDir, WorkerTokenFile))
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	wt := &testServer{dataDir: t.TempDir(), workerID: newWorkerID(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- RunWorker(ctx, WorkerConfig{
+			ID: wt.workerID, DataDir: wt.dataDir, Listen: "127.0.0.1:0", ControlPlane: ts.url,
+			Token: strings.TrimSpace(string(token)), CacheBase: guesttest.CacheBase(), AgentPath: agent,
+			VCPUs: 8, MemoryMiB: memoryMiB, Ready: func(u string) { ready <- u },
+		})
+	}()
+	select {
+	case wt.url = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("setup: worker: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+	return wt
+}
+
+// TestTwoWorkersPlacement registers two standalone workers on this host
+// with a server whose embedded worker has no room, and checks sandboxes
+// are spread over them by free capacity and served through the control
+// plane.
+func TestTwoWorkersPlacement(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	ts := startServerWith(t, Config{VCPUs: 1, MemoryMiB: 64}) // takes nothing
+	ts.deleteAllOnCleanup(t)
+	a := startWorker(t, ts, 1024)
+	b := startWorker(t, ts, 1024)
+	ctx := t.Context()
+	var listed api.WorkerList
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		status, body := rawCall(t, ts, "GET", "/v1/workers", "")
+		listed = api.WorkerList{}
+		if status != http.StatusOK || httpapi.Unmarshal([]byte(body), &listed) != nil {
+			return false
+		}
+		healthy := 0
+		for _, w := range listed.Workers {
+			if w.Healthy {
+				healthy++
+			}
+		}
+		return healthy == 3
+	})
+	t.Logf("workers: %+v", listed.Workers)
+
+	on := map[string]int{}
+	for i := range 3 {
+		sb, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256})
+		if err != nil {
+			t.Fatalf("CreateSandbox %d = %v", i, err)
+		}
+		on[sb.Worker]++
+		stdout, _, code := execOut(t, ts.client, sb.ID, sh("hostname"))
+		if code != 0 || stdout != "sandbox\n" {
+			t.Errorf("exec on %s = %q, %d", sb.Worker, stdout, code)
+		}
+		var got strings.Builder
+		if _, err := ts.client.WriteFile(ctx, sb.ID, "/tmp/f", strings.NewReader("x"), client.WriteOptions{}); err != nil {
+			t.Errorf("WriteFile on %s = %v", sb.Worker, err)
+		} else if _, err := ts.client.ReadFile(ctx, sb.ID, "/tmp/f", &got); err != nil || got.String() != "x" {
+			t.Errorf("ReadFile on %s = %q, %v", sb.Worker, got.String(), err)
+		}
+	}
+	if on[a.workerID] == 0 || on[b.workerID] == 0 || on[ts.workerID] != 0 {
+		t.Errorf("placement = %v, want both standalone workers used and the full embedded one not", on)
+	}
+	// Too big for any worker: a clear error, nothing recorded.
+	if _, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 2048}); err == nil || !strings.Contains(err.Error(), "no worker has") {
+		t.Errorf("CreateSandbox(2048 MiB) = %v, want no capacity", err)
+	}
+	all, _ := ts.client.Sandboxes(ctx, client.ListOptions{})
+	for _, sb := range all {
+		if err := ts.client.DeleteSandbox(ctx, sb.ID); err != nil {
+			t.Errorf("DeleteSandbox = %v", err)
+		}
+	}
+	assertNoLeftovers(t, a)
+	assertNoLeftovers(t, b)
+}

@@ -1,0 +1,355 @@
+// Package server assembles SPACE's host processes: `space server` (the
+// control plane with an embedded worker and the default template) and
+// `space worker` (a standalone worker). It builds the components from a
+// Config, serves HTTP until its context ends, and leaves the VMs running
+// when it stops: a new process on the same data dir re-adopts them.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"space/internal/cachedir"
+	"space/internal/cgroup"
+	"space/internal/controlplane"
+	"space/internal/errkind"
+	"space/internal/imagebuild"
+	"space/internal/store"
+	"space/internal/store/postgres"
+	"space/internal/store/sqlite"
+	"space/internal/vmm/qemu"
+	"space/internal/worker"
+)
+
+// DefaultListen is where `space server` listens unless told otherwise.
+const DefaultListen = "127.0.0.1:7070"
+
+// Files the server keeps in its data dir.
+const (
+	AdminKeyFile = "admin.key" // the first admin key's secret, 0600
+	// WorkerTokenFile holds the token standalone workers present (and the
+	// control plane presents to them), 0600.
+	WorkerTokenFile = "worker.token"
+	InfoFile        = "server.json" // ServerInfo: where clients find the API
+	lockFile        = "server.lock" // held while a process uses the data dir
+	dbFile          = "space.db"    // the SQLite store
+)
+
+// Info is what InfoFile holds.
+type Info struct {
+	URL string `json:"url"`
+	PID int    `json:"pid"`
+}
+
+// Config configures a server process.
+type Config struct {
+	// DataDir holds the store, the worker's sandboxes and the admin key.
+	// Required.
+	DataDir string
+	// Listen is the API's address; "" = DefaultListen.
+	Listen string
+	// CacheBase is the artifact cache's base directory (kernel, rootfs).
+	// Required.
+	CacheBase string
+	// AgentPath is the static space-agent binary put in the initramfs.
+	// Required.
+	AgentPath string
+	// StoreURL selects PostgreSQL (postgres://...); "" = SQLite in DataDir.
+	StoreURL string
+	// WorkerID names the embedded worker; "" = "local".
+	WorkerID string
+	// VCPUs and MemoryMiB are the embedded worker's capacity; 0 = its
+	// default (see worker.Config).
+	VCPUs     int
+	MemoryMiB int64
+	// CrashAt names a crash point of the worker or control plane; for
+	// tests.
+	CrashAt string
+	// Version is reported by the health route.
+	Version string
+	// Progress receives human-readable progress lines; nil = discard.
+	Progress io.Writer
+	// Log receives structured events; nil = discard.
+	Log *slog.Logger
+	// Ready, if set, is called with the API's URL once it serves.
+	Ready func(url string)
+}
+
+// Run starts the control plane and its embedded worker and serves until
+// ctx ends. VMs keep running after it returns.
+func Run(ctx context.Context, cfg Config) (err error) {
+	if cfg.DataDir == "" || cfg.CacheBase == "" || cfg.AgentPath == "" {
+		return fmt.Errorf("server: data dir, cache and agent path are required: %w", errkind.InvalidArgument)
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.WorkerID == "" {
+		cfg.WorkerID = "local"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	progress := cfg.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return err
+	}
+	unlock, err := lockDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	fmt.Fprintln(progress, "space: preparing the default template (first start: fetches a kernel and bootstraps Debian, minutes)")
+	t0 := time.Now()
+	img, err := buildImages(ctx, cfg.CacheBase, cfg.AgentPath, cfg.Log)
+	if err != nil {
+		return fmt.Errorf("default template: %w", err)
+	}
+	fmt.Fprintf(progress, "space: default template ready in %s\n", time.Since(t0).Round(time.Millisecond))
+
+	w, err := newWorker(ctx, workerConfig{
+		ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
+		Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB,
+	})
+	if err != nil {
+		return err
+	}
+	defer w.Close() // detaches: the VMs keep running
+
+	token, err := secretFile(filepath.Join(cfg.DataDir, WorkerTokenFile))
+	if err != nil {
+		return err
+	}
+	cp, err := controlplane.New(controlplane.Config{
+		Store: st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
+		WorkerToken: token,
+	})
+	if err != nil {
+		return err
+	}
+	cp.AddWorker(controlplane.NewLocal(w))
+	if err := cp.LoadWorkers(ctx); err != nil {
+		return err
+	}
+	if err := cp.Reconcile(ctx); err != nil {
+		cfg.Log.Error("reconcile", "err", err)
+	}
+	keyPath := filepath.Join(cfg.DataDir, AdminKeyFile)
+	_, statErr := os.Stat(keyPath)
+	secret, err := cp.Bootstrap(ctx, statErr == nil)
+	if err != nil {
+		return err
+	}
+	if secret != "" {
+		if err := writeFileAtomic(keyPath, []byte(secret+"\n"), 0o600); err != nil {
+			return fmt.Errorf("write admin key: %w", err)
+		}
+		fmt.Fprintf(progress, "space: created the first admin key in %s\n", keyPath)
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	url := "http://" + ln.Addr().String()
+	info, _ := json.Marshal(Info{URL: url, PID: os.Getpid()})
+	if err := writeFileAtomic(filepath.Join(cfg.DataDir, InfoFile), info, 0o600); err != nil {
+		ln.Close()
+		return err
+	}
+	fmt.Fprintf(progress, "space: serving the API on %s (data dir %s)\n", url, cfg.DataDir)
+	if cfg.Ready != nil {
+		cfg.Ready(url)
+	}
+	return serve(ctx, ln, cp.Handler(), cp.Run, cfg.Log)
+}
+
+// serve runs the HTTP server and background until ctx ends.
+func serve(ctx context.Context, ln net.Listener, h http.Handler, background func(context.Context) error, log *slog.Logger) error {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		// No read or write timeout: exec streams last as long as their
+		// commands.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	bctx, cancel := context.WithCancel(ctx)
+	bgDone := make(chan error, 1)
+	go func() { bgDone <- background(bctx) }()
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Serve(ln) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-srvDone:
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	if srv.Shutdown(sctx) != nil {
+		srv.Close() // streams still open: cut them; their commands go on
+	}
+	cancel()
+	err = errors.Join(err, <-bgDone)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+func openStore(ctx context.Context, cfg Config) (store.Store, error) {
+	if strings.HasPrefix(cfg.StoreURL, "postgres://") || strings.HasPrefix(cfg.StoreURL, "postgresql://") {
+		return postgres.Open(ctx, cfg.StoreURL)
+	}
+	if cfg.StoreURL != "" {
+		return nil, fmt.Errorf("store url %q: want postgres://... or empty for SQLite: %w", cfg.StoreURL, errkind.InvalidArgument)
+	}
+	return sqlite.Open(ctx, filepath.Join(cfg.DataDir, dbFile))
+}
+
+func buildImages(ctx context.Context, cacheBase, agent string, log *slog.Logger) (*imagebuild.Artifacts, error) {
+	cache, err := cachedir.Open(cacheBase)
+	if err != nil {
+		return nil, err
+	}
+	return imagebuild.Build(ctx, imagebuild.Config{Cache: cache, AgentPath: agent, Log: log})
+}
+
+// workerConfig is what newWorker needs.
+type workerConfig struct {
+	ID, DataDir, CacheBase string
+	Images                 *imagebuild.Artifacts
+	VCPUs                  int
+	MemoryMiB              int64
+	CrashAt                string
+	Log                    *slog.Logger
+}
+
+// templates serves the one default template.
+type templates struct{ def *imagebuild.Artifacts }
+
+func (t templates) Template(_ context.Context, name string) (*imagebuild.Artifacts, error) {
+	if name != "default" {
+		return nil, fmt.Errorf("template %q: %w", name, errkind.NotFound)
+	}
+	return t.def, nil
+}
+
+// newWorker builds and starts (recovers) a worker with the QEMU driver.
+func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
+	cache, err := cachedir.Open(wc.CacheBase)
+	if err != nil {
+		return nil, err
+	}
+	qcfg := qemu.Config{Log: wc.Log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
+	if os.Geteuid() == 0 {
+		qcfg.User = &qemu.User{UID: 65534, GID: 65534} // nobody: QEMU needs no privilege
+	}
+	drv, err := qemu.New(qcfg)
+	if err != nil {
+		return nil, err
+	}
+	accel, err := drv.Accel(ctx, wc.Images.Kernel.Vmlinux)
+	if err != nil {
+		return nil, err
+	}
+	wc.Log.Info("accelerator chosen", "accel", accel)
+	cg, err := cgroup.Detect()
+	if err != nil {
+		wc.Log.Warn("running VMMs without cgroup limits", "err", err)
+		cg = nil
+	}
+	w, err := worker.New(worker.Config{
+		ID: wc.ID, DataDir: wc.DataDir, Driver: drv, Templates: templates{wc.Images},
+		Cgroups: cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Start(ctx); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// lockDir takes an exclusive lock on dir's lock file, so two processes
+// never run on one data dir.
+func lockDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("data dir %s is in use by another space process: %w", dir, errkind.FailedPrecondition)
+	}
+	return func() { f.Close() }, nil
+}
+
+// writeFileAtomic writes data to path through a synced temporary file.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// secretFile returns the secret kept in path, making a new random one
+// (0600) when the file does not exist.
+func secretFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		if s := strings.TrimSpace(string(b)); s != "" {
+			return s, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	var raw [32]byte
+	rand.Read(raw[:])
+	secret := hex.EncodeToString(raw[:])
+	if err := writeFileAtomic(path, []byte(secret+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return secret, nil
+}

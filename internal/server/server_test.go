@@ -1,0 +1,436 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"space/api"
+	"space/client"
+	"space/internal/agent/guesttest"
+	"space/internal/cgroup"
+	"space/internal/testenv"
+)
+
+// testServer is a server process run in this test process.
+type testServer struct {
+	url, key string
+	dataDir  string
+	workerID string
+	client   *client.Client
+	stop     func()
+}
+
+// startServer runs a server on a fresh data dir (or dataDir, reused) and
+// returns once it serves. VMs left by a test are deleted at cleanup.
+func startServer(t *testing.T, dataDir, workerID string) *testServer {
+	t.Helper()
+	return startServerWith(t, Config{DataDir: dataDir, WorkerID: workerID})
+}
+
+func startServerWith(t *testing.T, cfg Config) *testServer {
+	t.Helper()
+	dataDir, workerID := cfg.DataDir, cfg.WorkerID
+	guesttest.Images(t)
+	agent, err := guesttest.BuildAgent(t.Context())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	if dataDir == "" {
+		dataDir = t.TempDir()
+	}
+	if workerID == "" {
+		workerID = newWorkerID(t)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		cfg.DataDir, cfg.WorkerID, cfg.Listen, cfg.CacheBase, cfg.AgentPath = dataDir, workerID, "127.0.0.1:0", guesttest.CacheBase(), agent
+		cfg.Version, cfg.Ready = "test", func(u string) { ready <- u }
+		done <- Run(ctx, cfg)
+	}()
+	var url string
+	select {
+	case url = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("setup: server: %v", err)
+	case <-time.After(5 * time.Minute):
+		cancel()
+		t.Fatalf("setup: server not ready in 5m")
+	}
+	key, err := os.ReadFile(filepath.Join(dataDir, AdminKeyFile))
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	c, err := client.New(url, strings.TrimSpace(string(key)))
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	var once sync.Once
+	ts := &testServer{url: url, key: strings.TrimSpace(string(key)), dataDir: dataDir, workerID: workerID, client: c}
+	ts.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("server: %v", err)
+			}
+		})
+	}
+	t.Cleanup(ts.stop)
+	return ts
+}
+
+// deleteAllOnCleanup deletes the sandboxes the admin key's team has when
+// the test ends, before the server stops.
+func (ts *testServer) deleteAllOnCleanup(t *testing.T) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		all, err := ts.client.Sandboxes(ctx, client.ListOptions{})
+		if err != nil {
+			t.Errorf("cleanup: list: %v", err)
+			return
+		}
+		for _, sb := range all {
+			if err := ts.client.DeleteSandbox(ctx, sb.ID); err != nil {
+				t.Errorf("cleanup: delete %s: %v", sb.ID, err)
+			}
+		}
+	})
+}
+
+func newWorkerID(t *testing.T) string {
+	var b [4]byte
+	rand.Read(b[:])
+	id := "t" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		// Servers leave VMs running when they stop; a test that failed
+		// before deleting its sandboxes must not leave them behind.
+		if h, err := cgroup.Detect(); err == nil {
+			if g, err := h.Open("space-" + id); err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				if err := errors.Join(g.Kill(ctx), g.Remove()); err != nil {
+					t.Errorf("cleanup: worker cgroup: %v", err)
+				}
+			}
+		}
+		os.RemoveAll("/dev/shm/space-" + id)
+	})
+	return id
+}
+
+func execOut(t *testing.T, c *client.Client, id string, req api.Exec) (string, string, int) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	exit, err := c.Exec(t.Context(), id, req, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("Exec(%v) = %v", req.Command, err)
+	}
+	return stdout.String(), stderr.String(), exit.Code
+}
+
+func sh(cmd string) api.Exec { return api.Exec{Command: []string{"/bin/sh", "-c", cmd}} }
+
+func TestSandboxLifecycle(t *testing.T) {
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	c := ts.client
+	ctx := t.Context()
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256, Env: map[string]string{"GREETING": "hi"}, Labels: map[string]string{"suite": "e2e"}})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	if sb.State != "running" || sb.VM == nil || sb.VM.Accel == "" || sb.MemoryMiB != 256 || sb.ExpiresAt == nil {
+		t.Fatalf("CreateSandbox = %+v, want running with vm info, 256 MiB and an expiry", sb)
+	}
+	t.Logf("created %s on %s in %d ms (%s)", sb.ID, sb.Worker, sb.VM.BootMS, sb.VM.Accel)
+
+	stdout, stderr, code := execOut(t, c, sb.ID, sh(`echo "$GREETING $EXTRA"; echo oops >&2; exit 3`))
+	if stdout != "hi there\n" && code != 3 {
+		t.Errorf("exec = %q, %q, %d", stdout, stderr, code)
+	}
+	req := sh(`echo "$GREETING $EXTRA"; echo oops >&2; exit 3`)
+	req.Env = map[string]string{"EXTRA": "there"}
+	stdout, stderr, code = execOut(t, c, sb.ID, req)
+	if stdout != "hi there\n" || stderr != "oops\n" || code != 3 {
+		t.Errorf("exec = %q, %q, %d; want %q, %q, 3", stdout, stderr, code, "hi there\n", "oops\n")
+	}
+	// Raw bytes survive the stream.
+	stdout, _, _ = execOut(t, c, sb.ID, sh(`printf '\000\377\n'`))
+	if stdout != "\x00\xff\n" {
+		t.Errorf("binary output = %q, want %q", stdout, "\x00\xff\n")
+	}
+	// No network device but loopback: the guest cannot reach the host.
+	stdout, _, _ = execOut(t, c, sb.ID, sh(`ls /sys/class/net`))
+	if stdout != "lo\n" {
+		t.Errorf("guest network devices = %q, want only lo", stdout)
+	}
+	// Users resolve in the guest.
+	stdout, _, _ = execOut(t, c, sb.ID, api.Exec{Command: []string{"id", "-u"}, User: "nobody"})
+	if stdout != "65534\n" {
+		t.Errorf("id -u as nobody = %q", stdout)
+	}
+
+	// Files.
+	if _, err := c.WriteFile(ctx, sb.ID, "/work/a.txt", strings.NewReader("content\n"), client.WriteOptions{Mode: 0o600, Mkdir: true}); err != nil {
+		t.Fatalf("WriteFile = %v", err)
+	}
+	var got bytes.Buffer
+	mode, err := c.ReadFile(ctx, sb.ID, "/work/a.txt", &got)
+	if err != nil || got.String() != "content\n" || mode.Perm() != 0o600 {
+		t.Errorf("ReadFile = %q, %v, %v", got.String(), mode, err)
+	}
+	list, err := c.ListFiles(ctx, sb.ID, "/work")
+	if err != nil || len(list.Entries) != 1 || list.Entries[0].Name != "a.txt" || list.Entries[0].Size != 8 {
+		t.Errorf("ListFiles = %+v, %v", list, err)
+	}
+	if _, err := c.ReadFile(ctx, sb.ID, "/work/missing", io.Discard); !client.IsNotFound(err) {
+		t.Errorf("ReadFile(missing) = %v, want not found", err)
+	}
+
+	all, err := c.Sandboxes(ctx, client.ListOptions{Labels: map[string]string{"suite": "e2e"}})
+	if err != nil || len(all) != 1 || all[0].ID != sb.ID {
+		t.Errorf("Sandboxes(label) = %v, %v", all, err)
+	}
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatalf("DeleteSandbox = %v", err)
+	}
+	if _, err := c.Sandbox(ctx, sb.ID); !client.IsNotFound(err) {
+		t.Errorf("Sandbox after delete = %v, want not found", err)
+	}
+	assertNoLeftovers(t, ts)
+}
+
+// assertNoLeftovers checks the worker's run root and sandbox directories
+// are empty and no process is left in its control groups.
+func assertNoLeftovers(t *testing.T, ts *testServer) {
+	t.Helper()
+	for _, dir := range []string{"/dev/shm/space-" + ts.workerID, filepath.Join(ts.dataDir, "worker", "sandboxes")} {
+		entries, err := os.ReadDir(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("read %s: %v", dir, err)
+		}
+		if len(entries) > 0 {
+			t.Errorf("%s holds %d entries after every sandbox is gone", dir, len(entries))
+		}
+	}
+	if pids := cgroupProcs(t, ts.workerID); len(pids) > 0 {
+		t.Errorf("processes %v left in the worker's control groups", pids)
+	}
+}
+
+func TestDetachAttach(t *testing.T) {
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	c := ts.client
+	ctx := t.Context()
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	p, err := c.StartDetached(ctx, sb.ID, api.Exec{Shell: "for i in 1 2 3; do echo $i; sleep 0.5; done; exit 7", Detach: true})
+	if err != nil {
+		t.Fatalf("StartDetached = %v", err)
+	}
+	procs, err := c.Processes(ctx, sb.ID)
+	if err != nil || len(procs) == 0 || procs[len(procs)-1].ID != p.ID {
+		t.Errorf("Processes = %+v, %v; want %d listed", procs, err, p.ID)
+	}
+	var out bytes.Buffer
+	exit, err := c.Output(ctx, sb.ID, p.ID, &out, io.Discard)
+	if err != nil || exit.Code != 7 || out.String() != "1\n2\n3\n" {
+		t.Errorf("Output = %q, %+v, %v; want 1 2 3 and exit 7", out.String(), exit, err)
+	}
+
+	// A client that goes away does not kill its command; what it printed
+	// meanwhile waits for the next attach.
+	cctx, cancel := context.WithCancel(ctx)
+	first := &notifyWriter{ch: make(chan struct{}, 1)}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(cctx, sb.ID, sh(`echo start; sleep 2; echo after; exit 5`), first, io.Discard)
+		errc <- err
+	}()
+	select {
+	case <-first.ch:
+	case <-time.After(time.Minute):
+		t.Fatalf("no output from exec")
+	}
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatalf("Exec with cancelled ctx = nil error")
+	}
+	procs, err = c.Processes(ctx, sb.ID)
+	if err != nil || len(procs) == 0 {
+		t.Fatalf("Processes = %v, %v", procs, err)
+	}
+	last := procs[len(procs)-1]
+	out.Reset()
+	exit, err = c.Attach(ctx, sb.ID, last.ID, client.StreamIO{Stdout: &out})
+	if err != nil || exit.Code != 5 || !strings.Contains(out.String(), "after\n") {
+		t.Errorf("Attach after disconnect = %q, %+v, %v; want \"after\" and exit 5", out.String(), exit, err)
+	}
+
+	// Stdin over the WebSocket.
+	out.Reset()
+	exit, err = c.ExecStream(ctx, sb.ID, api.Exec{Command: []string{"tr", "a-z", "A-Z"}}, client.StreamIO{Stdin: strings.NewReader("shout\n"), Stdout: &out})
+	if err != nil || exit.Code != 0 || out.String() != "SHOUT\n" {
+		t.Errorf("ExecStream(tr) = %q, %+v, %v", out.String(), exit, err)
+	}
+	// A terminal.
+	out.Reset()
+	exit, err = c.ExecStream(ctx, sb.ID, api.Exec{Command: []string{"stty", "size"}, TTY: &api.WinSize{Rows: 33, Cols: 99}}, client.StreamIO{Stdout: &out})
+	if err != nil || exit.Code != 0 || strings.TrimSpace(out.String()) != "33 99" {
+		t.Errorf("ExecStream(stty size) = %q, %+v, %v", out.String(), exit, err)
+	}
+}
+
+type notifyWriter struct {
+	ch chan struct{}
+}
+
+func (n *notifyWriter) Write(p []byte) (int, error) {
+	select {
+	case n.ch <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func TestTeamIsolation(t *testing.T) {
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	sb, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	k, err := ts.client.CreateAPIKey(ctx, api.CreateAPIKey{Name: "other", Team: "other"})
+	if err != nil {
+		t.Fatalf("CreateAPIKey = %v", err)
+	}
+	other, _ := client.New(ts.url, k.Secret)
+	checks := map[string]error{}
+	_, checks["get"] = other.Sandbox(ctx, sb.ID)
+	checks["delete"] = other.DeleteSandbox(ctx, sb.ID)
+	_, checks["exec"] = other.Exec(ctx, sb.ID, sh("true"), io.Discard, io.Discard)
+	_, checks["detach"] = other.StartDetached(ctx, sb.ID, api.Exec{Shell: "true", Detach: true})
+	_, checks["processes"] = other.Processes(ctx, sb.ID)
+	_, checks["read file"] = other.ReadFile(ctx, sb.ID, "/etc/hostname", io.Discard)
+	_, checks["write file"] = other.WriteFile(ctx, sb.ID, "/tmp/x", strings.NewReader("x"), client.WriteOptions{})
+	_, checks["list files"] = other.ListFiles(ctx, sb.ID, "/")
+	checks["signal"] = other.Signal(ctx, sb.ID, 1, 9)
+	_, checks["attach"] = other.Attach(ctx, sb.ID, 1, client.StreamIO{})
+	for name, err := range checks {
+		if !client.IsNotFound(err) {
+			t.Errorf("other team's %s = %v, want not found", name, err)
+		}
+	}
+	if all, err := other.Sandboxes(ctx, client.ListOptions{}); err != nil || len(all) != 0 {
+		t.Errorf("other team's list = %v, %v; want empty", all, err)
+	}
+	// A non-admin key cannot make keys for another team.
+	if _, err := other.CreateAPIKey(ctx, api.CreateAPIKey{Team: DefaultTeamForTest}); err == nil {
+		t.Errorf("non-admin CreateAPIKey(team default) = nil error")
+	}
+	// The sandbox is untouched.
+	if got, err := ts.client.Sandbox(ctx, sb.ID); err != nil || got.State != "running" {
+		t.Errorf("owner's Sandbox = %+v, %v", got, err)
+	}
+}
+
+// DefaultTeamForTest is the first admin key's team.
+const DefaultTeamForTest = "default"
+
+func TestConcurrentSandboxes(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	const n = 5
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			sb, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			var out bytes.Buffer
+			exit, err := ts.client.Exec(ctx, sb.ID, sh(fmt.Sprintf("echo %d", i)), &out, io.Discard)
+			if err == nil && (exit.Code != 0 || out.String() != fmt.Sprintf("%d\n", i)) {
+				err = fmt.Errorf("exec = %q, %+v", out.String(), exit)
+			}
+			errs[i] = errors.Join(err, ts.client.DeleteSandbox(ctx, sb.ID))
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("sandbox %d: %v", i, err)
+		}
+	}
+	assertNoLeftovers(t, ts)
+}
+
+// rawCall sends a request with the admin key and returns status and body.
+func rawCall(t *testing.T, ts *testServer, method, path, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), method, ts.url+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+ts.key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestTimeoutExpires checks a sandbox is removed, VM and files, once its
+// timeout passes.
+func TestTimeoutExpires(t *testing.T) {
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	sb, err := ts.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 192, TimeoutSeconds: 2})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	testenv.Eventually(t, time.Minute, func() bool {
+		_, err := ts.client.Sandbox(t.Context(), sb.ID)
+		return client.IsNotFound(err)
+	})
+	assertNoLeftovers(t, ts)
+	if sb.VM != nil {
+		testenv.Eventually(t, 10*time.Second, func() bool { return syscall.Kill(sb.VM.PID, 0) != nil })
+	}
+}

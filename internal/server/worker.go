@@ -1,0 +1,164 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"space/api"
+	"space/internal/controlplane"
+	"space/internal/errkind"
+	"space/internal/httpapi"
+	"space/internal/worker"
+)
+
+// DefaultWorkerListen is where `space worker` serves its API unless told
+// otherwise.
+const DefaultWorkerListen = "127.0.0.1:7071"
+
+// WorkerConfig configures a standalone worker process.
+type WorkerConfig struct {
+	// ID names the worker. Required; unique among a control plane's
+	// workers (two workers on one host need two IDs and data dirs).
+	ID string
+	// DataDir holds the worker's sandboxes. Required.
+	DataDir string
+	// Listen is the worker API's address; "" = DefaultWorkerListen.
+	Listen string
+	// Advertise is the URL the control plane reaches the worker at; "" =
+	// http://<the listening address>.
+	Advertise string
+	// ControlPlane is the control plane's URL. Required.
+	ControlPlane string
+	// Token is the control plane's worker token (its data dir's
+	// worker.token). Required.
+	Token string
+	// CacheBase and AgentPath are as in Config. Required.
+	CacheBase, AgentPath string
+	// VCPUs and MemoryMiB are the capacity offered; 0 = the worker's
+	// defaults.
+	VCPUs     int
+	MemoryMiB int64
+	// CrashAt names a worker crash point; for tests.
+	CrashAt string
+	// Progress, Log and Ready are as in Config.
+	Progress io.Writer
+	Log      *slog.Logger
+	Ready    func(url string)
+}
+
+// RunWorker runs a standalone worker: it recovers its sandboxes, serves
+// the worker API and registers with the control plane, renewing the
+// registration as its heartbeat, until ctx ends. VMs keep running after it
+// returns.
+func RunWorker(ctx context.Context, cfg WorkerConfig) error {
+	if cfg.ID == "" || cfg.DataDir == "" || cfg.ControlPlane == "" || cfg.Token == "" || cfg.CacheBase == "" || cfg.AgentPath == "" {
+		return fmt.Errorf("worker: id, data dir, control plane, token, cache and agent path are required: %w", errkind.InvalidArgument)
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultWorkerListen
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	cfg.Log = cfg.Log.With("worker_id", cfg.ID)
+	progress := cfg.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return err
+	}
+	unlock, err := lockDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	fmt.Fprintln(progress, "space: preparing the default template")
+	img, err := buildImages(ctx, cfg.CacheBase, cfg.AgentPath, cfg.Log)
+	if err != nil {
+		return fmt.Errorf("default template: %w", err)
+	}
+	w, err := newWorker(ctx, workerConfig{
+		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
+		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log,
+	})
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	if cfg.Advertise == "" {
+		cfg.Advertise = "http://" + ln.Addr().String()
+	}
+	fmt.Fprintf(progress, "space: worker %s serving on %s, registering with %s\n", cfg.ID, cfg.Advertise, cfg.ControlPlane)
+	reg := &registrar{cfg: cfg, w: w, hc: &http.Client{Timeout: 30 * time.Second}}
+	background := func(ctx context.Context) error {
+		reg.run(ctx)
+		return nil
+	}
+	if cfg.Ready != nil {
+		cfg.Ready(cfg.Advertise)
+	}
+	return serve(ctx, ln, w.Handler(cfg.Token), background, cfg.Log)
+}
+
+// registrar registers the worker with the control plane and renews the
+// registration every controlplane.HeartbeatInterval.
+type registrar struct {
+	cfg WorkerConfig
+	w   *worker.Worker
+	hc  *http.Client
+}
+
+func (r *registrar) run(ctx context.Context) {
+	t := time.NewTicker(controlplane.HeartbeatInterval)
+	defer t.Stop()
+	registered := false
+	for {
+		err := r.register(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.cfg.Log.Warn("register with control plane", "err", err)
+			registered = false
+		case err == nil && !registered:
+			r.cfg.Log.Info("registered with control plane", "control_plane", r.cfg.ControlPlane)
+			registered = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *registrar) register(ctx context.Context) error {
+	st := r.w.Status()
+	body, _ := json.Marshal(api.RegisterWorker{ID: r.cfg.ID, Address: r.cfg.Advertise, VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB})
+	url := strings.TrimSuffix(r.cfg.ControlPlane, "/") + "/v1/workers"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+r.cfg.Token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return httpapi.ResponseError(resp)
+}

@@ -1,0 +1,36 @@
+// Package worker owns one host's sandboxes: it turns "sandbox X should run
+// with spec S" into a VMM process in its own control group, a writable
+// disk layer, run files and an agent connection, and it serves the
+// sandbox's data plane (exec, processes, files) over HTTP.
+//
+// # Records and recovery
+//
+// Every sandbox has a record in DataDir/sandboxes/<id>/record.json,
+// written (atomically, fsynced) before each step it describes is
+// acknowledged: the record exists before anything is created, holds the
+// VMM handle as soon as the VMM runs, and says "running" only once the
+// agent answered. A worker that restarts (after kill -9 or SIGTERM: Close
+// leaves VMs running) reads its records and
+//   - re-adopts running VMs through their handles (same VMM process);
+//   - completes a create whose VM came up, or rolls it back;
+//   - finishes a delete that was under way;
+//   - removes what no record points to: control groups under
+//     space-<worker id>, run directories under RunRoot and sandbox
+//     directories without a record.
+//
+// Everything the worker creates on the host carries its ID (the run root,
+// the cgroup parent), so two workers on one host never touch each other's
+// sandboxes. Only Delete, and a failed create, destroy a VM.
+//
+// # Crash points
+//
+// Config.CrashAt names a step at which the process kills itself with
+// SIGKILL; tests use it to crash at exactly that step (see CrashPoints).
+//
+// # Locking
+//
+// Worker.mu guards the sandbox map. Each sandbox has op, held for the
+// whole of a lifecycle operation (create, delete, recover) so they never
+// interleave, and mu, which guards its fields and is never held across
+// I/O. Lock order: sandbox.op, then Worker.mu, then sandbox.mu.
+package worker

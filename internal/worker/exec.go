@@ -1,0 +1,561 @@
+package worker
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"space/api"
+	"space/internal/agent/client"
+	"space/internal/agent/proto"
+	"space/internal/errkind"
+	"space/internal/httpapi"
+)
+
+// maxWSMessage bounds one WebSocket message from a client.
+const maxWSMessage = 1 << 20
+
+// procStart turns an API exec request into the agent's, with the
+// sandbox's environment under the request's.
+func (w *Worker) procStart(ctx context.Context, a *client.Client, id string, req api.Exec) (proto.ProcStart, error) {
+	var ps proto.ProcStart
+	switch {
+	case len(req.Command) > 0 && req.Shell != "":
+		return ps, httpapi.Invalid("command", "give command or shell, not both")
+	case len(req.Command) == 0 && req.Shell == "":
+		return ps, httpapi.Invalid("command", "give a command (argv) or a shell string")
+	case len(req.Command) > 0 && req.Command[0] == "":
+		return ps, httpapi.Invalid("command", "empty program name")
+	case req.TimeoutSeconds < 0:
+		return ps, httpapi.Invalid("timeout_seconds", "negative")
+	case req.TTY != nil && (req.TTY.Rows == 0 || req.TTY.Cols == 0):
+		return ps, httpapi.Invalid("tty", "rows and cols must be positive")
+	case req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/"):
+		return ps, httpapi.Invalid("cwd", "want an absolute path")
+	}
+	s, err := w.get(id)
+	if err != nil {
+		return ps, err
+	}
+	s.mu.Lock()
+	env := map[string]string{}
+	for k, v := range s.rec.Spec.Env {
+		env[k] = v
+	}
+	s.mu.Unlock()
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return ps, httpapi.Invalid("env", "variable name %.64q", k)
+		}
+		env[k] = v
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		ps.Env = append(ps.Env, k+"="+env[k])
+	}
+	ps.Argv, ps.Shell, ps.Cwd = req.Command, req.Shell, req.Cwd
+	ps.TimeoutMS = req.TimeoutSeconds * 1000
+	ps.KillOnDetach = req.KillOnDisconnect
+	if req.TTY != nil {
+		ps.PTY = &proto.WinSize{Rows: req.TTY.Rows, Cols: req.TTY.Cols}
+	}
+	if req.User != "" && req.User != "root" {
+		uid, gid, err := lookupUser(ctx, a, req.User)
+		if err != nil {
+			return ps, err
+		}
+		ps.UID, ps.GID = &uid, &gid
+	}
+	return ps, nil
+}
+
+// lookupUser resolves a user name (or numeric uid) in the guest's
+// /etc/passwd.
+func lookupUser(ctx context.Context, a *client.Client, user string) (uid, gid uint32, err error) {
+	if n, err := strconv.ParseUint(user, 10, 32); err == nil {
+		return uint32(n), uint32(n), nil
+	}
+	var buf limitedBuffer
+	buf.max = 1 << 20
+	if _, err := a.ReadFile(ctx, "/etc/passwd", &buf); err != nil {
+		return 0, 0, fmt.Errorf("look up user %.32q: %w", user, err)
+	}
+	sc := bufio.NewScanner(&buf.b)
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), ":")
+		if len(f) < 4 || f[0] != user {
+			continue
+		}
+		u, err1 := strconv.ParseUint(f[2], 10, 32)
+		g, err2 := strconv.ParseUint(f[3], 10, 32)
+		if err1 == nil && err2 == nil {
+			return uint32(u), uint32(g), nil
+		}
+	}
+	return 0, 0, httpapi.Invalid("user", "no user %.32q in the sandbox", user)
+}
+
+type limitedBuffer struct {
+	b   bytes.Buffer
+	max int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if l.b.Len()+len(p) > l.max {
+		return 0, fmt.Errorf("more than %d bytes: %w", l.max, errkind.ResourceExhausted)
+	}
+	return l.b.Write(p)
+}
+
+func processView(p proto.ProcInfo) api.Process {
+	v := api.Process{
+		ID: p.ID, PID: p.PID, Command: p.Argv, Shell: p.Shell, Cwd: p.Cwd, TTY: p.PTY,
+		StartedAt: time.UnixMilli(p.StartedUnixMS).UTC(), Running: p.Running,
+		Attached: p.Attached, DroppedBytes: p.DroppedBytes,
+	}
+	if p.Exit != nil {
+		v.Exit = &api.Exit{Code: p.Exit.Code, Signal: p.Exit.Signal, TimedOut: p.Exit.TimedOut}
+	}
+	return v
+}
+
+func exitView(e proto.Exit) *api.Exit {
+	return &api.Exit{Code: e.Code, Signal: e.Signal, TimedOut: e.TimedOut}
+}
+
+// ndjson writes events as lines, flushing each.
+type ndjson struct {
+	rw http.ResponseWriter
+	rc *http.ResponseController
+
+	mu sync.Mutex
+	// +checklocks:mu
+	err error
+}
+
+func newNDJSON(rw http.ResponseWriter) *ndjson {
+	rw.Header().Set("Content-Type", "application/x-ndjson")
+	rw.Header().Set("Cache-Control", "no-store")
+	rw.WriteHeader(http.StatusOK)
+	return &ndjson{rw: rw, rc: http.NewResponseController(rw)}
+}
+
+func (n *ndjson) send(ev api.Event) error {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.err != nil {
+		return n.err
+	}
+	if _, err := n.rw.Write(append(b, '\n')); err != nil {
+		n.err = err
+		return err
+	}
+	if err := n.rc.Flush(); err != nil {
+		n.err = err
+	}
+	return n.err
+}
+
+// eventWriter turns output writes into events of one type.
+type eventWriter struct {
+	send func(api.Event) error
+	typ  api.EventType
+}
+
+func (e eventWriter) Write(p []byte) (int, error) {
+	if err := e.send(api.Event{Type: e.typ, Data: bytes.Clone(p)}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// stream follows an attached process to its end on an NDJSON response.
+func stream(n *ndjson, p *client.Process, info proto.ProcInfo) {
+	pv := processView(info)
+	n.send(api.Event{Type: api.EventStarted, Process: &pv})
+	exit, err := p.Wait()
+	if err != nil {
+		body := httpapi.Body(err)
+		n.send(api.Event{Type: api.EventError, Error: &body})
+		return
+	}
+	n.send(api.Event{Type: api.EventExit, Exit: exitView(exit)})
+}
+
+func (w *Worker) handleExec(rw http.ResponseWriter, r *http.Request) {
+	var req api.Exec
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	if req.TTY != nil {
+		httpapi.WriteError(rw, httpapi.Invalid("tty", "a terminal needs the WebSocket route (exec/ws)"))
+		return
+	}
+	id := r.PathValue("id")
+	a, err := w.agentFor(r.Context(), id)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	ps, err := w.procStart(r.Context(), a, id, req)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	if req.Detach {
+		if len(req.Stdin) > 0 {
+			httpapi.WriteError(rw, httpapi.Invalid("stdin", "a detached command gets no stdin here; attach to feed it"))
+			return
+		}
+		info, err := a.StartProcess(r.Context(), ps)
+		if err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		httpapi.WriteJSON(rw, http.StatusCreated, processView(info))
+		return
+	}
+	var n *ndjson
+	pio := client.IO{
+		Stdout: eventWriter{func(ev api.Event) error { return n.send(ev) }, api.EventStdout},
+		Stderr: eventWriter{func(ev api.Event) error { return n.send(ev) }, api.EventStderr},
+	}
+	if len(req.Stdin) > 0 {
+		pio.Stdin = bytes.NewReader(req.Stdin)
+	}
+	// Headers go out before the process starts, so its first output
+	// cannot race them; a failed start is then an error event.
+	n = newNDJSON(rw)
+	p, info, err := a.StartAttached(r.Context(), ps, pio)
+	if err != nil {
+		body := httpapi.Body(err)
+		n.send(api.Event{Type: api.EventError, Error: &body})
+		return
+	}
+	stream(n, p, info)
+}
+
+func (w *Worker) processID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("pid"), 10, 64)
+	if err != nil || id < 1 {
+		return 0, fmt.Errorf("process %.32q: %w", r.PathValue("pid"), errkind.NotFound)
+	}
+	return id, nil
+}
+
+func (w *Worker) handleOutput(rw http.ResponseWriter, r *http.Request) {
+	pid, err := w.processID(r)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	// Check the process exists before committing to a 200 stream.
+	if _, err := w.findProcess(r.Context(), a, pid); err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	var n *ndjson
+	pio := client.IO{
+		Stdout: eventWriter{func(ev api.Event) error { return n.send(ev) }, api.EventStdout},
+		Stderr: eventWriter{func(ev api.Event) error { return n.send(ev) }, api.EventStderr},
+	}
+	n = newNDJSON(rw)
+	p, info, err := a.Attach(r.Context(), pid, pio)
+	if err != nil {
+		body := httpapi.Body(err)
+		n.send(api.Event{Type: api.EventError, Error: &body})
+		return
+	}
+	stream(n, p, info)
+}
+
+func (w *Worker) findProcess(ctx context.Context, a *client.Client, pid int64) (proto.ProcInfo, error) {
+	all, err := a.Processes(ctx)
+	if err != nil {
+		return proto.ProcInfo{}, err
+	}
+	for _, p := range all {
+		if p.ID == pid {
+			return p, nil
+		}
+	}
+	return proto.ProcInfo{}, fmt.Errorf("process %d: %w", pid, errkind.NotFound)
+}
+
+func (w *Worker) handleProcesses(rw http.ResponseWriter, r *http.Request) {
+	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	all, err := a.Processes(r.Context())
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	out := api.ProcessList{Processes: make([]api.Process, 0, len(all))}
+	for _, p := range all {
+		out.Processes = append(out.Processes, processView(p))
+	}
+	httpapi.WriteJSON(rw, http.StatusOK, out)
+}
+
+func (w *Worker) handleProcess(rw http.ResponseWriter, r *http.Request) {
+	pid, err := w.processID(r)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	p, err := w.findProcess(r.Context(), a, pid)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	httpapi.WriteJSON(rw, http.StatusOK, processView(p))
+}
+
+func (w *Worker) handleSignal(rw http.ResponseWriter, r *http.Request) {
+	pid, err := w.processID(r)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	var req api.Signal
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	if req.Signal < 1 || req.Signal > 64 {
+		httpapi.WriteError(rw, httpapi.Invalid("signal", "%d is outside 1..64", req.Signal))
+		return
+	}
+	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	if err := a.SignalProcess(r.Context(), pid, req.Signal); err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+// handleExecWS runs a command over a WebSocket: the client's first
+// message is the api.Exec.
+func (w *Worker) handleExecWS(rw http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	a, err := w.agentFor(r.Context(), id)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	c, err := websocket.Accept(rw, r, nil)
+	if err != nil {
+		return // Accept answered the client
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(maxWSMessage)
+	ctx := r.Context()
+	typ, msg, err := c.Read(ctx)
+	if err != nil {
+		return
+	}
+	var req api.Exec
+	if typ != websocket.MessageText {
+		err = httpapi.Invalid("exec", "the first message must be a JSON exec request")
+	} else {
+		err = decodeStrict(msg, &req)
+	}
+	var ps proto.ProcStart
+	if err == nil {
+		if req.Detach || len(req.Stdin) > 0 {
+			err = httpapi.Invalid("exec", "detach and stdin are not for the WebSocket route (stream stdin instead)")
+		} else {
+			ps, err = w.procStart(ctx, a, id, req)
+		}
+	}
+	if err != nil {
+		wsFail(ctx, c, err)
+		return
+	}
+	ws := newWSSession(ctx, c)
+	p, info, err := a.StartAttached(ctx, ps, ws.io())
+	ws.follow(p, info, err)
+}
+
+// handleAttachWS attaches a WebSocket to a running process.
+func (w *Worker) handleAttachWS(rw http.ResponseWriter, r *http.Request) {
+	pid, err := w.processID(r)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	if _, err := w.findProcess(r.Context(), a, pid); err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	c, err := websocket.Accept(rw, r, nil)
+	if err != nil {
+		return
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(maxWSMessage)
+	ws := newWSSession(r.Context(), c)
+	p, info, err := a.Attach(r.Context(), pid, ws.io())
+	ws.follow(p, info, err)
+}
+
+// wsFail sends an error event and closes the WebSocket.
+func wsFail(ctx context.Context, c *websocket.Conn, err error) {
+	body := httpapi.Body(err)
+	b, _ := json.Marshal(api.Event{Type: api.EventError, Error: &body})
+	c.Write(ctx, websocket.MessageText, b)
+	c.Close(websocket.StatusNormalClosure, "")
+}
+
+// wsSession connects one WebSocket to one attached process.
+type wsSession struct {
+	ctx      context.Context
+	c        *websocket.Conn
+	stdinR   *io.PipeReader
+	stdinW   *io.PipeWriter
+	attached chan *client.Process // the process, once attached
+}
+
+func newWSSession(ctx context.Context, c *websocket.Conn) *wsSession {
+	pr, pw := io.Pipe()
+	return &wsSession{ctx: ctx, c: c, stdinR: pr, stdinW: pw, attached: make(chan *client.Process, 1)}
+}
+
+// wsWriter sends output as binary messages prefixed by the stream byte.
+type wsWriter struct {
+	s      *wsSession
+	stream byte
+}
+
+func (ww wsWriter) Write(p []byte) (int, error) {
+	msg := make([]byte, 1+len(p))
+	msg[0] = ww.stream
+	copy(msg[1:], p)
+	if err := ww.s.c.Write(ww.s.ctx, websocket.MessageBinary, msg); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (s *wsSession) io() client.IO {
+	return client.IO{Stdin: s.stdinR, Stdout: wsWriter{s, api.StreamStdout}, Stderr: wsWriter{s, api.StreamStderr}}
+}
+
+func (s *wsSession) sendEvent(ev api.Event) error {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	return s.c.Write(s.ctx, websocket.MessageText, b)
+}
+
+// follow serves the session until the process exits or the client leaves.
+func (s *wsSession) follow(p *client.Process, info proto.ProcInfo, err error) {
+	defer s.stdinW.Close()
+	if err != nil {
+		wsFail(s.ctx, s.c, err)
+		return
+	}
+	pv := processView(info)
+	s.sendEvent(api.Event{Type: api.EventStarted, Process: &pv})
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		s.readClient(p)
+	}()
+	exit, err := p.Wait()
+	if err != nil {
+		if !errors.Is(err, client.ErrDetached) || s.ctx.Err() == nil {
+			body := httpapi.Body(err)
+			s.sendEvent(api.Event{Type: api.EventError, Error: &body})
+		}
+	} else {
+		s.sendEvent(api.Event{Type: api.EventExit, Exit: exitView(exit)})
+	}
+	s.c.Close(websocket.StatusNormalClosure, "")
+	s.stdinW.Close()
+	<-readDone
+}
+
+// readClient applies the client's messages to the process until the
+// connection ends; a client that goes away detaches.
+func (s *wsSession) readClient(p *client.Process) {
+	for {
+		typ, msg, err := s.c.Read(s.ctx)
+		if err != nil {
+			s.stdinW.CloseWithError(err)
+			p.Detach()
+			return
+		}
+		if typ == websocket.MessageBinary {
+			if len(msg) < 1 || msg[0] != api.StreamStdin {
+				continue
+			}
+			if _, err := s.stdinW.Write(msg[1:]); err != nil {
+				continue // stdin closed: drop
+			}
+			continue
+		}
+		var ctl api.Control
+		if decodeStrict(msg, &ctl) != nil {
+			continue
+		}
+		switch ctl.Type {
+		case api.ControlStdinEOF:
+			s.stdinW.Close()
+		case api.ControlResize:
+			if ctl.Rows > 0 && ctl.Cols > 0 {
+				p.Resize(ctl.Rows, ctl.Cols)
+			}
+		case api.ControlSignal:
+			if ctl.Signal > 0 && ctl.Signal < 65 {
+				p.Signal(ctl.Signal)
+			}
+		case api.ControlDetach:
+			p.Detach()
+		}
+	}
+}

@@ -1,0 +1,260 @@
+package worker
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"space/api"
+	"space/internal/agent/proto"
+	"space/internal/errkind"
+	"space/internal/httpapi"
+)
+
+// PathPrefix starts every route of the worker API. The data-plane routes
+// below it mirror the public API's: /v1/sandboxes/{id}/<rest> there is
+// PathPrefix+/sandboxes/{id}/<rest> here.
+const PathPrefix = "/worker/v1"
+
+// CreateRequest is the body of POST /worker/v1/sandboxes.
+type CreateRequest struct {
+	ID   string `json:"id"`
+	Team string `json:"team"`
+	Spec Spec   `json:"spec"`
+}
+
+// Handler returns the worker's HTTP API. When token is not empty every
+// request must carry it as a bearer token.
+func (w *Worker) Handler(token string) http.Handler {
+	mux := http.NewServeMux()
+	p := PathPrefix
+	mux.HandleFunc("GET "+p+"/status", func(rw http.ResponseWriter, r *http.Request) {
+		httpapi.WriteJSON(rw, http.StatusOK, w.Status())
+	})
+	mux.HandleFunc("POST "+p+"/sandboxes", w.handleCreate)
+	mux.HandleFunc("GET "+p+"/sandboxes", func(rw http.ResponseWriter, r *http.Request) {
+		httpapi.WriteJSON(rw, http.StatusOK, w.List())
+	})
+	mux.HandleFunc("GET "+p+"/sandboxes/{id}", func(rw http.ResponseWriter, r *http.Request) {
+		inf, err := w.Sandbox(r.PathValue("id"))
+		if err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		httpapi.WriteJSON(rw, http.StatusOK, inf)
+	})
+	mux.HandleFunc("DELETE "+p+"/sandboxes/{id}", func(rw http.ResponseWriter, r *http.Request) {
+		if err := w.Delete(r.Context(), r.PathValue("id")); err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		rw.WriteHeader(http.StatusNoContent)
+	})
+	w.dataRoutes(mux, p+"/sandboxes/{id}")
+	if token == "" {
+		return mux
+	}
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			httpapi.WriteError(rw, fmt.Errorf("worker token missing or wrong: %w", httpapi.ErrUnauthenticated))
+			return
+		}
+		mux.ServeHTTP(rw, r)
+	})
+}
+
+func (w *Worker) handleCreate(rw http.ResponseWriter, r *http.Request) {
+	var req CreateRequest
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	inf, err := w.Create(r.Context(), req.ID, req.Team, req.Spec)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	httpapi.WriteJSON(rw, http.StatusCreated, inf)
+}
+
+// dataRoutes adds the data-plane routes under base.
+func (w *Worker) dataRoutes(mux *http.ServeMux, base string) {
+	mux.HandleFunc("POST "+base+"/exec", w.handleExec)
+	mux.HandleFunc("GET "+base+"/exec/ws", w.handleExecWS)
+	mux.HandleFunc("GET "+base+"/processes", w.handleProcesses)
+	mux.HandleFunc("GET "+base+"/processes/{pid}", w.handleProcess)
+	mux.HandleFunc("GET "+base+"/processes/{pid}/output", w.handleOutput)
+	mux.HandleFunc("GET "+base+"/processes/{pid}/attach", w.handleAttachWS)
+	mux.HandleFunc("POST "+base+"/processes/{pid}/signal", w.handleSignal)
+	mux.HandleFunc("GET "+base+"/files", w.handleReadFile)
+	mux.HandleFunc("PUT "+base+"/files", w.handleWriteFile)
+	mux.HandleFunc("DELETE "+base+"/files", w.handleRemoveFile)
+	mux.HandleFunc("GET "+base+"/files/list", w.handleListFiles)
+}
+
+// guestPath returns the path query parameter, which must be absolute.
+func guestPath(r *http.Request) (string, error) {
+	p := r.URL.Query().Get("path")
+	if p == "" || !strings.HasPrefix(p, "/") || len(p) > 4096 || strings.ContainsRune(p, 0) {
+		return "", httpapi.Invalid("path", "want an absolute guest path, got %.100q", p)
+	}
+	return p, nil
+}
+
+func boolParam(r *http.Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, httpapi.Invalid(name, "want true or false, got %.20q", v)
+	}
+	return b, nil
+}
+
+func (w *Worker) handleReadFile(rw http.ResponseWriter, r *http.Request) {
+	path, err := guestPath(r)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	fi, err := a.Stat(r.Context(), path)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	if fi.Type != proto.FileRegular {
+		httpapi.WriteError(rw, fmt.Errorf("%s is a %s, not a file: %w", path, fi.Type, errkind.InvalidArgument))
+		return
+	}
+	rw.Header().Set("Content-Type", "application/octet-stream")
+	rw.Header().Set("X-Space-File-Mode", fmt.Sprintf("%04o", fi.Mode&0o7777))
+	rw.Header().Set("X-Space-File-Size", strconv.FormatInt(fi.Size, 10))
+	sw := &startedWriter{w: rw}
+	if _, err := a.ReadFile(r.Context(), path, sw); err != nil {
+		if !sw.started {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		// Mid-body: cut the response so the client sees a short read.
+		panic(http.ErrAbortHandler)
+	}
+	if !sw.started {
+		rw.WriteHeader(http.StatusOK)
+	}
+}
+
+// startedWriter records whether any byte was written.
+type startedWriter struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+func (s *startedWriter) Write(p []byte) (int, error) {
+	s.started = true
+	return s.w.Write(p)
+}
+
+// maxFileMode is the largest mode bits a file write may set.
+const maxFileMode = 0o7777
+
+func (w *Worker) handleWriteFile(rw http.ResponseWriter, r *http.Request) {
+	path, err := guestPath(r)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	args := proto.WriteArgs{Path: path, Mode: 0o644}
+	if m := r.URL.Query().Get("mode"); m != "" {
+		v, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || v > maxFileMode {
+			httpapi.WriteError(rw, httpapi.Invalid("mode", "want octal permission bits, got %.20q", m))
+			return
+		}
+		args.Mode = uint32(v)
+	}
+	if args.MkdirAll, err = boolParam(r, "mkdir"); err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	n, err := a.WriteFile(r.Context(), args, r.Body)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	httpapi.WriteJSON(rw, http.StatusOK, api.FileWritten{Path: path, Size: n})
+}
+
+func (w *Worker) handleRemoveFile(rw http.ResponseWriter, r *http.Request) {
+	path, err := guestPath(r)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	recursive, err := boolParam(r, "recursive")
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	if err := a.Remove(r.Context(), path, recursive); err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+// maxListEntries bounds one directory listing.
+const maxListEntries = 10000
+
+func (w *Worker) handleListFiles(rw http.ResponseWriter, r *http.Request) {
+	path, err := guestPath(r)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	entries, err := a.List(r.Context(), path, maxListEntries)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	out := api.FileList{Path: path, Entries: make([]api.FileInfo, 0, len(entries))}
+	for _, e := range entries {
+		out.Entries = append(out.Entries, fileInfo(e))
+	}
+	httpapi.WriteJSON(rw, http.StatusOK, out)
+}
+
+func fileInfo(e proto.FileInfo) api.FileInfo {
+	return api.FileInfo{
+		Name: e.Name, Type: string(e.Type), Size: e.Size, Mode: e.Mode & 0o7777,
+		ModTime: time.Unix(0, e.MtimeNS).UTC(), Target: e.Target,
+	}
+}
+
+// decodeStrict decodes a JSON message strictly (WebSocket messages).
+func decodeStrict(b []byte, v any) error { return httpapi.Unmarshal(b, v) }

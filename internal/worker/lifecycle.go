@@ -1,0 +1,342 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"space/api"
+	"space/internal/agent/client"
+	"space/internal/cgroup"
+	"space/internal/errkind"
+	"space/internal/guestvm"
+	"space/internal/sandbox"
+	"space/internal/store"
+	"space/internal/vmm"
+)
+
+// CrashPoints are the steps Config.CrashAt can name, in the order a create
+// and a delete pass them.
+var CrashPoints = []string{
+	"create.recorded",       // record says creating; nothing else exists
+	"create.vm-started",     // the VMM runs; its handle is not persisted
+	"create.handle-saved",   // handle persisted; agent not yet confirmed
+	"create.running-saved",  // record says running; the caller has no answer
+	"delete.stopping-saved", // record says stopping; the VM still runs
+	"delete.vm-stopped",     // VM stopped; files and record remain
+}
+
+// crash kills the process at step if the configuration asks for it.
+func (w *Worker) crash(step string) {
+	if w.cfg.CrashAt == step {
+		w.log.Warn("crashing at crash point", "step", step)
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
+}
+
+// undoStack runs cleanup steps in reverse order.
+type undoStack []func(context.Context) error
+
+func (u *undoStack) push(f func(context.Context) error) { *u = append(*u, f) }
+
+func (u undoStack) run(ctx context.Context) error {
+	var errs []error
+	for i := len(u) - 1; i >= 0; i-- {
+		errs = append(errs, u[i](ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// ErrNotRunning is returned by data-plane calls on a sandbox whose VM
+// does not run.
+var ErrNotRunning = fmt.Errorf("sandbox is not running: %w", errkind.FailedPrecondition)
+
+// Create boots sandbox id for team with spec and returns once its agent
+// answers. On error nothing of it remains. The record is durable before
+// Create returns.
+func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (_ Info, err error) {
+	if !store.ValidSandboxID(id) {
+		return Info{}, fmt.Errorf("sandbox id %q: %w", id, errkind.InvalidArgument)
+	}
+	if !store.ValidID(team) {
+		return Info{}, fmt.Errorf("team %q: %w", team, errkind.InvalidArgument)
+	}
+	if err := spec.validate(); err != nil {
+		return Info{}, err
+	}
+	img, err := w.cfg.Templates.Template(ctx, spec.Template)
+	if err != nil {
+		return Info{}, err
+	}
+	s := &sbx{
+		dir:    filepath.Join(w.sandboxesDir(), id),
+		runDir: filepath.Join(w.cfg.RunRoot, id),
+	}
+	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC()}
+	s.op.Lock()
+	defer s.op.Unlock()
+	if err := w.reserve(s, spec); err != nil {
+		return Info{}, err
+	}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			err = errors.Join(fmt.Errorf("create %s: %w", id, err), undo.run(rctx))
+			w.mu.Lock()
+			delete(w.sandboxes, id)
+			w.mu.Unlock()
+		}
+	}()
+	if err := os.Mkdir(s.dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return Info{}, fmt.Errorf("%w (leftover directory %s)", ErrExists, s.dir)
+		}
+		return Info{}, err
+	}
+	undo.push(func(context.Context) error { return s.removeFiles() })
+	if err := s.save(); err != nil {
+		return Info{}, err
+	}
+	w.crash("create.recorded")
+
+	cfg := w.guestConfig(s, spec, img)
+	if w.cfg.Cgroups != nil {
+		g, err := w.cfg.Cgroups.Create(w.cgroupName(id), limits(spec))
+		if err != nil {
+			return Info{}, fmt.Errorf("cgroup: %w", err)
+		}
+		undo.push(func(ctx context.Context) error { return removeCgroup(ctx, g) })
+		cfg.Placer = g
+		s.mu.Lock()
+		s.rec.Cgroup = w.cgroupName(id)
+		s.mu.Unlock()
+	}
+	cfg.Started = func(vm vmm.VM) error {
+		w.crash("create.vm-started")
+		h := vm.Handle()
+		s.mu.Lock()
+		s.rec.Handle = &h
+		s.mu.Unlock()
+		if err := s.save(); err != nil {
+			return fmt.Errorf("persist handle: %w", err)
+		}
+		w.crash("create.handle-saved")
+		return nil
+	}
+	bctx, cancel := context.WithTimeout(ctx, w.cfg.BootTimeout)
+	defer cancel()
+	gv, err := guestvm.Boot(bctx, cfg)
+	if err != nil {
+		return Info{}, err
+	}
+	undo.push(func(ctx context.Context) error { return gv.Close(ctx) })
+	h := gv.VMM.Handle()
+	s.mu.Lock()
+	s.vm, s.agent = gv.VMM, gv.Client
+	s.rec.VM = &api.VMInfo{
+		VMM: h.Driver, VMMVersion: h.Version, Accel: h.Accel, StartedBy: "boot",
+		BootMS: gv.BootTime.Milliseconds(), PID: h.PID,
+	}
+	err = s.setStateLocked(sandbox.Running)
+	s.mu.Unlock()
+	if err != nil {
+		return Info{}, err
+	}
+	if err := s.save(); err != nil {
+		return Info{}, err
+	}
+	w.crash("create.running-saved")
+	w.log.Info("sandbox created", "sandbox_id", id, "vm_pid", h.PID, "boot", gv.BootTime)
+	return s.info(), nil
+}
+
+// reserve adds s to the worker if the ID is free and capacity allows.
+func (w *Worker) reserve(s *sbx, spec Spec) error {
+	st := w.Status()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return fmt.Errorf("worker is shutting down: %w", errkind.Unavailable)
+	}
+	if _, ok := w.sandboxes[s.rec.ID]; ok {
+		return fmt.Errorf("%s: %w", s.rec.ID, ErrExists)
+	}
+	if st.UsedVCPUs+spec.VCPUs > st.VCPUs || st.UsedMemoryMiB+spec.MemoryMiB > st.MemoryMiB {
+		return fmt.Errorf("%d vcpus and %d MiB asked, %d vcpus and %d MiB free: %w", spec.VCPUs, spec.MemoryMiB,
+			st.VCPUs-st.UsedVCPUs, st.MemoryMiB-st.UsedMemoryMiB, ErrNoCapacity)
+	}
+	w.sandboxes[s.rec.ID] = s
+	return nil
+}
+
+// setStateLocked moves the sandbox to state to, if the transition table
+// allows it.
+//
+// +checklocks:s.mu
+func (s *sbx) setStateLocked(to sandbox.State) error {
+	if err := sandbox.Check(s.rec.State, to); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.rec.ID, err)
+	}
+	s.rec.State = to
+	return nil
+}
+
+// save persists the sandbox's record.
+func (s *sbx) save() error {
+	s.mu.Lock()
+	r := s.rec
+	s.mu.Unlock()
+	return writeRecord(s.dir, r)
+}
+
+func (w *Worker) cgroupName(id string) string { return w.cgroupParent() + "/" + id }
+
+// vmmOverheadMiB is what a VMM process needs beyond guest RAM (QEMU's
+// own heap and, under TCG, its translation cache).
+const vmmOverheadMiB = 384
+
+func limits(spec Spec) cgroup.Limits {
+	return cgroup.Limits{
+		CPUs:        float64(spec.VCPUs),
+		MemoryBytes: (spec.MemoryMiB + vmmOverheadMiB) << 20,
+		Pids:        512,
+	}
+}
+
+func removeCgroup(ctx context.Context, g *cgroup.Group) error {
+	if err := g.Kill(ctx); err != nil {
+		return err
+	}
+	return g.Remove()
+}
+
+// Delete stops sandbox id's VM and removes everything of it. Deleting a
+// sandbox the worker does not have is ErrNotFound.
+func (w *Worker) Delete(ctx context.Context, id string) error {
+	s, err := w.get(id)
+	if err != nil {
+		return err
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	gone := s.rec.State == sandbox.Deleted
+	if !gone && s.rec.State != sandbox.Stopping {
+		err = s.setStateLocked(sandbox.Stopping)
+	}
+	s.mu.Unlock()
+	if gone {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	if err := s.save(); err != nil {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	w.crash("delete.stopping-saved")
+	if err := w.destroy(ctx, s); err != nil {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	w.mu.Lock()
+	delete(w.sandboxes, id)
+	w.mu.Unlock()
+	w.log.Info("sandbox deleted", "sandbox_id", id)
+	return nil
+}
+
+// destroy stops the VM, kills whatever is left in the control group and
+// removes the files, the record last. The caller holds s.op.
+func (w *Worker) destroy(ctx context.Context, s *sbx) error {
+	s.mu.Lock()
+	vm, agent := s.vm, s.agent
+	s.vm, s.agent = nil, nil
+	s.mu.Unlock()
+	if agent != nil {
+		agent.Close()
+	}
+	var errs []error
+	if vm != nil {
+		errs = append(errs, vm.Stop(ctx))
+	}
+	w.crash("delete.vm-stopped")
+	if err := w.removeCgroupNamed(ctx, w.cgroupName(s.id())); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, os.RemoveAll(s.runDir), os.RemoveAll(s.diskDir()))
+	if err := errors.Join(errs...); err != nil {
+		return err // keep the record: a retry finds everything again
+	}
+	s.mu.Lock()
+	s.rec.State = sandbox.Deleted // the record is about to go: nothing persists this state
+	s.mu.Unlock()
+	if err := os.Remove(filepath.Join(s.dir, recordFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return os.RemoveAll(s.dir)
+}
+
+func (s *sbx) id() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rec.ID
+}
+
+// removeCgroupNamed kills and removes the named control group if it
+// exists.
+func (w *Worker) removeCgroupNamed(ctx context.Context, name string) error {
+	if w.cfg.Cgroups == nil {
+		return nil
+	}
+	g, err := w.cfg.Cgroups.Open(name)
+	if errors.Is(err, errkind.NotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return removeCgroup(ctx, g)
+}
+
+// agentFor returns a connected agent client of a running sandbox,
+// reconnecting if the previous session ended.
+func (w *Worker) agentFor(ctx context.Context, id string) (*client.Client, error) {
+	s, err := w.get(id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	state, vm, a := s.rec.State, s.vm, s.agent
+	s.mu.Unlock()
+	if state != sandbox.Running || vm == nil {
+		return nil, fmt.Errorf("%s is %s: %w", id, state, ErrNotRunning)
+	}
+	if a != nil {
+		select {
+		case <-a.Done():
+		default:
+			return a, nil
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, err := guestvm.Connect(cctx, vm)
+	if err != nil {
+		return nil, fmt.Errorf("%s: connect agent: %w", id, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.agent != a && s.agent != nil { // someone else reconnected first
+		c.Close()
+		return s.agent, nil
+	}
+	s.agent = c
+	return c, nil
+}

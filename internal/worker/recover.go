@@ -1,0 +1,212 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"space/internal/errkind"
+	"space/internal/guestvm"
+	"space/internal/sandbox"
+)
+
+// Start prepares the worker's directories and recovers what an earlier
+// process of this worker left: see the package doc. It returns once every
+// record is handled; a sandbox it cannot re-adopt is marked failed, not
+// fatal to the worker.
+func (w *Worker) Start(ctx context.Context) error {
+	for _, d := range []string{w.cfg.DataDir, w.sandboxesDir(), w.cfg.RunRoot} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+	}
+	entries, err := os.ReadDir(w.sandboxesDir())
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	for _, e := range entries {
+		dir := filepath.Join(w.sandboxesDir(), e.Name())
+		rec, err := readRecord(dir)
+		if err != nil {
+			w.log.Warn("removing sandbox directory without a usable record", "dir", dir, "err", err)
+			s := &sbx{dir: dir, runDir: filepath.Join(w.cfg.RunRoot, e.Name())}
+			s.rec.ID = e.Name()
+			if err := w.destroy(ctx, s); err != nil {
+				return fmt.Errorf("worker: remove leftover %s: %w", dir, err)
+			}
+			continue
+		}
+		s := &sbx{dir: dir, runDir: filepath.Join(w.cfg.RunRoot, rec.ID)}
+		s.rec = rec
+		w.mu.Lock()
+		w.sandboxes[rec.ID] = s
+		w.mu.Unlock()
+		s.op.Lock()
+		err = w.recover(ctx, s)
+		s.op.Unlock()
+		if err != nil {
+			return fmt.Errorf("worker: recover %s: %w", rec.ID, err)
+		}
+	}
+	return w.removeStrays(ctx)
+}
+
+// recover brings one sandbox found on disk back into service, or finishes
+// what was under way. The caller holds s.op.
+func (w *Worker) recover(ctx context.Context, s *sbx) error {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	log := w.log.With("sandbox_id", rec.ID)
+	switch rec.State {
+	case sandbox.Running, sandbox.Paused, sandbox.Creating:
+		if rec.Handle == nil { // a create that never got a VMM handle
+			log.Info("rolling back interrupted create")
+			return w.forget(ctx, s)
+		}
+		vm, err := w.cfg.Driver.Recover(ctx, *rec.Handle)
+		if err != nil {
+			if rec.State == sandbox.Creating {
+				log.Info("rolling back interrupted create", "err", err)
+				return w.forget(ctx, s)
+			}
+			log.Warn("sandbox vm is gone", "err", err)
+			return w.fail(ctx, s, fmt.Sprintf("vm lost while the worker was down: %v", err))
+		}
+		s.mu.Lock()
+		s.vm = vm
+		s.mu.Unlock()
+		if rec.State != sandbox.Creating {
+			log.Info("re-adopted sandbox", "vm_pid", rec.Handle.PID)
+			return nil
+		}
+		// The VM of an interrupted create runs: complete it if its agent
+		// answers in time.
+		cctx, cancel := context.WithTimeout(ctx, w.cfg.BootTimeout)
+		defer cancel()
+		c, err := guestvm.Connect(cctx, vm)
+		if err != nil {
+			log.Info("rolling back interrupted create", "err", err)
+			return w.forget(ctx, s)
+		}
+		s.mu.Lock()
+		s.agent = c
+		err = s.setStateLocked(sandbox.Running)
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if err := s.save(); err != nil {
+			return err
+		}
+		log.Info("completed interrupted create", "vm_pid", rec.Handle.PID)
+		return nil
+	case sandbox.Stopping:
+		log.Info("finishing interrupted delete")
+		return w.forget(ctx, s)
+	case sandbox.Failed:
+		return nil
+	}
+	log.Warn("removing sandbox in unexpected state", "state", rec.State)
+	return w.forget(ctx, s)
+}
+
+// forget destroys the sandbox and drops it from the worker.
+func (w *Worker) forget(ctx context.Context, s *sbx) error {
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	if vm == nil {
+		// Not recovered: whatever runs is found through the cgroup.
+		if err := w.killStray(ctx, s); err != nil {
+			return err
+		}
+	}
+	if err := w.destroy(ctx, s); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	delete(w.sandboxes, s.id())
+	w.mu.Unlock()
+	return nil
+}
+
+// killStray kills a VMM of s that runs without being recovered: through
+// the sandbox's control group, or its handle when cgroups are off.
+func (w *Worker) killStray(ctx context.Context, s *sbx) error {
+	if w.cfg.Cgroups != nil {
+		return w.removeCgroupNamed(ctx, w.cgroupName(s.id()))
+	}
+	s.mu.Lock()
+	h := s.rec.Handle
+	s.mu.Unlock()
+	if h == nil {
+		return nil
+	}
+	vm, err := w.cfg.Driver.Recover(ctx, *h)
+	if errors.Is(err, errkind.NotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return vm.Stop(ctx)
+}
+
+// fail marks a sandbox failed and releases its VM resources; the record
+// stays until the sandbox is deleted.
+func (w *Worker) fail(ctx context.Context, s *sbx, why string) error {
+	if err := w.killStray(ctx, s); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(s.runDir); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	err := s.setStateLocked(sandbox.Failed)
+	s.failure = why
+	s.vm, s.agent = nil, nil
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return s.save()
+}
+
+// removeStrays removes control groups and run directories of this worker
+// that no record points to.
+func (w *Worker) removeStrays(ctx context.Context) error {
+	known := func(id string) bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		_, ok := w.sandboxes[id]
+		return ok
+	}
+	var errs []error
+	if w.cfg.Cgroups != nil {
+		names, err := w.cfg.Cgroups.List(w.cgroupParent())
+		if err != nil && !errors.Is(err, errkind.NotFound) {
+			errs = append(errs, err)
+		}
+		for _, name := range names {
+			id := filepath.Base(name)
+			if !known(id) {
+				w.log.Warn("removing stray cgroup", "cgroup", name)
+				errs = append(errs, w.removeCgroupNamed(ctx, w.cgroupName(id)))
+			}
+		}
+	}
+	entries, err := os.ReadDir(w.cfg.RunRoot)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, e := range entries {
+		if !known(e.Name()) {
+			w.log.Warn("removing stray run directory", "dir", e.Name())
+			errs = append(errs, os.RemoveAll(filepath.Join(w.cfg.RunRoot, e.Name())))
+		}
+	}
+	return errors.Join(errs...)
+}

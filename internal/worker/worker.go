@@ -1,0 +1,322 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"space/api"
+	"space/internal/agent/client"
+	"space/internal/cgroup"
+	"space/internal/errkind"
+	"space/internal/guestvm"
+	"space/internal/imagebuild"
+	"space/internal/sandbox"
+	"space/internal/store"
+	"space/internal/vmm"
+)
+
+// Templates resolves a template name to the images a sandbox boots from.
+type Templates interface {
+	// Template returns the images of template name, or an error wrapping
+	// errkind.NotFound.
+	Template(ctx context.Context, name string) (*imagebuild.Artifacts, error)
+}
+
+// Config configures a Worker.
+type Config struct {
+	// ID names the worker; everything it creates on the host carries it.
+	// Required; see store.ValidID.
+	ID string
+	// DataDir holds sandbox records and writable disk layers. Required.
+	DataDir string
+	// RunRoot holds the VMs' run directories (sockets, memory files); it
+	// belongs on tmpfs. "" = /dev/shm/space-<ID>.
+	RunRoot string
+	// Driver boots and recovers VMs. Required.
+	Driver vmm.Driver
+	// Templates resolves template names. Required.
+	Templates Templates
+	// Cgroups is the host's control group hierarchy, or nil to run VMMs
+	// without limits (reported by Status).
+	Cgroups *cgroup.Hierarchy
+	// VCPUs and MemoryMiB are the capacity offered to sandboxes; 0 = four
+	// vCPUs per host CPU, and 80% of the host's RAM.
+	VCPUs     int
+	MemoryMiB int64
+	// BootTimeout bounds a boot until the agent answers; 0 = 2 minutes.
+	BootTimeout time.Duration
+	// CrashAt names a crash point (see CrashPoints) at which the process
+	// kills itself; "" = never. For tests.
+	CrashAt string
+	// Log receives the worker's events; nil = discard.
+	Log *slog.Logger
+}
+
+// Spec is what a sandbox runs with.
+type Spec struct {
+	Template  string            `json:"template"`
+	VCPUs     int               `json:"vcpus"`
+	MemoryMiB int64             `json:"memory_mib"`
+	DiskMiB   int64             `json:"disk_mib"`
+	Env       map[string]string `json:"env,omitempty"`
+}
+
+func (s Spec) validate() error {
+	switch {
+	case s.Template == "":
+		return fmt.Errorf("template is required: %w", errkind.InvalidArgument)
+	case s.VCPUs < 1 || s.VCPUs > 64:
+		return fmt.Errorf("vcpus %d out of range: %w", s.VCPUs, errkind.InvalidArgument)
+	case s.MemoryMiB < 64 || s.MemoryMiB > 1<<20:
+		return fmt.Errorf("memory_mib %d out of range: %w", s.MemoryMiB, errkind.InvalidArgument)
+	case s.DiskMiB < 64 || s.DiskMiB > 1<<22:
+		return fmt.Errorf("disk_mib %d out of range: %w", s.DiskMiB, errkind.InvalidArgument)
+	}
+	return nil
+}
+
+// Info describes one of the worker's sandboxes.
+type Info struct {
+	ID    string        `json:"id"`
+	Team  string        `json:"team"`
+	State sandbox.State `json:"state"`
+	Spec  Spec          `json:"spec"`
+	VM    *api.VMInfo   `json:"vm,omitempty"`
+	// Error says why a sandbox failed, or "".
+	Error string `json:"error,omitempty"`
+}
+
+// Status is the worker's capacity and use.
+type Status struct {
+	ID            string `json:"id"`
+	VCPUs         int    `json:"vcpus"`
+	MemoryMiB     int64  `json:"memory_mib"`
+	UsedVCPUs     int    `json:"used_vcpus"`
+	UsedMemoryMiB int64  `json:"used_memory_mib"`
+	Sandboxes     int    `json:"sandboxes"`
+	// Cgroups is "v1", "v2" or "off" (VMMs run without limits).
+	Cgroups string `json:"cgroups"`
+}
+
+// ErrExists is returned by Create for an ID the worker already has.
+var ErrExists = fmt.Errorf("sandbox already exists: %w", errkind.Conflict)
+
+// ErrNoCapacity is returned by Create when the worker's free capacity is
+// too small for the spec.
+var ErrNoCapacity = fmt.Errorf("worker has no capacity left: %w", errkind.ResourceExhausted)
+
+// Worker runs sandboxes on this host.
+type Worker struct {
+	cfg Config
+	log *slog.Logger
+
+	mu sync.Mutex
+	// +checklocks:mu
+	sandboxes map[string]*sbx
+	// +checklocks:mu
+	closed bool
+}
+
+// New validates cfg and returns a worker. Call Start before using it and
+// Close when done.
+func New(cfg Config) (*Worker, error) {
+	if !store.ValidID(cfg.ID) || len(cfg.ID) > 32 {
+		return nil, fmt.Errorf("worker id %q: 1-32 characters of [A-Za-z0-9_.-]: %w", cfg.ID, errkind.InvalidArgument)
+	}
+	if cfg.DataDir == "" || cfg.Driver == nil || cfg.Templates == nil {
+		return nil, fmt.Errorf("worker: data dir, driver and templates are required: %w", errkind.InvalidArgument)
+	}
+	if cfg.RunRoot == "" {
+		cfg.RunRoot = filepath.Join("/dev/shm", "space-"+cfg.ID)
+	}
+	if cfg.VCPUs == 0 {
+		cfg.VCPUs = 4 * runtime.NumCPU()
+	}
+	if cfg.MemoryMiB == 0 {
+		cfg.MemoryMiB = hostMemoryMiB() * 8 / 10
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 2 * time.Minute
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Worker{
+		cfg:       cfg,
+		log:       cfg.Log.With("component", "worker", "worker_id", cfg.ID),
+		sandboxes: make(map[string]*sbx),
+	}, nil
+}
+
+// ID returns the worker's ID.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+func hostMemoryMiB() int64 {
+	var si syscall.Sysinfo_t
+	if syscall.Sysinfo(&si) != nil {
+		return 4096
+	}
+	return int64(si.Totalram) * int64(si.Unit) >> 20
+}
+
+func (w *Worker) sandboxesDir() string { return filepath.Join(w.cfg.DataDir, "sandboxes") }
+
+// cgroupParent is the control group that holds this worker's sandboxes.
+func (w *Worker) cgroupParent() string { return "space-" + w.cfg.ID }
+
+// Status reports capacity and use.
+func (w *Worker) Status() Status {
+	st := Status{ID: w.cfg.ID, VCPUs: w.cfg.VCPUs, MemoryMiB: w.cfg.MemoryMiB, Cgroups: "off"}
+	if w.cfg.Cgroups != nil {
+		st.Cgroups = fmt.Sprintf("v%d", w.cfg.Cgroups.Version())
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, s := range w.sandboxes {
+		s.mu.Lock()
+		if s.rec.State != sandbox.Failed && s.rec.State != sandbox.Deleted {
+			st.Sandboxes++
+			st.UsedVCPUs += s.rec.Spec.VCPUs
+			st.UsedMemoryMiB += s.rec.Spec.MemoryMiB
+		}
+		s.mu.Unlock()
+	}
+	return st
+}
+
+// List returns every sandbox the worker has, ordered by ID.
+func (w *Worker) List() []Info {
+	w.mu.Lock()
+	all := make([]*sbx, 0, len(w.sandboxes))
+	for _, s := range w.sandboxes {
+		all = append(all, s)
+	}
+	w.mu.Unlock()
+	infos := make([]Info, 0, len(all))
+	for _, s := range all {
+		infos = append(infos, s.info())
+	}
+	sort.Slice(infos, func(i, j int) bool { return infos[i].ID < infos[j].ID })
+	return infos
+}
+
+// ErrNotFound is returned for a sandbox the worker does not have.
+var ErrNotFound = fmt.Errorf("sandbox not found on this worker: %w", errkind.NotFound)
+
+// Sandbox returns the info of sandbox id, or ErrNotFound.
+func (w *Worker) Sandbox(id string) (Info, error) {
+	s, err := w.get(id)
+	if err != nil {
+		return Info{}, err
+	}
+	return s.info(), nil
+}
+
+func (w *Worker) get(id string) (*sbx, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s, ok := w.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", id, ErrNotFound)
+	}
+	return s, nil
+}
+
+// Close detaches from every VM and leaves it running: a worker that
+// starts again with the same ID and data dir re-adopts them. It is
+// idempotent.
+func (w *Worker) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	all := make([]*sbx, 0, len(w.sandboxes))
+	for _, s := range w.sandboxes {
+		all = append(all, s)
+	}
+	w.mu.Unlock()
+	var errs []error
+	for _, s := range all {
+		s.op.Lock()
+		errs = append(errs, s.detach())
+		s.op.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// sbx is one sandbox on this worker.
+type sbx struct {
+	dir    string // DataDir/sandboxes/<id>: record and disk
+	runDir string // RunRoot/<id>: the VM's run files
+
+	op sync.Mutex // held across a lifecycle operation; see the package doc
+
+	mu sync.Mutex
+	// +checklocks:mu
+	rec record
+	// +checklocks:mu
+	vm vmm.VM // or nil when no VM runs
+	// +checklocks:mu
+	agent *client.Client // or nil until connected; replaced when its session ends
+	// +checklocks:mu
+	failure string
+}
+
+func (s *sbx) info() Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	inf := Info{ID: s.rec.ID, Team: s.rec.Team, State: s.rec.State, Spec: s.rec.Spec, Error: s.failure}
+	if s.rec.VM != nil {
+		vm := *s.rec.VM
+		inf.VM = &vm
+	}
+	return inf
+}
+
+// detach lets go of the VM and agent without stopping the VM.
+func (s *sbx) detach() error {
+	s.mu.Lock()
+	vm, agent := s.vm, s.agent
+	s.vm, s.agent = nil, nil
+	s.mu.Unlock()
+	if agent != nil {
+		agent.Close()
+	}
+	if d, ok := vm.(vmm.Detacher); ok {
+		return d.Detach()
+	}
+	return nil
+}
+
+// diskDir holds the sandbox's writable layer.
+func (s *sbx) diskDir() string { return filepath.Join(s.dir, "disk") }
+
+// removeFiles removes the sandbox's run and data directories.
+func (s *sbx) removeFiles() error {
+	return errors.Join(os.RemoveAll(s.runDir), os.RemoveAll(s.dir))
+}
+
+// guestConfig is the guestvm configuration of a sandbox.
+func (w *Worker) guestConfig(s *sbx, spec Spec, img *imagebuild.Artifacts) guestvm.Config {
+	return guestvm.Config{
+		Images:    img,
+		Driver:    w.cfg.Driver,
+		RunDir:    s.runDir,
+		DataDir:   s.diskDir(),
+		VCPUs:     spec.VCPUs,
+		MemoryMiB: int(spec.MemoryMiB),
+		DiskGiB:   int((spec.DiskMiB + 1023) / 1024),
+		Hostname:  "sandbox",
+	}
+}
