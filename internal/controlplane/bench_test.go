@@ -22,7 +22,8 @@ import (
 // VMs, so benchmarks measure the control plane alone (store writes at
 // full durability, validation, placement, JSON).
 type instantWorker struct {
-	mu   sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	used int64
 }
 

@@ -24,6 +24,9 @@ func (s *Server) Reconcile(ctx context.Context) error {
 			return err
 		}
 		for _, rec := range recs {
+			if s.isBusy(rec.ID) {
+				continue // a create or delete is under way
+			}
 			if err := s.reconcile(ctx, wk, rec); err != nil {
 				errs = append(errs, fmt.Errorf("reconcile %s: %w", rec.ID, err))
 			}
@@ -62,16 +65,23 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 	return nil
 }
 
-// Run removes expired sandboxes until ctx ends.
+// Run removes expired sandboxes and reconciles the workers' sandboxes
+// with the store until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.ReapInterval)
-	defer t.Stop()
+	reap := time.NewTicker(s.cfg.ReapInterval)
+	defer reap.Stop()
+	rec := time.NewTicker(s.cfg.ReconcileInterval)
+	defer rec.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-reap.C:
 			s.reapExpired(ctx)
+		case <-rec.C:
+			if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("reconcile", "err", err)
+			}
 		}
 	}
 }

@@ -142,8 +142,10 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		return store.Sandbox{}, err
 	}
 	specJSON, _ := json.Marshal(sp)
+	id := store.NewSandboxID()
+	defer s.claim(id)()
 	rec, err := s.cfg.Store.CreateSandbox(ctx, store.Sandbox{
-		ID: store.NewSandboxID(), TeamID: team, Template: sp.Template, State: sandbox.Creating,
+		ID: id, TeamID: team, Template: sp.Template, State: sandbox.Creating,
 		WorkerID: wk.ID(), Spec: specJSON, Labels: labels,
 		Expires: s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second),
 	})
@@ -390,6 +392,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 // delete records stopping, has the worker destroy the VM, then removes
 // the record.
 func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
+	defer s.claim(sb.ID)()
 	if sb.State == sandbox.Creating {
 		return fmt.Errorf("sandbox %s is still being created: %w", sb.ID, errkind.FailedPrecondition)
 	}

@@ -71,6 +71,9 @@ type Config struct {
 	Quota Quota
 	// ReapInterval is how often expired sandboxes are looked for; 0 = 5s.
 	ReapInterval time.Duration
+	// ReconcileInterval is how often every worker's sandboxes are
+	// compared with the store (a VM that died is marked failed); 0 = 30s.
+	ReconcileInterval time.Duration
 	// WorkerToken authenticates standalone workers (their registration,
 	// and the control plane's calls to them); "" = no standalone workers.
 	WorkerToken string
@@ -105,6 +108,8 @@ type Server struct {
 	// +checklocks:mu
 	seen map[string]time.Time // last registration of each standalone worker
 	// +checklocks:mu
+	busy map[string]bool // sandboxes a create or delete of this process is working on
+	// +checklocks:mu
 	usage map[string]api.Quota // per team: what its live sandboxes use; absent = load from the store
 }
 
@@ -122,6 +127,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = 5 * time.Second
 	}
+	if cfg.ReconcileInterval == 0 {
+		cfg.ReconcileInterval = 30 * time.Second
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -137,6 +145,7 @@ func New(cfg Config) (*Server, error) {
 		teamLocks: make(map[string]*sync.Mutex),
 		seen:      make(map[string]time.Time),
 		usage:     make(map[string]api.Quota),
+		busy:      make(map[string]bool),
 	}, nil
 }
 
@@ -318,4 +327,23 @@ func (s *Server) Handler() http.Handler {
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, api.Health{Status: "ok", Version: s.cfg.Version})
+}
+
+// claim marks a sandbox as worked on by this process, so the periodic
+// reconcile leaves it alone; the returned func releases it.
+func (s *Server) claim(id string) func() {
+	s.mu.Lock()
+	s.busy[id] = true
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.busy, id)
+		s.mu.Unlock()
+	}
+}
+
+func (s *Server) isBusy(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busy[id]
 }

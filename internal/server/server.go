@@ -79,6 +79,8 @@ type Config struct {
 	// CrashAt names a crash point of the worker or control plane; for
 	// tests.
 	CrashAt string
+	// ReconcileInterval is controlplane.Config.ReconcileInterval.
+	ReconcileInterval time.Duration
 	// Version is reported by the health route.
 	Version string
 	// Progress receives human-readable progress lines; nil = discard.
@@ -146,7 +148,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	cp, err := controlplane.New(controlplane.Config{
 		Store: st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
-		WorkerToken: token,
+		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval,
 	})
 	if err != nil {
 		return err

@@ -434,3 +434,34 @@ func TestTimeoutExpires(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, func() bool { return syscall.Kill(sb.VM.PID, 0) != nil })
 	}
 }
+
+// TestVMDeathMarksFailed kills a sandbox's VMM behind the worker's back:
+// the sandbox turns failed (not silently broken), refuses exec with a
+// clear error, and deletes cleanly.
+func TestVMDeathMarksFailed(t *testing.T) {
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	ts := startServerWith(t, Config{ReconcileInterval: time.Second})
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	sb, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	if err := syscall.Kill(sb.VM.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill vmm: %v", err)
+	}
+	testenv.Eventually(t, time.Minute, func() bool {
+		got, err := ts.client.Sandbox(ctx, sb.ID)
+		return err == nil && got.State == "failed"
+	})
+	_, err = ts.client.Exec(ctx, sb.ID, sh("true"), io.Discard, io.Discard)
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Code != api.CodeFailedPrecondition {
+		t.Errorf("Exec in failed sandbox = %v, want failed_precondition", err)
+	}
+	if err := ts.client.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatalf("DeleteSandbox = %v", err)
+	}
+	assertNoLeftovers(t, ts)
+}

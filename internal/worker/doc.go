@@ -32,5 +32,7 @@
 // Worker.mu guards the sandbox map. Each sandbox has op, held for the
 // whole of a lifecycle operation (create, delete, recover) so they never
 // interleave, and mu, which guards its fields and is never held across
-// I/O. Lock order: sandbox.op, then Worker.mu, then sandbox.mu.
+// I/O. Worker.admit serializes admitting new sandboxes against capacity.
+// Lock order: sandbox.op, then Worker.admit, then Worker.mu, then
+// sandbox.mu.
 package worker

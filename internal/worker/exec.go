@@ -141,10 +141,11 @@ func exitView(e proto.Exit) *api.Exit {
 
 // ndjson writes events as lines, flushing each.
 type ndjson struct {
-	rw http.ResponseWriter
-	rc *http.ResponseController
-
 	mu sync.Mutex
+	// +checklocks:mu
+	rw http.ResponseWriter
+	// +checklocks:mu
+	rc *http.ResponseController
 	// +checklocks:mu
 	err error
 }
@@ -153,7 +154,11 @@ func newNDJSON(rw http.ResponseWriter) *ndjson {
 	rw.Header().Set("Content-Type", "application/x-ndjson")
 	rw.Header().Set("Cache-Control", "no-store")
 	rw.WriteHeader(http.StatusOK)
-	return &ndjson{rw: rw, rc: http.NewResponseController(rw)}
+	n := &ndjson{}
+	n.mu.Lock()
+	n.rw, n.rc = rw, http.NewResponseController(rw)
+	n.mu.Unlock()
+	return n
 }
 
 func (n *ndjson) send(ev api.Event) error {

@@ -14,6 +14,7 @@ import (
 	"space/internal/cgroup"
 	"space/internal/errkind"
 	"space/internal/guestvm"
+	"space/internal/imagebuild"
 	"space/internal/sandbox"
 	"space/internal/store"
 	"space/internal/vmm"
@@ -59,7 +60,7 @@ var ErrNotRunning = fmt.Errorf("sandbox is not running: %w", errkind.FailedPreco
 // Create boots sandbox id for team with spec and returns once its agent
 // answers. On error nothing of it remains. The record is durable before
 // Create returns.
-func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (_ Info, err error) {
+func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, error) {
 	if !store.ValidSandboxID(id) {
 		return Info{}, fmt.Errorf("sandbox id %q: %w", id, errkind.InvalidArgument)
 	}
@@ -77,10 +78,20 @@ func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (_ Info
 		dir:    filepath.Join(w.sandboxesDir(), id),
 		runDir: filepath.Join(w.cfg.RunRoot, id),
 	}
+	s.mu.Lock()
 	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC()}
+	s.mu.Unlock()
 	s.op.Lock()
 	defer s.op.Unlock()
-	if err := w.reserve(s, spec); err != nil {
+	return w.create(ctx, s, img)
+}
+
+// create does Create's work; the caller holds s.op.
+func (w *Worker) create(ctx context.Context, s *sbx, img *imagebuild.Artifacts) (_ Info, err error) {
+	s.mu.Lock()
+	id, spec := s.rec.ID, s.rec.Spec
+	s.mu.Unlock()
+	if err := w.reserve(id, s, spec); err != nil {
 		return Info{}, err
 	}
 	var undo undoStack
@@ -153,26 +164,33 @@ func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (_ Info
 		return Info{}, err
 	}
 	w.crash("create.running-saved")
+	w.watch(s, gv.VMM)
 	w.log.Info("sandbox created", "sandbox_id", id, "vm_pid", h.PID, "boot", gv.BootTime)
 	return s.info(), nil
 }
 
 // reserve adds s to the worker if the ID is free and capacity allows.
-func (w *Worker) reserve(s *sbx, spec Spec) error {
+func (w *Worker) reserve(id string, s *sbx, spec Spec) error {
+	w.admit.Lock()
 	st := w.Status()
+	fits := st.UsedVCPUs+spec.VCPUs <= st.VCPUs && st.UsedMemoryMiB+spec.MemoryMiB <= st.MemoryMiB
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
+	closed := w.closed
+	_, taken := w.sandboxes[id]
+	if fits && !closed && !taken {
+		w.sandboxes[id] = s
+	}
+	w.mu.Unlock()
+	w.admit.Unlock()
+	switch {
+	case closed:
 		return fmt.Errorf("worker is shutting down: %w", errkind.Unavailable)
-	}
-	if _, ok := w.sandboxes[s.rec.ID]; ok {
-		return fmt.Errorf("%s: %w", s.rec.ID, ErrExists)
-	}
-	if st.UsedVCPUs+spec.VCPUs > st.VCPUs || st.UsedMemoryMiB+spec.MemoryMiB > st.MemoryMiB {
+	case taken:
+		return fmt.Errorf("%s: %w", id, ErrExists)
+	case !fits:
 		return fmt.Errorf("%d vcpus and %d MiB asked, %d vcpus and %d MiB free: %w", spec.VCPUs, spec.MemoryMiB,
 			st.VCPUs-st.UsedVCPUs, st.MemoryMiB-st.UsedMemoryMiB, ErrNoCapacity)
 	}
-	w.sandboxes[s.rec.ID] = s
 	return nil
 }
 

@@ -80,6 +80,7 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 		s.mu.Unlock()
 		if rec.State != sandbox.Creating {
 			log.Info("re-adopted sandbox", "vm_pid", rec.Handle.PID)
+			w.watch(s, vm)
 			return nil
 		}
 		// The VM of an interrupted create runs: complete it if its agent
@@ -102,6 +103,7 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 			return err
 		}
 		log.Info("completed interrupted create", "vm_pid", rec.Handle.PID)
+		w.watch(s, vm)
 		return nil
 	case sandbox.Stopping:
 		log.Info("finishing interrupted delete")

@@ -116,8 +116,11 @@ var ErrNoCapacity = fmt.Errorf("worker has no capacity left: %w", errkind.Resour
 
 // Worker runs sandboxes on this host.
 type Worker struct {
-	cfg Config
-	log *slog.Logger
+	cfg      Config
+	log      *slog.Logger
+	stop     chan struct{}  // closed by Close: watchers end
+	watchers sync.WaitGroup // one per running VM
+	admit    sync.Mutex     // serializes reserve's capacity check and insertion
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -154,6 +157,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg:       cfg,
 		log:       cfg.Log.With("component", "worker", "worker_id", cfg.ID),
 		sandboxes: make(map[string]*sbx),
+		stop:      make(chan struct{}),
 	}, nil
 }
 
@@ -223,8 +227,8 @@ func (w *Worker) Sandbox(id string) (Info, error) {
 
 func (w *Worker) get(id string) (*sbx, error) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	s, ok := w.sandboxes[id]
+	w.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("%s: %w", id, ErrNotFound)
 	}
@@ -246,6 +250,8 @@ func (w *Worker) Close() error {
 		all = append(all, s)
 	}
 	w.mu.Unlock()
+	close(w.stop)
+	w.watchers.Wait()
 	var errs []error
 	for _, s := range all {
 		s.op.Lock()
@@ -319,4 +325,50 @@ func (w *Worker) guestConfig(s *sbx, spec Spec, img *imagebuild.Artifacts) guest
 		DiskGiB:   int((spec.DiskMiB + 1023) / 1024),
 		Hostname:  "sandbox",
 	}
+}
+
+// watch marks the sandbox failed if its VM exits on its own (a crash, an
+// OOM kill in its cgroup), rather than through Delete.
+func (w *Worker) watch(s *sbx, vm vmm.VM) {
+	w.watchers.Add(1)
+	go func() {
+		defer w.watchers.Done()
+		select {
+		case <-vm.Done():
+		case <-w.stop:
+			return
+		}
+		s.op.Lock()
+		defer s.op.Unlock()
+		s.mu.Lock()
+		current, state, id := s.vm, s.rec.State, s.rec.ID
+		s.mu.Unlock()
+		if current != vm || state != sandbox.Running {
+			return // deleted, or being torn down on purpose
+		}
+		w.log.Warn("sandbox vm exited on its own", "sandbox_id", id)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		vm.Stop(ctx) // releases the driver's side; the process is gone
+		if err := w.fail(ctx, s, "vm exited unexpectedly"+consoleHint(vm)); err != nil {
+			w.log.Error("mark sandbox failed", "sandbox_id", id, "err", err)
+		}
+	}()
+}
+
+// consoleHint is the end of a VM's console output, if the driver keeps
+// it, for a failure message.
+func consoleHint(vm vmm.VM) string {
+	sl, ok := vm.(interface{ SerialLog() ([]byte, error) })
+	if !ok {
+		return ""
+	}
+	b, err := sl.SerialLog()
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 512 {
+		b = b[len(b)-512:]
+	}
+	return "; console ends: " + string(b)
 }
