@@ -392,7 +392,32 @@ func (c *Client) DeleteAPIKey(ctx context.Context, id string) error {
 
 // Quota returns the caller's team's limits and usage.
 func (c *Client) Quota(ctx context.Context) (api.QuotaUsage, error) {
+	return c.TeamQuota(ctx, "")
+}
+
+// TeamQuota returns a team's limits and usage; team "" is the caller's,
+// another needs an admin key.
+func (c *Client) TeamQuota(ctx context.Context, team string) (api.QuotaUsage, error) {
 	var q api.QuotaUsage
-	err := c.call(ctx, request{method: http.MethodGet, path: "/v1/quota"}, &q)
+	err := c.call(ctx, request{method: http.MethodGet, path: "/v1/quota", query: teamQuery(team)}, &q)
 	return q, err
+}
+
+// SetQuota replaces a team's limits (admin key; team "" is the caller's)
+// and returns them with the team's usage. 0 in a field means unlimited.
+func (c *Client) SetQuota(ctx context.Context, team string, q api.Quota) (api.QuotaUsage, error) {
+	body, err := jsonBody(q)
+	if err != nil {
+		return api.QuotaUsage{}, err
+	}
+	var out api.QuotaUsage
+	err = c.call(ctx, request{method: http.MethodPut, path: "/v1/quota", query: teamQuery(team), body: body}, &out)
+	return out, err
+}
+
+func teamQuery(team string) url.Values {
+	if team == "" {
+		return nil
+	}
+	return url.Values{"team": {team}}
 }

@@ -107,10 +107,10 @@ func newAPIKeyRemoveCmd(g *globals) *cobra.Command {
 }
 
 func newQuotaCmd(g *globals) *cobra.Command {
-	var output string
+	var output, team string
 	c := &cobra.Command{
 		Use:   "quota",
-		Short: "Show your team's limits and usage",
+		Short: "Show a team's limits and usage (yours unless --team, which needs an admin key)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
@@ -120,27 +120,68 @@ func newQuotaCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			q, err := cl.Quota(cmd.Context())
+			q, err := cl.TeamQuota(cmd.Context(), team)
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				return g.printJSON(q)
-			}
-			limit := func(n int64) string {
-				if n == 0 {
-					return "unlimited"
-				}
-				return strconv.FormatInt(n, 10)
-			}
-			return g.printTable([]string{"RESOURCE", "USED", "LIMIT"}, func(row func(...any)) {
-				row("sandboxes", q.Used.Sandboxes, limit(int64(q.Limits.Sandboxes)))
-				row("vcpus", q.Used.VCPUs, limit(int64(q.Limits.VCPUs)))
-				row("memory_mib", q.Used.MemoryMiB, limit(q.Limits.MemoryMiB))
-				row("snapshot_mib", q.Used.SnapshotMiB, limit(q.Limits.SnapshotMiB))
-			})
+			return g.printQuota(q, output)
 		},
 	}
+	c.Flags().StringVar(&team, "team", "", "the `team` (admin key)")
 	outputFlag(c.Flags(), &output)
+	c.AddCommand(newQuotaSetCmd(g))
 	return c
+}
+
+func newQuotaSetCmd(g *globals) *cobra.Command {
+	var (
+		output, team string
+		q            api.Quota
+	)
+	c := &cobra.Command{
+		Use:   "set [--team T] [--sandboxes N] [--vcpus N] [--memory MiB] [--snapshots MiB]",
+		Short: "Set a team's limits (admin key); 0 or an omitted flag means unlimited",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := cl.SetQuota(cmd.Context(), team, q)
+			if err != nil {
+				return err
+			}
+			return g.printQuota(res, output)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&team, "team", "", "the `team` (default: yours)")
+	f.IntVar(&q.Sandboxes, "sandboxes", 0, "sandboxes at once")
+	f.IntVar(&q.VCPUs, "vcpus", 0, "vCPUs over all sandboxes")
+	f.Int64Var(&q.MemoryMiB, "memory", 0, "`MiB` of guest memory over all sandboxes")
+	f.Int64Var(&q.SnapshotMiB, "snapshots", 0, "`MiB` of snapshot storage")
+	outputFlag(f, &output)
+	return c
+}
+
+// printQuota prints limits and usage as a table or JSON.
+func (g *globals) printQuota(q api.QuotaUsage, output string) error {
+	if output == "json" {
+		return g.printJSON(q)
+	}
+	limit := func(n int64) string {
+		if n == 0 {
+			return "unlimited"
+		}
+		return strconv.FormatInt(n, 10)
+	}
+	return g.printTable([]string{"RESOURCE", "USED", "LIMIT"}, func(row func(...any)) {
+		row("sandboxes", q.Used.Sandboxes, limit(int64(q.Limits.Sandboxes)))
+		row("vcpus", q.Used.VCPUs, limit(int64(q.Limits.VCPUs)))
+		row("memory_mib", q.Used.MemoryMiB, limit(q.Limits.MemoryMiB))
+		row("snapshot_mib", q.Used.SnapshotMiB, limit(q.Limits.SnapshotMiB))
+	})
 }

@@ -278,13 +278,33 @@ func (s *Server) forgetUsage(team string) {
 	s.mu.Unlock()
 }
 
+// quota returns the team's quota: its own if an admin set one, else the
+// server's default.
+func (s *Server) quota(ctx context.Context, team string) (api.Quota, error) {
+	t, err := s.cfg.Store.Team(ctx, team)
+	if err != nil {
+		return api.Quota{}, err
+	}
+	if t.Quota == nil {
+		return s.cfg.Quota, nil
+	}
+	var q api.Quota
+	if err := json.Unmarshal(t.Quota, &q); err != nil {
+		return api.Quota{}, fmt.Errorf("team %s: stored quota: %v: %w", team, err, errkind.Internal)
+	}
+	return q, nil
+}
+
 // checkQuota fails with ResourceExhausted if the team cannot take sp.
 func (s *Server) checkQuota(ctx context.Context, team string, sp spec) error {
+	q, err := s.quota(ctx, team)
+	if err != nil {
+		return err
+	}
 	u, err := s.teamUsage(ctx, team)
 	if err != nil {
 		return err
 	}
-	q := s.cfg.Quota
 	switch {
 	case q.Sandboxes > 0 && u.Sandboxes+1 > q.Sandboxes:
 		return fmt.Errorf("team %s quota: %d of %d sandboxes in use: %w", team, u.Sandboxes, q.Sandboxes, errkind.ResourceExhausted)
@@ -296,13 +316,68 @@ func (s *Server) checkQuota(ctx context.Context, team string, sp spec) error {
 	return nil
 }
 
+// quotaUsage is what the quota routes answer for a team.
+func (s *Server) quotaUsage(ctx context.Context, team string) (api.QuotaUsage, error) {
+	q, err := s.quota(ctx, team)
+	if err != nil {
+		return api.QuotaUsage{}, err
+	}
+	u, err := s.teamUsage(ctx, team)
+	return api.QuotaUsage{Limits: q, Used: u}, err
+}
+
 func (s *Server) handleQuota(w http.ResponseWriter, r *http.Request) {
-	u, err := s.teamUsage(r.Context(), callerOf(r).team)
+	team, err := teamParam(callerOf(r), r.URL.Query().Get("team"))
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, api.QuotaUsage{Limits: s.cfg.Quota, Used: u})
+	qu, err := s.quotaUsage(r.Context(), team)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, qu)
+}
+
+// handleSetQuota sets a team's quota (admin keys only).
+func (s *Server) handleSetQuota(w http.ResponseWriter, r *http.Request) {
+	c := callerOf(r)
+	if !c.admin {
+		httpapi.WriteError(w, fmt.Errorf("setting a quota needs an admin key: %w", errkind.PermissionDenied))
+		return
+	}
+	team, err := teamParam(c, r.URL.Query().Get("team"))
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	var q api.Quota
+	if err := httpapi.DecodeJSON(r, &q); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"sandboxes", int64(q.Sandboxes)}, {"vcpus", int64(q.VCPUs)}, {"memory_mib", q.MemoryMiB}, {"snapshot_mib", q.SnapshotMiB}} {
+		if f.v < 0 {
+			httpapi.WriteError(w, httpapi.Invalid(f.name, "negative (0 means unlimited)"))
+			return
+		}
+	}
+	b, _ := json.Marshal(q)
+	if _, err := s.cfg.Store.SetTeamQuota(r.Context(), team, b); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	s.log.Info("team quota set", "team", team, "by_key", c.keyID)
+	qu, err := s.quotaUsage(r.Context(), team)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, qu)
 }
 
 // view is the API's picture of a record.

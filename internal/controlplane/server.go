@@ -294,6 +294,7 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/apikeys", s.handleListKeys, false},
 		{"DELETE", "/v1/apikeys/{id}", s.handleDeleteKey, false},
 		{"GET", "/v1/quota", s.handleQuota, false},
+		{"PUT", "/v1/quota", s.handleSetQuota, false},
 		{"POST", "/v1/workers", s.handleRegister, true}, // worker token, checked by the handler
 		{"GET", "/v1/workers", s.handleListWorkers, false},
 	}
@@ -312,12 +313,22 @@ func (s *Server) Routes() []string {
 // Handler returns the public API.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	allowed := map[string][]string{} // path -> methods
 	for _, rt := range s.routes() {
 		h := rt.handler
 		if !rt.public {
 			h = s.authenticate(h)
 		}
 		mux.HandleFunc(rt.method+" "+rt.path, h)
+		allowed[rt.path] = append(allowed[rt.path], rt.method)
+	}
+	for path, methods := range allowed {
+		allow := strings.Join(methods, ", ")
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			httpapi.WriteJSON(w, http.StatusMethodNotAllowed, api.Error{Error: api.ErrorBody{
+				Code: api.CodeInvalidArgument, Message: fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, path, allow)}})
+		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errkind.NotFound))

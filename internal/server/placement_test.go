@@ -2,10 +2,12 @@ package server
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +21,13 @@ import (
 // startWorker runs a standalone worker registered with ts.
 func startWorker(t *testing.T, ts *testServer, memoryMiB int64) *testServer {
 	t.Helper()
+	return restartWorker(t, ts, memoryMiB, &testServer{dataDir: t.TempDir(), workerID: newWorkerID(t)})
+}
+
+// restartWorker runs the standalone worker wt (its ID and data dir); stop
+// it with wt.stop.
+func restartWorker(t *testing.T, ts *testServer, memoryMiB int64, wt *testServer) *testServer {
+	t.Helper()
 	agent, err := guesttest.BuildAgent(t.Context())
 	if err != nil {
 		t.Fatalf("setup: %v", err)
@@ -27,7 +36,6 @@ func startWorker(t *testing.T, ts *testServer, memoryMiB int64) *testServer {
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	wt := &testServer{dataDir: t.TempDir(), workerID: newWorkerID(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
@@ -44,12 +52,16 @@ func startWorker(t *testing.T, ts *testServer, memoryMiB int64) *testServer {
 		cancel()
 		t.Fatalf("setup: worker: %v", err)
 	}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
+	var once sync.Once
+	wt.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		})
+	}
+	t.Cleanup(wt.stop)
 	return wt
 }
 
@@ -104,11 +116,28 @@ func TestTwoWorkersPlacement(t *testing.T) {
 	if on[a.workerID] == 0 || on[b.workerID] == 0 || on[ts.workerID] != 0 {
 		t.Errorf("placement = %v, want both standalone workers used and the full embedded one not", on)
 	}
+	// A worker that restarts keeps its sandboxes: the control plane
+	// reaches them again once it has registered.
+	all, _ := ts.client.Sandboxes(ctx, client.ListOptions{})
+	var onA string
+	for _, sb := range all {
+		if sb.Worker == a.workerID {
+			onA = sb.ID
+		}
+	}
+	a.stop()
+	a = restartWorker(t, ts, 1024, &testServer{dataDir: a.dataDir, workerID: a.workerID})
+	testenv.Eventually(t, time.Minute, func() bool {
+		var out strings.Builder
+		exit, err := ts.client.Exec(ctx, onA, sh("cat /tmp/f"), &out, io.Discard)
+		return err == nil && exit.Code == 0 && out.String() == "x"
+	})
+
 	// Too big for any worker: a clear error, nothing recorded.
 	if _, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 2048}); err == nil || !strings.Contains(err.Error(), "no worker has") {
 		t.Errorf("CreateSandbox(2048 MiB) = %v, want no capacity", err)
 	}
-	all, _ := ts.client.Sandboxes(ctx, client.ListOptions{})
+	all, _ = ts.client.Sandboxes(ctx, client.ListOptions{})
 	for _, sb := range all {
 		if err := ts.client.DeleteSandbox(ctx, sb.ID); err != nil {
 			t.Errorf("DeleteSandbox = %v", err)

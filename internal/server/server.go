@@ -284,8 +284,14 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		wc.Log.Warn("running VMMs without cgroup limits", "err", err)
 		cg = nil
 	}
+	// Waits scale with the accelerator: a TCG guest boots in seconds, a
+	// KVM one in well under one.
+	bootTimeout := 2 * time.Minute
+	if accel == "kvm" {
+		bootTimeout = 30 * time.Second
+	}
 	w, err := worker.New(worker.Config{
-		ID: wc.ID, DataDir: wc.DataDir, Driver: drv, Templates: templates{wc.Images},
+		ID: wc.ID, DataDir: wc.DataDir, Driver: drv, Templates: templates{wc.Images}, BootTimeout: bootTimeout,
 		Cgroups: cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB,
 	})
 	if err != nil {

@@ -13,8 +13,11 @@ import (
 
 // Team owns API keys and sandboxes.
 type Team struct {
-	ID      string // see ValidID
-	Name    string
+	ID   string // see ValidID
+	Name string
+	// Quota is the team's resource quota: opaque JSON of at most 4 KiB, or
+	// nil for the server's default quota.
+	Quota   json.RawMessage
 	Created time.Time // set by the store
 }
 
@@ -92,6 +95,7 @@ const (
 	maxLabels     = 64
 	maxLabelKey   = 63
 	maxLabelValue = 256
+	maxQuota      = 4 << 10 // bytes
 )
 
 // lowercase RFC 4648 base32 alphabet
@@ -147,6 +151,24 @@ func (t *Team) Validate() error {
 	}
 	if len(t.Name) > maxNameLen {
 		return invalid("team %s: name longer than %d bytes", t.ID, maxNameLen)
+	}
+	if err := ValidateQuota(t.Quota); err != nil {
+		return fmt.Errorf("team %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+// ValidateQuota checks a [Team] quota: nil, or valid JSON of at most 4 KiB.
+// Errors wrap ErrInvalid.
+func ValidateQuota(quota json.RawMessage) error {
+	if quota == nil {
+		return nil
+	}
+	if len(quota) > maxQuota {
+		return invalid("quota longer than %d bytes", maxQuota)
+	}
+	if !json.Valid(quota) {
+		return invalid("quota is not valid json")
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -47,6 +48,12 @@ type Store interface {
 type Teams interface {
 	// CreateTeam stores a new team. ErrAlreadyExists if the ID is taken.
 	CreateTeam(ctx context.Context, t Team) (Team, error)
+	// Team returns the team id, or ErrNotFound.
+	Team(ctx context.Context, id string) (Team, error)
+	// SetTeamQuota replaces the team's Quota with quota (nil clears it: the
+	// server's default applies) and returns the updated team. ErrNotFound if
+	// the team does not exist, ErrInvalid if quota fails [ValidateQuota].
+	SetTeamQuota(ctx context.Context, id string, quota json.RawMessage) (Team, error)
 }
 
 // APIKeys manages API keys. Only the hash of a key's secret is stored.

@@ -141,6 +141,8 @@ func exitView(e proto.Exit) *api.Exit {
 
 // ndjson writes events as lines, flushing each.
 type ndjson struct {
+	started chan struct{} // closed once the started (or error) event is out
+
 	mu sync.Mutex
 	// +checklocks:mu
 	rw http.ResponseWriter
@@ -154,7 +156,7 @@ func newNDJSON(rw http.ResponseWriter) *ndjson {
 	rw.Header().Set("Content-Type", "application/x-ndjson")
 	rw.Header().Set("Cache-Control", "no-store")
 	rw.WriteHeader(http.StatusOK)
-	n := &ndjson{}
+	n := &ndjson{started: make(chan struct{})}
 	n.mu.Lock()
 	n.rw, n.rc = rw, http.NewResponseController(rw)
 	n.mu.Unlock()
@@ -183,21 +185,40 @@ func (n *ndjson) send(ev api.Event) error {
 
 // eventWriter turns output writes into events of one type.
 type eventWriter struct {
-	send func(api.Event) error
-	typ  api.EventType
+	started <-chan struct{} // output waits until the started event is out
+	send    func(api.Event) error
+	typ     api.EventType
 }
 
 func (e eventWriter) Write(p []byte) (int, error) {
+	<-e.started
 	if err := e.send(api.Event{Type: e.typ, Data: bytes.Clone(p)}); err != nil {
 		return 0, err
 	}
 	return len(p), nil
 }
 
-// stream follows an attached process to its end on an NDJSON response.
-func stream(n *ndjson, p *client.Process, info proto.ProcInfo) {
+// io returns the process IO that turns output into events.
+func (n *ndjson) io(stdin io.Reader) client.IO {
+	return client.IO{
+		Stdin:  stdin,
+		Stdout: eventWriter{n.started, n.send, api.EventStdout},
+		Stderr: eventWriter{n.started, n.send, api.EventStderr},
+	}
+}
+
+// follow streams an attached process to its end: started, its output (as
+// the writers send it), then exit or error.
+func (n *ndjson) follow(p *client.Process, info proto.ProcInfo, err error) {
+	if err != nil {
+		close(n.started)
+		body := httpapi.Body(err)
+		n.send(api.Event{Type: api.EventError, Error: &body})
+		return
+	}
 	pv := processView(info)
 	n.send(api.Event{Type: api.EventStarted, Process: &pv})
+	close(n.started)
 	exit, err := p.Wait()
 	if err != nil {
 		body := httpapi.Body(err)
@@ -207,195 +228,125 @@ func stream(n *ndjson, p *client.Process, info proto.ProcInfo) {
 	n.send(api.Event{Type: api.EventExit, Exit: exitView(exit)})
 }
 
-func (w *Worker) handleExec(rw http.ResponseWriter, r *http.Request) {
+func (w *Worker) handleExec(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
 	var req api.Exec
 	if err := httpapi.DecodeJSON(r, &req); err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	if req.TTY != nil {
-		httpapi.WriteError(rw, httpapi.Invalid("tty", "a terminal needs the WebSocket route (exec/ws)"))
-		return
+		return httpapi.Invalid("tty", "a terminal needs the WebSocket route (exec/ws)")
 	}
-	id := r.PathValue("id")
-	a, err := w.agentFor(r.Context(), id)
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+	if req.Detach && len(req.Stdin) > 0 {
+		return httpapi.Invalid("stdin", "a detached command gets no stdin here; attach to feed it")
 	}
-	ps, err := w.procStart(r.Context(), a, id, req)
+	ps, err := w.procStart(r.Context(), a, r.PathValue("id"), req)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	if req.Detach {
-		if len(req.Stdin) > 0 {
-			httpapi.WriteError(rw, httpapi.Invalid("stdin", "a detached command gets no stdin here; attach to feed it"))
-			return
-		}
 		info, err := a.StartProcess(r.Context(), ps)
 		if err != nil {
-			httpapi.WriteError(rw, err)
-			return
+			return err
 		}
 		httpapi.WriteJSON(rw, http.StatusCreated, processView(info))
-		return
+		return nil
 	}
-	var n *ndjson
-	pio := client.IO{
-		Stdout: eventWriter{func(ev api.Event) error { return n.send(ev) }, api.EventStdout},
-		Stderr: eventWriter{func(ev api.Event) error { return n.send(ev) }, api.EventStderr},
-	}
+	var stdin io.Reader
 	if len(req.Stdin) > 0 {
-		pio.Stdin = bytes.NewReader(req.Stdin)
+		stdin = bytes.NewReader(req.Stdin)
 	}
 	// Headers go out before the process starts, so its first output
 	// cannot race them; a failed start is then an error event.
-	n = newNDJSON(rw)
-	p, info, err := a.StartAttached(r.Context(), ps, pio)
-	if err != nil {
-		body := httpapi.Body(err)
-		n.send(api.Event{Type: api.EventError, Error: &body})
-		return
-	}
-	stream(n, p, info)
+	n := newNDJSON(rw)
+	p, info, err := a.StartAttached(r.Context(), ps, n.io(stdin))
+	n.follow(p, info, err)
+	return nil
 }
 
-func (w *Worker) processID(r *http.Request) (int64, error) {
+// processRef returns the process named in the path, which must exist.
+func processRef(r *http.Request, a *client.Client) (proto.ProcInfo, error) {
 	id, err := strconv.ParseInt(r.PathValue("pid"), 10, 64)
 	if err != nil || id < 1 {
-		return 0, fmt.Errorf("process %.32q: %w", r.PathValue("pid"), errkind.NotFound)
+		return proto.ProcInfo{}, fmt.Errorf("process %.32q: %w", r.PathValue("pid"), errkind.NotFound)
 	}
-	return id, nil
-}
-
-func (w *Worker) handleOutput(rw http.ResponseWriter, r *http.Request) {
-	pid, err := w.processID(r)
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	a, err := w.agentFor(r.Context(), r.PathValue("id"))
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	// Check the process exists before committing to a 200 stream.
-	if _, err := w.findProcess(r.Context(), a, pid); err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	var n *ndjson
-	pio := client.IO{
-		Stdout: eventWriter{func(ev api.Event) error { return n.send(ev) }, api.EventStdout},
-		Stderr: eventWriter{func(ev api.Event) error { return n.send(ev) }, api.EventStderr},
-	}
-	n = newNDJSON(rw)
-	p, info, err := a.Attach(r.Context(), pid, pio)
-	if err != nil {
-		body := httpapi.Body(err)
-		n.send(api.Event{Type: api.EventError, Error: &body})
-		return
-	}
-	stream(n, p, info)
-}
-
-func (w *Worker) findProcess(ctx context.Context, a *client.Client, pid int64) (proto.ProcInfo, error) {
-	all, err := a.Processes(ctx)
+	all, err := a.Processes(r.Context())
 	if err != nil {
 		return proto.ProcInfo{}, err
 	}
 	for _, p := range all {
-		if p.ID == pid {
+		if p.ID == id {
 			return p, nil
 		}
 	}
-	return proto.ProcInfo{}, fmt.Errorf("process %d: %w", pid, errkind.NotFound)
+	return proto.ProcInfo{}, fmt.Errorf("process %d: %w", id, errkind.NotFound)
 }
 
-func (w *Worker) handleProcesses(rw http.ResponseWriter, r *http.Request) {
-	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+func handleOutput(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
+	// Check the process exists before committing to a 200 stream.
+	ref, err := processRef(r, a)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
+	n := newNDJSON(rw)
+	p, info, err := a.Attach(r.Context(), ref.ID, n.io(nil))
+	n.follow(p, info, err)
+	return nil
+}
+
+func handleProcesses(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
 	all, err := a.Processes(r.Context())
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	out := api.ProcessList{Processes: make([]api.Process, 0, len(all))}
 	for _, p := range all {
 		out.Processes = append(out.Processes, processView(p))
 	}
 	httpapi.WriteJSON(rw, http.StatusOK, out)
+	return nil
 }
 
-func (w *Worker) handleProcess(rw http.ResponseWriter, r *http.Request) {
-	pid, err := w.processID(r)
+func handleProcess(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
+	p, err := processRef(r, a)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	a, err := w.agentFor(r.Context(), r.PathValue("id"))
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	p, err := w.findProcess(r.Context(), a, pid)
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	httpapi.WriteJSON(rw, http.StatusOK, processView(p))
+	return nil
 }
 
-func (w *Worker) handleSignal(rw http.ResponseWriter, r *http.Request) {
-	pid, err := w.processID(r)
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
+func handleSignal(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
 	var req api.Signal
 	if err := httpapi.DecodeJSON(r, &req); err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	if req.Signal < 1 || req.Signal > 64 {
-		httpapi.WriteError(rw, httpapi.Invalid("signal", "%d is outside 1..64", req.Signal))
-		return
+		return httpapi.Invalid("signal", "%d is outside 1..64", req.Signal)
 	}
-	a, err := w.agentFor(r.Context(), r.PathValue("id"))
+	p, err := processRef(r, a)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
-	if err := a.SignalProcess(r.Context(), pid, req.Signal); err != nil {
-		httpapi.WriteError(rw, err)
-		return
+	if err := a.SignalProcess(r.Context(), p.ID, req.Signal); err != nil {
+		return err
 	}
 	rw.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // handleExecWS runs a command over a WebSocket: the client's first
 // message is the api.Exec.
-func (w *Worker) handleExecWS(rw http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	a, err := w.agentFor(r.Context(), id)
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
+func (w *Worker) handleExecWS(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
 	c, err := websocket.Accept(rw, r, nil)
 	if err != nil {
-		return // Accept answered the client
+		return nil // Accept answered the client
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(maxWSMessage)
 	ctx := r.Context()
 	typ, msg, err := c.Read(ctx)
 	if err != nil {
-		return
+		return nil
 	}
 	var req api.Exec
 	if typ != websocket.MessageText {
@@ -408,43 +359,35 @@ func (w *Worker) handleExecWS(rw http.ResponseWriter, r *http.Request) {
 		if req.Detach || len(req.Stdin) > 0 {
 			err = httpapi.Invalid("exec", "detach and stdin are not for the WebSocket route (stream stdin instead)")
 		} else {
-			ps, err = w.procStart(ctx, a, id, req)
+			ps, err = w.procStart(ctx, a, r.PathValue("id"), req)
 		}
 	}
 	if err != nil {
 		wsFail(ctx, c, err)
-		return
+		return nil
 	}
 	ws := newWSSession(ctx, c)
 	p, info, err := a.StartAttached(ctx, ps, ws.io())
 	ws.follow(p, info, err)
+	return nil
 }
 
 // handleAttachWS attaches a WebSocket to a running process.
-func (w *Worker) handleAttachWS(rw http.ResponseWriter, r *http.Request) {
-	pid, err := w.processID(r)
+func handleAttachWS(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
+	ref, err := processRef(r, a)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	a, err := w.agentFor(r.Context(), r.PathValue("id"))
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	if _, err := w.findProcess(r.Context(), a, pid); err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	c, err := websocket.Accept(rw, r, nil)
 	if err != nil {
-		return
+		return nil
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(maxWSMessage)
 	ws := newWSSession(r.Context(), c)
-	p, info, err := a.Attach(r.Context(), pid, ws.io())
+	p, info, err := a.Attach(r.Context(), ref.ID, ws.io())
 	ws.follow(p, info, err)
+	return nil
 }
 
 // wsFail sends an error event and closes the WebSocket.
@@ -457,16 +400,16 @@ func wsFail(ctx context.Context, c *websocket.Conn, err error) {
 
 // wsSession connects one WebSocket to one attached process.
 type wsSession struct {
-	ctx      context.Context
-	c        *websocket.Conn
-	stdinR   *io.PipeReader
-	stdinW   *io.PipeWriter
-	attached chan *client.Process // the process, once attached
+	ctx     context.Context
+	c       *websocket.Conn
+	stdinR  *io.PipeReader
+	stdinW  *io.PipeWriter
+	started chan struct{} // closed once the started (or error) event is out
 }
 
 func newWSSession(ctx context.Context, c *websocket.Conn) *wsSession {
 	pr, pw := io.Pipe()
-	return &wsSession{ctx: ctx, c: c, stdinR: pr, stdinW: pw, attached: make(chan *client.Process, 1)}
+	return &wsSession{ctx: ctx, c: c, stdinR: pr, stdinW: pw, started: make(chan struct{})}
 }
 
 // wsWriter sends output as binary messages prefixed by the stream byte.
@@ -476,6 +419,7 @@ type wsWriter struct {
 }
 
 func (ww wsWriter) Write(p []byte) (int, error) {
+	<-ww.s.started
 	msg := make([]byte, 1+len(p))
 	msg[0] = ww.stream
 	copy(msg[1:], p)
@@ -501,11 +445,13 @@ func (s *wsSession) sendEvent(ev api.Event) error {
 func (s *wsSession) follow(p *client.Process, info proto.ProcInfo, err error) {
 	defer s.stdinW.Close()
 	if err != nil {
+		close(s.started)
 		wsFail(s.ctx, s.c, err)
 		return
 	}
 	pv := processView(info)
 	s.sendEvent(api.Event{Type: api.EventStarted, Process: &pv})
+	close(s.started)
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"space/api"
+	"space/internal/agent/client"
 	"space/internal/agent/proto"
 	"space/internal/errkind"
 	"space/internal/httpapi"
@@ -83,17 +84,35 @@ func (w *Worker) handleCreate(rw http.ResponseWriter, r *http.Request) {
 
 // dataRoutes adds the data-plane routes under base.
 func (w *Worker) dataRoutes(mux *http.ServeMux, base string) {
-	mux.HandleFunc("POST "+base+"/exec", w.handleExec)
-	mux.HandleFunc("GET "+base+"/exec/ws", w.handleExecWS)
-	mux.HandleFunc("GET "+base+"/processes", w.handleProcesses)
-	mux.HandleFunc("GET "+base+"/processes/{pid}", w.handleProcess)
-	mux.HandleFunc("GET "+base+"/processes/{pid}/output", w.handleOutput)
-	mux.HandleFunc("GET "+base+"/processes/{pid}/attach", w.handleAttachWS)
-	mux.HandleFunc("POST "+base+"/processes/{pid}/signal", w.handleSignal)
-	mux.HandleFunc("GET "+base+"/files", w.handleReadFile)
-	mux.HandleFunc("PUT "+base+"/files", w.handleWriteFile)
-	mux.HandleFunc("DELETE "+base+"/files", w.handleRemoveFile)
-	mux.HandleFunc("GET "+base+"/files/list", w.handleListFiles)
+	mux.HandleFunc("POST "+base+"/exec", w.withAgent(w.handleExec))
+	mux.HandleFunc("GET "+base+"/exec/ws", w.withAgent(w.handleExecWS))
+	mux.HandleFunc("GET "+base+"/processes", w.withAgent(handleProcesses))
+	mux.HandleFunc("GET "+base+"/processes/{pid}", w.withAgent(handleProcess))
+	mux.HandleFunc("GET "+base+"/processes/{pid}/output", w.withAgent(handleOutput))
+	mux.HandleFunc("GET "+base+"/processes/{pid}/attach", w.withAgent(handleAttachWS))
+	mux.HandleFunc("POST "+base+"/processes/{pid}/signal", w.withAgent(handleSignal))
+	mux.HandleFunc("GET "+base+"/files", w.withAgent(handleReadFile))
+	mux.HandleFunc("PUT "+base+"/files", w.withAgent(handleWriteFile))
+	mux.HandleFunc("DELETE "+base+"/files", w.withAgent(handleRemoveFile))
+	mux.HandleFunc("GET "+base+"/files/list", w.withAgent(handleListFiles))
+}
+
+// agentHandler serves a data-plane request with the sandbox's agent. An
+// error it returns is answered as JSON; once it has started a response it
+// reports failures in-band and returns nil.
+type agentHandler func(rw http.ResponseWriter, r *http.Request, a *client.Client) error
+
+// withAgent resolves the sandbox's agent for h.
+func (w *Worker) withAgent(h agentHandler) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		a, err := w.agentFor(r.Context(), r.PathValue("id"))
+		if err == nil {
+			err = h(rw, r, a)
+		}
+		if err != nil {
+			httpapi.WriteError(rw, err)
+		}
+	}
 }
 
 // guestPath returns the path query parameter, which must be absolute.
@@ -117,25 +136,17 @@ func boolParam(r *http.Request, name string) (bool, error) {
 	return b, nil
 }
 
-func (w *Worker) handleReadFile(rw http.ResponseWriter, r *http.Request) {
+func handleReadFile(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
 	path, err := guestPath(r)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	a, err := w.agentFor(r.Context(), r.PathValue("id"))
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	fi, err := a.Stat(r.Context(), path)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	if fi.Type != proto.FileRegular {
-		httpapi.WriteError(rw, fmt.Errorf("%s is a %s, not a file: %w", path, fi.Type, errkind.InvalidArgument))
-		return
+		return fmt.Errorf("%s is a %s, not a file: %w", path, fi.Type, errkind.InvalidArgument)
 	}
 	rw.Header().Set("Content-Type", "application/octet-stream")
 	rw.Header().Set("X-Space-File-Mode", fmt.Sprintf("%04o", fi.Mode&0o7777))
@@ -143,8 +154,7 @@ func (w *Worker) handleReadFile(rw http.ResponseWriter, r *http.Request) {
 	sw := &startedWriter{w: rw}
 	if _, err := a.ReadFile(r.Context(), path, sw); err != nil {
 		if !sw.started {
-			httpapi.WriteError(rw, err)
-			return
+			return err
 		}
 		// Mid-body: cut the response so the client sees a short read.
 		panic(http.ErrAbortHandler)
@@ -152,6 +162,7 @@ func (w *Worker) handleReadFile(rw http.ResponseWriter, r *http.Request) {
 	if !sw.started {
 		rw.WriteHeader(http.StatusOK)
 	}
+	return nil
 }
 
 // startedWriter records whether any byte was written.
@@ -168,85 +179,64 @@ func (s *startedWriter) Write(p []byte) (int, error) {
 // maxFileMode is the largest mode bits a file write may set.
 const maxFileMode = 0o7777
 
-func (w *Worker) handleWriteFile(rw http.ResponseWriter, r *http.Request) {
+func handleWriteFile(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
 	path, err := guestPath(r)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	args := proto.WriteArgs{Path: path, Mode: 0o644}
 	if m := r.URL.Query().Get("mode"); m != "" {
 		v, err := strconv.ParseUint(m, 8, 32)
 		if err != nil || v > maxFileMode {
-			httpapi.WriteError(rw, httpapi.Invalid("mode", "want octal permission bits, got %.20q", m))
-			return
+			return httpapi.Invalid("mode", "want octal permission bits, got %.20q", m)
 		}
 		args.Mode = uint32(v)
 	}
 	if args.MkdirAll, err = boolParam(r, "mkdir"); err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	a, err := w.agentFor(r.Context(), r.PathValue("id"))
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	n, err := a.WriteFile(r.Context(), args, r.Body)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	httpapi.WriteJSON(rw, http.StatusOK, api.FileWritten{Path: path, Size: n})
+	return nil
 }
 
-func (w *Worker) handleRemoveFile(rw http.ResponseWriter, r *http.Request) {
+func handleRemoveFile(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
 	path, err := guestPath(r)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	recursive, err := boolParam(r, "recursive")
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	a, err := w.agentFor(r.Context(), r.PathValue("id"))
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	if err := a.Remove(r.Context(), path, recursive); err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	rw.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // maxListEntries bounds one directory listing.
 const maxListEntries = 10000
 
-func (w *Worker) handleListFiles(rw http.ResponseWriter, r *http.Request) {
+func handleListFiles(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
 	path, err := guestPath(r)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	a, err := w.agentFor(r.Context(), r.PathValue("id"))
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	entries, err := a.List(r.Context(), path, maxListEntries)
 	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
+		return err
 	}
 	out := api.FileList{Path: path, Entries: make([]api.FileInfo, 0, len(entries))}
 	for _, e := range entries {
 		out.Entries = append(out.Entries, fileInfo(e))
 	}
 	httpapi.WriteJSON(rw, http.StatusOK, out)
+	return nil
 }
 
 func fileInfo(e proto.FileInfo) api.FileInfo {

@@ -201,40 +201,44 @@ func acquireSlot(t testing.TB) (release func()) {
 	}
 }
 
-// AcquireAllSlots takes every machine-wide test VM slot, in order (so two
-// takers cannot deadlock), for a test that runs several VMs at once, and
-// returns the release of all of them.
+// AcquireAllSlots takes every machine-wide test VM slot, for a test that
+// runs several VMs at once, and returns the release of all of them. It
+// never holds some slots while waiting for others (a test holding one slot
+// may be waiting for a second), so it takes them all at once or none.
 func AcquireAllSlots(t testing.TB) (release func()) {
 	t.Helper()
 	cache, err := cachedir.Open(cacheBase())
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	var unlocks []func()
-	releaseAll := func() {
-		for i := len(unlocks) - 1; i >= 0; i-- {
-			unlocks[i]()
-		}
-	}
 	deadline := time.Now().Add(15 * time.Minute)
-	for i := 0; i < slotCount(); {
-		unlock, ok, err := cache.TryLock("test-vm-slot-" + strconv.Itoa(i))
-		if err != nil {
-			releaseAll()
-			t.Fatalf("setup: vm slot: %v", err)
+	for {
+		var unlocks []func()
+		releaseAll := func() {
+			for i := len(unlocks) - 1; i >= 0; i-- {
+				unlocks[i]()
+			}
 		}
-		if ok {
+		for i := range slotCount() {
+			unlock, ok, err := cache.TryLock("test-vm-slot-" + strconv.Itoa(i))
+			if err != nil {
+				releaseAll()
+				t.Fatalf("setup: vm slot: %v", err)
+			}
+			if !ok {
+				break
+			}
 			unlocks = append(unlocks, unlock)
-			i++
-			continue
 		}
+		if len(unlocks) == slotCount() {
+			return releaseAll
+		}
+		releaseAll()
 		if time.Now().After(deadline) {
-			releaseAll()
-			t.Fatalf("setup: test VM slots not free within 15m")
+			t.Fatalf("setup: test VM slots not all free within 15m")
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return releaseAll
 }
 
 // CacheBase returns the artifact cache base the tests share.

@@ -181,18 +181,34 @@ func newPortConn(p *VirtioPort) (*portConn, error) {
 	return &portConn{p: p, efd: efd, idle: make(chan struct{})}, nil
 }
 
+// writeRepoll is how often a write waiting for room on the port polls it
+// again. The guest's virtio console can miss the wake-up that says the host
+// consumed the buffers already sent: the waiter then sleeps on although a
+// fresh poll, which reclaims consumed buffers, would report room. Seen as
+// a guest→host stream stalling mid-transfer until the host happened to
+// send something. Only a blocked write polls on a timer; an idle guest does
+// not wake.
+const writeRepoll = 100 // ms
+
 // wait blocks until the port is ready for events or the host went away
 // (which reads as EOF and fails writes), or the session is closed. It
 // returns the port's poll events.
 func (c *portConn) wait(events int16) (int16, error) {
 	fds := []unix.PollFd{{Fd: int32(c.p.fd), Events: events}, {Fd: int32(c.efd), Events: unix.POLLIN}}
+	timeout := -1
+	if events&unix.POLLOUT != 0 {
+		timeout = writeRepoll
+	}
 	for {
-		_, err := unix.Poll(fds, -1)
+		n, err := unix.Poll(fds, timeout)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
 			return 0, fmt.Errorf("poll port: %w", err)
+		}
+		if n == 0 {
+			continue // timed out: poll again, which looks for room afresh
 		}
 		if fds[1].Revents != 0 {
 			return 0, io.ErrClosedPipe

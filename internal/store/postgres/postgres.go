@@ -41,6 +41,16 @@ var _ store.Store = (*Store)(nil)
 // URL) and applies the schema migrations it lacks. The caller must call
 // Close.
 func Open(ctx context.Context, dsn string) (*Store, error) {
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	return open(ctx, dsn, ms)
+}
+
+// open is Open with the schema given as migrations ms; tests pass a prefix
+// of them to build the database an older binary wrote.
+func open(ctx context.Context, dsn string, ms []migrate.Migration) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres: parse dsn: %v: %w", err, store.ErrInvalid)
@@ -50,7 +60,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		return nil, fmt.Errorf("open postgres: %w", err)
 	}
 	s := &Store{pool: pool}
-	if err := s.migrate(ctx); err != nil {
+	if err := s.migrate(ctx, ms); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("open postgres: %w", err)
 	}
@@ -63,11 +73,7 @@ func (s *Store) Close() error {
 	return nil
 }
 
-func (s *Store) migrate(ctx context.Context) error {
-	ms, err := migrate.Load(migrationFS, "migrations")
-	if err != nil {
-		return err
-	}
+func (s *Store) migrate(ctx context.Context, ms []migrate.Migration) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
 			return fmt.Errorf("lock migrations: %w", err)
@@ -140,15 +146,62 @@ func nullTime(t time.Time) *time.Time {
 	return &t
 }
 
+const teamColumns = `id, name, quota, created`
+
+func scanTeam(row pgx.Row) (store.Team, error) {
+	var (
+		t     store.Team
+		quota []byte
+	)
+	if err := row.Scan(&t.ID, &t.Name, &quota, &t.Created); err != nil {
+		return store.Team{}, err
+	}
+	t.Quota = quota
+	t.Created = t.Created.UTC()
+	return t, nil
+}
+
 // CreateTeam implements [store.Teams].
 func (s *Store) CreateTeam(ctx context.Context, t store.Team) (store.Team, error) {
 	if err := t.Validate(); err != nil {
 		return store.Team{}, fmt.Errorf("create team: %w", err)
 	}
+	t.Quota = cloneQuota(t.Quota)
 	t.Created = store.StoredTime(time.Now())
-	_, err := s.pool.Exec(ctx, `INSERT INTO teams (id, name, created) VALUES ($1, $2, $3)`, t.ID, t.Name, t.Created)
+	_, err := s.pool.Exec(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES ($1, $2, $3, $4)`,
+		t.ID, t.Name, []byte(t.Quota), t.Created)
 	if err != nil {
 		return store.Team{}, fmt.Errorf("create team %s: %w", t.ID, mapErr(err, ""))
+	}
+	return t, nil
+}
+
+// cloneQuota makes quota the caller's no longer, keeping nil nil.
+func cloneQuota(quota json.RawMessage) json.RawMessage {
+	if quota == nil {
+		return nil
+	}
+	return append(json.RawMessage{}, quota...)
+}
+
+// Team implements [store.Teams].
+func (s *Store) Team(ctx context.Context, id string) (store.Team, error) {
+	t, err := scanTeam(s.pool.QueryRow(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = $1`, id))
+	if err != nil {
+		return store.Team{}, fmt.Errorf("team %s: %w", id, notFound(err))
+	}
+	return t, nil
+}
+
+// SetTeamQuota implements [store.Teams].
+func (s *Store) SetTeamQuota(ctx context.Context, id string, quota json.RawMessage) (store.Team, error) {
+	if err := store.ValidateQuota(quota); err != nil {
+		return store.Team{}, fmt.Errorf("set quota of team %s: %w", id, err)
+	}
+	t, err := scanTeam(s.pool.QueryRow(ctx, `UPDATE teams SET quota = $1 WHERE id = $2 RETURNING `+teamColumns,
+		[]byte(quota), id))
+	if err != nil {
+		return store.Team{}, fmt.Errorf("set quota of team %s: %w", id, notFound(err))
 	}
 	return t, nil
 }

@@ -1,8 +1,14 @@
 package sqlite
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"space/internal/store"
+	"space/internal/store/migrate"
 )
 
 func schemaVersions(t *testing.T, s *Store) []int64 {
@@ -30,8 +36,8 @@ func TestMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open() = %v", err)
 	}
-	if got := schemaVersions(t, s); len(got) != 1 || got[0] != 1 {
-		t.Errorf("schema versions after first Open = %v, want [1]", got)
+	if diff := cmp.Diff([]int64{1, 2}, schemaVersions(t, s)); diff != "" {
+		t.Errorf("schema versions after first Open (-want +got):\n%s", diff)
 	}
 	var mode string
 	if err := s.r.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil || mode != "wal" {
@@ -62,9 +68,53 @@ func TestReopenAppliesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open() = %v", err)
 		}
-		if got := schemaVersions(t, s); len(got) != 1 {
-			t.Errorf("schema versions = %v, want [1]", got)
+		if diff := cmp.Diff([]int64{1, 2}, schemaVersions(t, s)); diff != "" {
+			t.Errorf("schema versions (-want +got):\n%s", diff)
 		}
 		s.Close()
+	}
+}
+
+// TestUpgradeAddsTeamQuota opens a database written at schema version 1
+// (before teams had a quota) and expects Open to upgrade it in place.
+func TestUpgradeAddsTeamQuota(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "state.db")
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	old, err := open(ctx, path, ms[:1])
+	if err != nil {
+		t.Fatalf("setup: open at version 1: %v", err)
+	}
+	if _, err := old.w.ExecContext(ctx, `INSERT INTO teams (id, name, created_us) VALUES ('t1', 'old', 1000000)`); err != nil {
+		t.Fatalf("setup: insert team: %v", err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatalf("setup: close: %v", err)
+	}
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open() of a version 1 database = %v", err)
+	}
+	defer s.Close()
+	if diff := cmp.Diff([]int64{1, 2}, schemaVersions(t, s)); diff != "" {
+		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
+	}
+	want := store.Team{ID: "t1", Name: "old", Created: fromMicros(1000000)}
+	got, err := s.Team(ctx, "t1")
+	if err != nil {
+		t.Fatalf("Team(t1) after upgrade = %v", err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Team(t1) after upgrade (-want +got):\n%s", diff)
+	}
+	want.Quota = json.RawMessage(`{"vcpus":2}`)
+	if got, err := s.SetTeamQuota(ctx, "t1", want.Quota); err != nil {
+		t.Errorf("SetTeamQuota(t1) after upgrade = %v", err)
+	} else if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("SetTeamQuota(t1) after upgrade (-want +got):\n%s", diff)
 	}
 }

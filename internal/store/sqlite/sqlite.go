@@ -45,6 +45,16 @@ var _ store.Store = (*Store)(nil)
 // Open opens (creating if needed) the database file at path and applies the
 // schema migrations it lacks. The caller must call Close.
 func Open(ctx context.Context, path string) (*Store, error) {
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	return open(ctx, path, ms)
+}
+
+// open is Open with the schema given as migrations ms; tests pass a prefix
+// of them to build the database an older binary wrote.
+func open(ctx context.Context, path string, ms []migrate.Migration) (*Store, error) {
 	if path == "" || strings.ContainsAny(path, "?#") || strings.HasPrefix(path, "file:") || path == ":memory:" {
 		return nil, fmt.Errorf("open sqlite %q: need a plain file path: %w", path, store.ErrInvalid)
 	}
@@ -65,7 +75,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	s := &Store{w: w}
 	// Migrate before opening readers: the first connection creates the file
 	// and switches it to WAL.
-	if err := s.migrate(ctx); err != nil {
+	if err := s.migrate(ctx, ms); err != nil {
 		return nil, errors.Join(fmt.Errorf("open sqlite %s: %w", path, err), w.Close())
 	}
 	q.Set("_query_only", "1")
@@ -87,11 +97,7 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
-func (s *Store) migrate(ctx context.Context) error {
-	ms, err := migrate.Load(migrationFS, "migrations")
-	if err != nil {
-		return err
-	}
+func (s *Store) migrate(ctx context.Context, ms []migrate.Migration) error {
 	return s.write(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 			version    INTEGER PRIMARY KEY,
@@ -169,19 +175,77 @@ func nullMicros(t time.Time) sql.NullInt64 {
 	return sql.NullInt64{Int64: micros(t), Valid: true}
 }
 
+const teamColumns = `id, name, quota, created_us`
+
+func scanTeam(sc interface{ Scan(...any) error }) (store.Team, error) {
+	var (
+		t       store.Team
+		quota   []byte // scanned as []byte: database/sql copies it
+		created int64
+	)
+	if err := sc.Scan(&t.ID, &t.Name, &quota, &created); err != nil {
+		return store.Team{}, err
+	}
+	t.Quota = quota
+	t.Created = fromMicros(created)
+	return t, nil
+}
+
 // CreateTeam implements [store.Teams].
 func (s *Store) CreateTeam(ctx context.Context, t store.Team) (store.Team, error) {
 	if err := t.Validate(); err != nil {
 		return store.Team{}, fmt.Errorf("create team: %w", err)
 	}
+	t.Quota = cloneQuota(t.Quota)
 	t.Created = store.StoredTime(time.Now())
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO teams (id, name, created_us) VALUES (?, ?, ?)`,
-			t.ID, t.Name, micros(t.Created))
+		_, err := tx.ExecContext(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES (?, ?, ?, ?)`,
+			t.ID, t.Name, nullBytes(t.Quota), micros(t.Created))
 		return mapErr(err, "")
 	})
 	if err != nil {
 		return store.Team{}, fmt.Errorf("create team %s: %w", t.ID, err)
+	}
+	return t, nil
+}
+
+// cloneQuota makes quota the caller's no longer, keeping nil nil.
+func cloneQuota(quota json.RawMessage) json.RawMessage {
+	if quota == nil {
+		return nil
+	}
+	return append(json.RawMessage{}, quota...)
+}
+
+// Team implements [store.Teams].
+func (s *Store) Team(ctx context.Context, id string) (store.Team, error) {
+	t, err := scanTeam(s.r.QueryRowContext(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = store.ErrNotFound
+	}
+	if err != nil {
+		return store.Team{}, fmt.Errorf("team %s: %w", id, err)
+	}
+	return t, nil
+}
+
+// SetTeamQuota implements [store.Teams].
+func (s *Store) SetTeamQuota(ctx context.Context, id string, quota json.RawMessage) (store.Team, error) {
+	if err := store.ValidateQuota(quota); err != nil {
+		return store.Team{}, fmt.Errorf("set quota of team %s: %w", id, err)
+	}
+	var t store.Team
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var err error
+		t, err = scanTeam(tx.QueryRowContext(ctx, `UPDATE teams SET quota = ? WHERE id = ? RETURNING `+teamColumns,
+			nullBytes(quota), id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return store.Team{}, fmt.Errorf("set quota of team %s: %w", id, err)
 	}
 	return t, nil
 }

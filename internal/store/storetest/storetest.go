@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +34,7 @@ func Run(t *testing.T, h Harness) {
 		fn   func(t *testing.T, h Harness)
 	}{
 		{"Teams", testTeams},
+		{"TeamQuota", testTeamQuota},
 		{"APIKeys", testAPIKeys},
 		{"SandboxCRUD", testSandboxCRUD},
 		{"TeamIsolation", testTeamIsolation},
@@ -105,13 +107,113 @@ func wantKind(t *testing.T, op string, err error, sentinel error, kind *errkind.
 }
 
 func testTeams(t *testing.T, h Harness) {
+	ctx := t.Context()
 	s := fresh(t, h)
 	tm := mustTeam(t, s, "t1")
 	if tm.Created.IsZero() {
 		t.Errorf("CreateTeam(t1).Created is zero")
 	}
-	_, err := s.CreateTeam(t.Context(), store.Team{ID: "t1", Name: "again"})
+	if tm.Quota != nil {
+		t.Errorf("CreateTeam(t1).Quota = %q, want nil", tm.Quota)
+	}
+	got, err := s.Team(ctx, "t1")
+	if err != nil {
+		t.Fatalf("Team(t1) = %v", err)
+	}
+	if diff := cmp.Diff(tm, got); diff != "" {
+		t.Errorf("Team(t1) (-want +got):\n%s", diff)
+	}
+	_, err = s.CreateTeam(ctx, store.Team{ID: "t1", Name: "again"})
 	wantKind(t, "CreateTeam(duplicate)", err, store.ErrAlreadyExists, errkind.Conflict)
+	_, err = s.Team(ctx, "nope")
+	wantKind(t, "Team(nope)", err, store.ErrNotFound, errkind.NotFound)
+}
+
+func testTeamQuota(t *testing.T, h Harness) {
+	ctx := t.Context()
+	s := fresh(t, h)
+	quota := json.RawMessage(`{"sandboxes": 10, "vcpus": 32}`) // kept byte for byte
+
+	in := store.Team{ID: "q", Name: "with quota", Quota: quota}
+	withQuota, err := s.CreateTeam(ctx, in)
+	if err != nil {
+		t.Fatalf("CreateTeam(q) = %v", err)
+	}
+	want := in
+	want.Created = withQuota.Created
+	if diff := cmp.Diff(want, withQuota); diff != "" {
+		t.Errorf("CreateTeam(q) (-want +got):\n%s", diff)
+	}
+	got, err := s.Team(ctx, "q")
+	if err != nil {
+		t.Fatalf("Team(q) = %v", err)
+	}
+	if diff := cmp.Diff(withQuota, got); diff != "" {
+		t.Errorf("Team(q) after create (-want +got):\n%s", diff)
+	}
+
+	plain := mustTeam(t, s, "plain")
+	for _, step := range []struct {
+		name  string
+		quota json.RawMessage
+	}{
+		{"set", json.RawMessage(`{"vcpus":4}`)},
+		{"replace", json.RawMessage(`{"vcpus": 8, "memory_mib": 4096}`)},
+		{"clear", nil},
+		{"set 4 KiB", json.RawMessage(`"` + strings.Repeat("x", 4<<10-2) + `"`)},
+		{"clear again", nil},
+	} {
+		op := fmt.Sprintf("SetTeamQuota(plain) to %s", step.name)
+		updated, err := s.SetTeamQuota(ctx, "plain", step.quota)
+		if err != nil {
+			t.Fatalf("%s = %v", op, err)
+		}
+		want := plain
+		want.Quota = step.quota
+		if diff := cmp.Diff(want, updated); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", op, diff)
+		}
+		got, err := s.Team(ctx, "plain")
+		if err != nil {
+			t.Fatalf("Team(plain) after %s = %v", step.name, err)
+		}
+		if diff := cmp.Diff(updated, got); diff != "" {
+			t.Errorf("Team(plain) after %s (-want +got):\n%s", step.name, diff)
+		}
+	}
+
+	_, err = s.SetTeamQuota(ctx, "nope", quota)
+	wantKind(t, "SetTeamQuota(nope)", err, store.ErrNotFound, errkind.NotFound)
+	_, err = s.Team(ctx, "nope")
+	wantKind(t, "Team(nope) after SetTeamQuota(nope)", err, store.ErrNotFound, errkind.NotFound)
+
+	bad := []struct {
+		name  string
+		quota json.RawMessage
+	}{
+		{"truncated", json.RawMessage(`{"vcpus":`)},
+		{"not json", json.RawMessage(`nope`)},
+		{"empty", json.RawMessage{}},
+		{"over 4 KiB", json.RawMessage(`"` + strings.Repeat("x", 4<<10-1) + `"`)},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := s.SetTeamQuota(ctx, "q", tt.quota)
+			wantKind(t, "SetTeamQuota(q, "+tt.name+")", err, store.ErrInvalid, errkind.InvalidArgument)
+			_, err = s.CreateTeam(ctx, store.Team{ID: "bad", Quota: tt.quota})
+			wantKind(t, "CreateTeam(bad, "+tt.name+")", err, store.ErrInvalid, errkind.InvalidArgument)
+		})
+	}
+	// Nothing was written.
+	got, err = s.Team(ctx, "q")
+	if err != nil {
+		t.Fatalf("Team(q) = %v", err)
+	}
+	if diff := cmp.Diff(withQuota, got); diff != "" {
+		t.Errorf("Team(q) after bad quotas (-want +got):\n%s", diff)
+	}
+	_, err = s.Team(ctx, "bad")
+	wantKind(t, "Team(bad) after bad quotas", err, store.ErrNotFound, errkind.NotFound)
 }
 
 func testAPIKeys(t *testing.T, h Harness) {
@@ -495,6 +597,11 @@ func testPersistence(t *testing.T, h Harness) {
 		t.Fatalf("setup: open: %v", err)
 	}
 	mustTeam(t, s, "t1")
+	t1, err := s.SetTeamQuota(ctx, "t1", json.RawMessage(`{"sandboxes": 3}`))
+	if err != nil {
+		t.Fatalf("SetTeamQuota(t1) = %v", err)
+	}
+	t2 := mustTeam(t, s, "t2")
 	key, err := s.CreateAPIKey(ctx, store.APIKey{ID: "k1", TeamID: "t1", Hash: store.HashSecret("s")})
 	if err != nil {
 		t.Fatalf("CreateAPIKey() = %v", err)
@@ -515,6 +622,15 @@ func testPersistence(t *testing.T, h Harness) {
 	}
 
 	s = open(t, h, loc)
+	for _, want := range []store.Team{t1, t2} {
+		got, err := s.Team(ctx, want.ID)
+		if err != nil {
+			t.Fatalf("Team(%s) after reopen = %v", want.ID, err)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("Team(%s) after reopen (-want +got):\n%s", want.ID, diff)
+		}
+	}
 	gotKey, err := s.APIKeyByHash(ctx, store.HashSecret("s"))
 	if err != nil {
 		t.Fatalf("APIKeyByHash() after reopen = %v", err)

@@ -41,7 +41,7 @@ func TestArgs(t *testing.T) {
 				"-msg", "timestamp=on",
 				"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 				"-machine", "q35,memory-backend=mem",
-				"-accel", "tcg,thread=multi",
+				"-accel", "tcg,tb-size=128,thread=multi",
 				"-cpu", "max",
 				"-smp", "2",
 				"-m", "512M",
