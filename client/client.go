@@ -320,6 +320,20 @@ func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
 		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
 }
 
+// PauseSandbox stops the sandbox's vCPUs; ResumeSandbox continues them.
+func (c *Client) PauseSandbox(ctx context.Context, id string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/pause")}, &sb)
+	return sb, err
+}
+
+// ResumeSandbox continues a paused sandbox.
+func (c *Client) ResumeSandbox(ctx context.Context, id string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/resume")}, &sb)
+	return sb, err
+}
+
 // StartDetached starts req in sandbox id and returns its Process at once
 // (req.Detach is implied). Read its output with Output or Attach.
 func (c *Client) StartDetached(ctx context.Context, id string, req api.Exec) (api.Process, error) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,7 +22,9 @@ import (
 
 func newSandboxCmd(g *globals) *cobra.Command {
 	return newGroupCmd("sandbox", "Create, list and remove sandboxes",
-		newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g))
+		newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g),
+		newSandboxStateCmd(g, "pause", "Pause sandboxes (vCPUs stop; memory stays)", (*client.Client).PauseSandbox),
+		newSandboxStateCmd(g, "resume", "Resume paused sandboxes", (*client.Client).ResumeSandbox))
 }
 
 func newSandboxCreateCmd(g *globals) *cobra.Command {
@@ -184,6 +187,28 @@ func newSandboxRemoveCmd(g *globals) *cobra.Command {
 			for _, id := range args {
 				if err := cl.DeleteSandbox(cmd.Context(), id); err != nil {
 					errs = append(errs, fmt.Errorf("rm %s: %w", id, err))
+				}
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+// newSandboxStateCmd returns a verb that applies op to each sandbox named.
+func newSandboxStateCmd(g *globals, use, short string, op func(*client.Client, context.Context, string) (api.Sandbox, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " ID...",
+		Short: short,
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, id := range args {
+				if _, err := op(cl, cmd.Context(), id); err != nil {
+					errs = append(errs, fmt.Errorf("%s %s: %w", use, id, err))
 				}
 			}
 			return errors.Join(errs...)

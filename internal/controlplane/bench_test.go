@@ -36,6 +36,12 @@ func (w *instantWorker) Create(_ context.Context, req worker.CreateRequest) (wor
 		VM: &api.VMInfo{VMM: "none", StartedBy: "boot"}}, nil
 }
 func (w *instantWorker) Delete(context.Context, string) error { return nil }
+func (w *instantWorker) Pause(_ context.Context, id string) (worker.Info, error) {
+	return worker.Info{ID: id, State: sandbox.Paused}, nil
+}
+func (w *instantWorker) Resume(_ context.Context, id string) (worker.Info, error) {
+	return worker.Info{ID: id, State: sandbox.Running}, nil
+}
 func (w *instantWorker) Sandbox(_ context.Context, id string) (worker.Info, error) {
 	return worker.Info{ID: id, State: sandbox.Running}, nil
 }

@@ -61,6 +61,13 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 			s.forgetUsage(rec.TeamID)
 			return err
 		}
+		if inf.State != rec.State && (inf.State == sandbox.Running || inf.State == sandbox.Paused) {
+			// A pause or resume the worker did, whose record the
+			// control plane did not write before it stopped.
+			log.Info("recording the worker's state", "state", inf.State)
+			_, err := s.transition(ctx, rec, inf.State, nil)
+			return err
+		}
 	}
 	return nil
 }

@@ -526,3 +526,49 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 
 // maxUpload bounds one file upload.
 const maxUpload = 1 << 30
+
+func (s *Server) handlePause(w http.ResponseWriter, r *http.Request)  { s.setRunning(w, r, false) }
+func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) { s.setRunning(w, r, true) }
+
+// setRunning pauses or resumes a sandbox on its worker, then records the
+// state the worker reports.
+func (s *Server) setRunning(w http.ResponseWriter, r *http.Request, run bool) {
+	sb, err := s.load(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	to := sandbox.Paused
+	if run {
+		to = sandbox.Running
+	}
+	if sb.State != to {
+		if err := sandbox.Check(sb.State, to); err != nil {
+			httpapi.WriteError(w, fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, err))
+			return
+		}
+	}
+	ctx := context.WithoutCancel(r.Context())
+	defer s.claim(sb.ID)()
+	wk, err := s.worker(sb.WorkerID)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if run {
+		_, err = wk.Resume(ctx, sb.ID)
+	} else {
+		_, err = wk.Pause(ctx, sb.ID)
+	}
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if sb.State != to {
+		if sb, err = s.transition(ctx, sb, to, nil); err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+	}
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+}

@@ -279,6 +279,8 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/sandboxes", s.handleList, false},
 		{"GET", sb, s.handleGet, false},
 		{"DELETE", sb, s.handleDelete, false},
+		{"POST", sb + "/pause", s.handlePause, false},
+		{"POST", sb + "/resume", s.handleResume, false},
 		{"POST", sb + "/exec", fwd, false},
 		{"GET", sb + "/exec/ws", fwd, false},
 		{"GET", sb + "/processes", fwd, false},

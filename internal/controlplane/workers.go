@@ -23,6 +23,8 @@ type Worker interface {
 	ID() string
 	Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error)
 	Delete(ctx context.Context, id string) error
+	Pause(ctx context.Context, id string) (worker.Info, error)
+	Resume(ctx context.Context, id string) (worker.Info, error)
 	Sandbox(ctx context.Context, id string) (worker.Info, error)
 	Status(ctx context.Context) (worker.Status, error)
 	http.Handler
@@ -43,6 +45,12 @@ func (l *Local) Create(ctx context.Context, req worker.CreateRequest) (worker.In
 	return l.W.Create(ctx, req.ID, req.Team, req.Spec)
 }
 func (l *Local) Delete(ctx context.Context, id string) error { return l.W.Delete(ctx, id) }
+func (l *Local) Pause(ctx context.Context, id string) (worker.Info, error) {
+	return l.W.Pause(ctx, id)
+}
+func (l *Local) Resume(ctx context.Context, id string) (worker.Info, error) {
+	return l.W.Resume(ctx, id)
+}
 func (l *Local) Sandbox(_ context.Context, id string) (worker.Info, error) {
 	return l.W.Sandbox(id)
 }
@@ -125,6 +133,14 @@ func (rm *Remote) Create(ctx context.Context, req worker.CreateRequest) (worker.
 }
 func (rm *Remote) Delete(ctx context.Context, id string) error {
 	return rm.call(ctx, http.MethodDelete, "/sandboxes/"+id, nil, nil)
+}
+func (rm *Remote) Pause(ctx context.Context, id string) (worker.Info, error) {
+	var inf worker.Info
+	return inf, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/pause", nil, &inf)
+}
+func (rm *Remote) Resume(ctx context.Context, id string) (worker.Info, error) {
+	var inf worker.Info
+	return inf, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/resume", nil, &inf)
 }
 func (rm *Remote) Sandbox(ctx context.Context, id string) (worker.Info, error) {
 	var inf worker.Info

@@ -3,6 +3,7 @@ package proc
 import (
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -42,9 +43,15 @@ func TestParseCPUTime(t *testing.T) {
 		t.Error("ParseCPUTime(truncated) = nil error, want error")
 	}
 
-	// Burn a little CPU so our own time is non-zero.
-	for start := time.Now(); time.Since(start) < 30*time.Millisecond; {
+	// Burn CPU until the kernel has charged us a few clock ticks (on a
+	// loaded machine wall time says little about CPU time).
+	for start := time.Now(); time.Since(start) < 10*time.Second; {
 		_ = strings.Repeat("x", 1000)
+		var ru syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		if time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) > 50*time.Millisecond {
+			break
+		}
 	}
 	b, err := os.ReadFile("/proc/self/stat")
 	if err != nil {

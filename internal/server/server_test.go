@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -464,4 +465,52 @@ func TestVMDeathMarksFailed(t *testing.T) {
 		t.Fatalf("DeleteSandbox = %v", err)
 	}
 	assertNoLeftovers(t, ts)
+}
+
+// TestPauseResume checks a paused sandbox makes no progress, refuses the
+// data plane, and continues on resume.
+func TestPauseResume(t *testing.T) {
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	c := ts.client
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	if _, err := c.StartDetached(ctx, sb.ID, api.Exec{Detach: true,
+		Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"}); err != nil {
+		t.Fatalf("StartDetached = %v", err)
+	}
+	count := func() int {
+		var out strings.Builder
+		if _, err := c.ReadFile(ctx, sb.ID, "/tmp/count", &out); err != nil {
+			return 0
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(out.String()))
+		return n
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return count() > 3 })
+	before := count()
+	got, err := c.PauseSandbox(ctx, sb.ID)
+	if err != nil || got.State != "paused" {
+		t.Fatalf("PauseSandbox = %+v, %v", got, err)
+	}
+	var ce *client.Error
+	if _, err := c.Exec(ctx, sb.ID, sh("true"), io.Discard, io.Discard); !errors.As(err, &ce) || ce.Status != http.StatusConflict {
+		t.Errorf("Exec while paused = %v, want 409", err)
+	}
+	pause := time.NewTimer(2 * time.Second) // the guest would count to 20 meanwhile
+	<-pause.C
+	if got, err := c.ResumeSandbox(ctx, sb.ID); err != nil || got.State != "running" {
+		t.Fatalf("ResumeSandbox = %+v, %v", got, err)
+	}
+	after := count()
+	if after-before > 5 {
+		t.Errorf("counter went %d -> %d across a 2 s pause; want (almost) no progress", before, after)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return count() > after+3 })
+	t.Logf("counter %d before pause, %d right after resume", before, after)
 }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"crypto/subtle"
 	"fmt"
 	"net/http"
@@ -47,6 +48,16 @@ func (w *Worker) Handler(token string) http.Handler {
 		}
 		httpapi.WriteJSON(rw, http.StatusOK, inf)
 	})
+	for verb, f := range map[string]func(context.Context, string) (Info, error){"pause": w.Pause, "resume": w.Resume} {
+		mux.HandleFunc("POST "+p+"/sandboxes/{id}/"+verb, func(rw http.ResponseWriter, r *http.Request) {
+			inf, err := f(r.Context(), r.PathValue("id"))
+			if err != nil {
+				httpapi.WriteError(rw, err)
+				return
+			}
+			httpapi.WriteJSON(rw, http.StatusOK, inf)
+		})
+	}
 	mux.HandleFunc("DELETE "+p+"/sandboxes/{id}", func(rw http.ResponseWriter, r *http.Request) {
 		if err := w.Delete(r.Context(), r.PathValue("id")); err != nil {
 			httpapi.WriteError(rw, err)

@@ -358,3 +358,60 @@ func (w *Worker) agentFor(ctx context.Context, id string) (*client.Client, error
 	s.agent = c
 	return c, nil
 }
+
+// Pause stops the sandbox's vCPUs; its memory stays where it is, so
+// Resume continues at once. Pausing a paused sandbox is a no-op.
+func (w *Worker) Pause(ctx context.Context, id string) (Info, error) {
+	return w.setRunning(ctx, id, false)
+}
+
+// Resume continues a paused sandbox. Resuming a running one is a no-op.
+func (w *Worker) Resume(ctx context.Context, id string) (Info, error) {
+	return w.setRunning(ctx, id, true)
+}
+
+// setRunning pauses or resumes the VM and persists the new state.
+func (w *Worker) setRunning(ctx context.Context, id string, run bool) (Info, error) {
+	s, err := w.get(id)
+	if err != nil {
+		return Info{}, err
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	from, to := sandbox.Running, sandbox.Paused
+	if run {
+		from, to = to, from
+	}
+	s.mu.Lock()
+	state, vm := s.rec.State, s.vm
+	s.mu.Unlock()
+	if state == to {
+		return s.info(), nil
+	}
+	if state != from || vm == nil {
+		return Info{}, fmt.Errorf("%s is %s: %w", id, state, sandbox.ErrTransition)
+	}
+	p, ok := vm.(vmm.Pauser)
+	if !ok {
+		return Info{}, fmt.Errorf("%s: %T cannot pause: %w", id, vm, errkind.FailedPrecondition)
+	}
+	if run {
+		err = p.Resume(ctx)
+	} else {
+		err = p.Pause(ctx)
+	}
+	if err != nil {
+		return Info{}, fmt.Errorf("%s: %w", id, err)
+	}
+	s.mu.Lock()
+	err = s.setStateLocked(to)
+	s.mu.Unlock()
+	if err != nil {
+		return Info{}, err
+	}
+	if err := s.save(); err != nil {
+		return Info{}, err
+	}
+	w.log.Info("sandbox "+to.String(), "sandbox_id", id)
+	return s.info(), nil
+}

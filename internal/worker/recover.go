@@ -79,7 +79,7 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 		s.vm = vm
 		s.mu.Unlock()
 		if rec.State != sandbox.Creating {
-			log.Info("re-adopted sandbox", "vm_pid", rec.Handle.PID)
+			log.Info("re-adopted sandbox", "vm_pid", rec.Handle.PID, "state", rec.State)
 			w.watch(s, vm)
 			return nil
 		}

@@ -343,7 +343,7 @@ func (w *Worker) watch(s *sbx, vm vmm.VM) {
 		s.mu.Lock()
 		current, state, id := s.vm, s.rec.State, s.rec.ID
 		s.mu.Unlock()
-		if current != vm || state != sandbox.Running {
+		if current != vm || (state != sandbox.Running && state != sandbox.Paused) {
 			return // deleted, or being torn down on purpose
 		}
 		w.log.Warn("sandbox vm exited on its own", "sandbox_id", id)

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -162,9 +163,10 @@ func (p *VirtioPort) setAsync(on bool) error {
 // port together with an eventfd, so Close can interrupt them: a blocking
 // read on the port itself could only be ended by the host.
 type portConn struct {
-	p    *VirtioPort
-	efd  int           // eventfd written by Close
-	idle chan struct{} // closed once closed and no read or write is in flight
+	p      *VirtioPort
+	efd    int           // eventfd written by Close
+	idle   chan struct{} // closed once closed and no read or write is in flight
+	lastIO atomic.Int64  // unix nanoseconds of the last read or write that moved bytes
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -181,25 +183,30 @@ func newPortConn(p *VirtioPort) (*portConn, error) {
 	return &portConn{p: p, efd: efd, idle: make(chan struct{})}, nil
 }
 
-// writeRepoll is how often a write waiting for room on the port polls it
-// again. The guest's virtio console can miss the wake-up that says the host
-// consumed the buffers already sent: the waiter then sleeps on although a
-// fresh poll, which reclaims consumed buffers, would report room. Seen as
-// a guest→host stream stalling mid-transfer until the host happened to
-// send something. Only a blocked write polls on a timer; an idle guest does
-// not wake.
-const writeRepoll = 100 // ms
+// The guest's virtio console can miss the wake-up for a poll on the port:
+// that the host consumed the buffers already sent (POLLOUT), or that host
+// bytes arrived (POLLIN). The waiter then sleeps on although a fresh poll,
+// which reclaims consumed buffers and fetches arrived ones, would find the
+// port ready. Seen as a long transfer stalling mid-way (the agent waiting
+// for room, or for the host's yamux window update) until the host happened
+// to send something else. So a waiting write, and a waiting read while the
+// session is busy, poll again every repoll. An idle session polls without
+// a timeout: an idle guest does not wake.
+const (
+	repoll     = 100             // ms
+	busyWindow = 2 * time.Second // a session that moved bytes this recently is busy
+)
 
 // wait blocks until the port is ready for events or the host went away
 // (which reads as EOF and fails writes), or the session is closed. It
 // returns the port's poll events.
 func (c *portConn) wait(events int16) (int16, error) {
 	fds := []unix.PollFd{{Fd: int32(c.p.fd), Events: events}, {Fd: int32(c.efd), Events: unix.POLLIN}}
-	timeout := -1
-	if events&unix.POLLOUT != 0 {
-		timeout = writeRepoll
-	}
 	for {
+		timeout := -1
+		if events&unix.POLLOUT != 0 || time.Since(time.Unix(0, c.lastIO.Load())) < busyWindow {
+			timeout = repoll
+		}
 		n, err := unix.Poll(fds, timeout)
 		if errors.Is(err, unix.EINTR) {
 			continue
@@ -257,6 +264,7 @@ func (c *portConn) Read(b []byte) (int, error) {
 		if n == 0 && len(b) > 0 {
 			return 0, io.EOF
 		}
+		c.lastIO.Store(time.Now().UnixNano())
 		return n, nil
 	}
 }
@@ -284,6 +292,7 @@ func (c *portConn) Write(b []byte) (int, error) {
 			return written, fmt.Errorf("write port: %w", err)
 		}
 		written += n
+		c.lastIO.Store(time.Now().UnixNano())
 	}
 	return written, nil
 }
