@@ -11,6 +11,7 @@ import (
 
 	"space/api"
 	"space/internal/agent/guesttest"
+	"space/internal/cgroup"
 	"space/internal/server"
 )
 
@@ -26,7 +27,12 @@ func TestCLIAgainstRealServer(t *testing.T) {
 	}
 	dataDir := t.TempDir()
 	workerID := "cli" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
-	t.Cleanup(func() { os.RemoveAll("/dev/shm/space-" + workerID) })
+	t.Cleanup(func() {
+		os.RemoveAll("/dev/shm/space-" + workerID)
+		if h, err := cgroup.Detect(); err == nil {
+			h.Destroy(context.Background(), "space-"+workerID)
+		}
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)

@@ -18,6 +18,7 @@
 package cgroup
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -263,6 +264,22 @@ func enable(dir string, cs []Controller) error {
 		return nil
 	}
 	return writeFile(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(add, " "))
+}
+
+// Destroy kills everything in group name (and the groups below it) and
+// removes it. A group that does not exist is no error.
+func (h *Hierarchy) Destroy(ctx context.Context, name string) error {
+	g, err := h.Open(name)
+	if errors.Is(err, errkind.NotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := g.Kill(ctx); err != nil {
+		return err
+	}
+	return g.Remove()
 }
 
 // Open returns the existing group name; errkind.NotFound when it exists in

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,12 +123,10 @@ func newWorkerID(t *testing.T) string {
 		// Servers leave VMs running when they stop; a test that failed
 		// before deleting its sandboxes must not leave them behind.
 		if h, err := cgroup.Detect(); err == nil {
-			if g, err := h.Open("space-" + id); err == nil {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				if err := errors.Join(g.Kill(ctx), g.Remove()); err != nil {
-					t.Errorf("cleanup: worker cgroup: %v", err)
-				}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := h.Destroy(ctx, "space-"+id); err != nil {
+				t.Errorf("cleanup: worker cgroup: %v", err)
 			}
 		}
 		os.RemoveAll("/dev/shm/space-" + id)
@@ -162,6 +161,7 @@ func TestSandboxLifecycle(t *testing.T) {
 		t.Fatalf("CreateSandbox = %+v, want running with vm info, 256 MiB and an expiry", sb)
 	}
 	t.Logf("created %s on %s in %d ms (%s)", sb.ID, sb.Worker, sb.VM.BootMS, sb.VM.Accel)
+	checkCgroup(t, ts.workerID, sb)
 
 	stdout, stderr, code := execOut(t, c, sb.ID, sh(`echo "$GREETING $EXTRA"; echo oops >&2; exit 3`))
 	if stdout != "hi there\n" && code != 3 {
@@ -513,4 +513,33 @@ func TestPauseResume(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return count() > after+3 })
 	t.Logf("counter %d before pause, %d right after resume", before, after)
+}
+
+// checkCgroup checks the sandbox's VMM runs in its own control group with
+// the memory limit its size asks for.
+func checkCgroup(t *testing.T, workerID string, sb api.Sandbox) {
+	t.Helper()
+	h, err := cgroup.Detect()
+	if err != nil {
+		return // no cgroups here: the worker runs without limits
+	}
+	name := "space-" + workerID + "/" + sb.ID
+	g, err := h.Open(name)
+	if err != nil {
+		t.Errorf("sandbox cgroup %s: %v", name, err)
+		return
+	}
+	pids, err := g.Procs()
+	if err != nil || !slices.Contains(pids, sb.VM.PID) {
+		t.Errorf("cgroup %s holds %v (%v), want the vmm pid %d", name, pids, err, sb.VM.PID)
+	}
+	file := filepath.Join("/sys/fs/cgroup/memory", name, "memory.limit_in_bytes")
+	if h.Version() == 2 {
+		file = filepath.Join("/sys/fs/cgroup", name, "memory.max")
+	}
+	b, err := os.ReadFile(file)
+	want := strconv.FormatInt((sb.MemoryMiB+384)<<20, 10)
+	if err != nil || strings.TrimSpace(string(b)) != want {
+		t.Errorf("%s = %q (%v), want %s (guest memory + VMM overhead)", file, b, err, want)
+	}
 }

@@ -313,14 +313,7 @@ func (w *Worker) removeCgroupNamed(ctx context.Context, name string) error {
 	if w.cfg.Cgroups == nil {
 		return nil
 	}
-	g, err := w.cfg.Cgroups.Open(name)
-	if errors.Is(err, errkind.NotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return removeCgroup(ctx, g)
+	return w.cfg.Cgroups.Destroy(ctx, name)
 }
 
 // agentFor returns a connected agent client of a running sandbox,
