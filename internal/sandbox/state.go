@@ -17,7 +17,7 @@ type State string
 
 // The states.
 const (
-	Creating State = "creating" // resources being set up; a crash here rolls back or completes
+	Creating State = "creating" // VM being set up (or replaced by a restore); a crash here rolls back or completes
 	Running  State = "running"  // the VM runs and its agent answers
 	Paused   State = "paused"   // vCPUs stopped; memory kept
 	Stopping State = "stopping" // being torn down (rm, TTL expiry)
@@ -40,8 +40,8 @@ func (s State) Valid() bool {
 // transitions is the table: from each state, the states that may follow.
 var transitions = map[State][]State{
 	Creating: {Running, Failed, Stopping},
-	Running:  {Paused, Stopping, Failed},
-	Paused:   {Running, Stopping, Failed},
+	Running:  {Paused, Stopping, Failed, Creating}, // Creating: restored from a snapshot in place
+	Paused:   {Running, Stopping, Failed, Creating},
 	Stopping: {Stopped, Deleted, Failed},
 	Stopped:  {Creating, Deleted},
 	Failed:   {Stopping, Deleted},

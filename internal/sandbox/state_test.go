@@ -19,7 +19,8 @@ func TestCheck(t *testing.T) {
 		{Stopping, Deleted, nil},
 		{Stopped, Creating, nil}, // restart from the last snapshot
 		{Deleted, Running, ErrTransition},
-		{Running, Creating, ErrTransition},
+		{Running, Creating, nil}, // restore in place
+		{Deleted, Creating, ErrTransition},
 		{Paused, Paused, ErrTransition},
 		{"bogus", Running, errkind.InvalidArgument},
 		{Running, "bogus", errkind.InvalidArgument},

@@ -70,7 +70,6 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	cfg.Log = cfg.Log.With("worker_id", cfg.ID)
 	progress := cfg.Progress
 	if progress == nil {
 		progress = io.Discard

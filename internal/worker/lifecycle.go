@@ -14,7 +14,6 @@ import (
 	"space/internal/cgroup"
 	"space/internal/errkind"
 	"space/internal/guestvm"
-	"space/internal/imagebuild"
 	"space/internal/sandbox"
 	"space/internal/store"
 	"space/internal/vmm"
@@ -61,6 +60,12 @@ var ErrNotRunning = fmt.Errorf("sandbox is not running: %w", errkind.FailedPreco
 // answers. On error nothing of it remains. The record is durable before
 // Create returns.
 func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, error) {
+	return w.create(ctx, id, team, spec, "")
+}
+
+// create makes sandbox id by booting (snapID "") or by restoring snapshot
+// snapID.
+func (w *Worker) create(ctx context.Context, id, team string, spec Spec, snapID string) (_ Info, err error) {
 	if !store.ValidSandboxID(id) {
 		return Info{}, fmt.Errorf("sandbox id %q: %w", id, errkind.InvalidArgument)
 	}
@@ -70,8 +75,7 @@ func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, 
 	if err := spec.validate(); err != nil {
 		return Info{}, err
 	}
-	img, err := w.cfg.Templates.Template(ctx, spec.Template)
-	if err != nil {
+	if _, err := w.cfg.Templates.Template(ctx, spec.Template); err != nil {
 		return Info{}, err
 	}
 	s := &sbx{
@@ -79,27 +83,21 @@ func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, 
 		runDir: filepath.Join(w.cfg.RunRoot, id),
 	}
 	s.mu.Lock()
-	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC()}
+	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC(), RestoreFrom: snapID}
 	s.mu.Unlock()
 	s.op.Lock()
 	defer s.op.Unlock()
-	return w.create(ctx, s, img)
-}
-
-// create does Create's work; the caller holds s.op.
-func (w *Worker) create(ctx context.Context, s *sbx, img *imagebuild.Artifacts) (_ Info, err error) {
-	s.mu.Lock()
-	id, spec := s.rec.ID, s.rec.Spec
-	s.mu.Unlock()
 	if err := w.reserve(id, s, spec); err != nil {
 		return Info{}, err
 	}
-	var undo undoStack
 	defer func() {
 		if err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer cancel()
-			err = errors.Join(fmt.Errorf("create %s: %w", id, err), undo.run(rctx))
+			err = errors.Join(fmt.Errorf("create %s: %w", id, err), s.removeFiles())
+			if rerr := w.removeCgroupNamed(rctx, w.cgroupName(id)); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
 			w.mu.Lock()
 			delete(w.sandboxes, id)
 			w.mu.Unlock()
@@ -111,19 +109,40 @@ func (w *Worker) create(ctx context.Context, s *sbx, img *imagebuild.Artifacts) 
 		}
 		return Info{}, err
 	}
-	undo.push(func(context.Context) error { return s.removeFiles() })
 	if err := s.save(); err != nil {
 		return Info{}, err
 	}
 	w.crash("create.recorded")
+	if err := w.launch(ctx, s, snapID); err != nil {
+		return Info{}, err
+	}
+	w.crash("create.running-saved")
+	return s.info(), nil
+}
 
+// launch starts the sandbox's VM, booting it (snapID "") or restoring
+// snapshot snapID, in a fresh control group, persists its handle as soon
+// as it runs, waits for its agent, and records the sandbox running. On
+// error the VM and its run files are gone. The caller holds s.op.
+func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) {
+	s.mu.Lock()
+	id, spec := s.rec.ID, s.rec.Spec
+	s.mu.Unlock()
+	img, err := w.cfg.Templates.Template(ctx, spec.Template)
+	if err != nil {
+		return err
+	}
 	cfg := w.guestConfig(s, spec, img)
 	if w.cfg.Cgroups != nil {
 		g, err := w.cfg.Cgroups.Create(w.cgroupName(id), limits(spec))
 		if err != nil {
-			return Info{}, fmt.Errorf("cgroup: %w", err)
+			return fmt.Errorf("cgroup: %w", err)
 		}
-		undo.push(func(ctx context.Context) error { return removeCgroup(ctx, g) })
+		defer func() {
+			if err != nil {
+				err = errors.Join(err, removeCgroup(context.WithoutCancel(ctx), g))
+			}
+		}()
 		cfg.Placer = g
 		s.mu.Lock()
 		s.rec.Cgroup = w.cgroupName(id)
@@ -143,30 +162,39 @@ func (w *Worker) create(ctx context.Context, s *sbx, img *imagebuild.Artifacts) 
 	}
 	bctx, cancel := context.WithTimeout(ctx, w.cfg.BootTimeout)
 	defer cancel()
-	gv, err := guestvm.Boot(bctx, cfg)
-	if err != nil {
-		return Info{}, err
+	var gv *guestvm.VM
+	startedBy := "boot"
+	if snapID == "" {
+		gv, err = guestvm.Boot(bctx, cfg)
+	} else {
+		var dir string
+		if dir, err = w.snapshotDir(snapID); err == nil {
+			startedBy = "restore"
+			gv, err = guestvm.Restore(bctx, cfg, filepath.Join(dir, "vm"))
+		}
 	}
-	undo.push(func(ctx context.Context) error { return gv.Close(ctx) })
+	if err != nil {
+		return err
+	}
 	h := gv.VMM.Handle()
 	s.mu.Lock()
 	s.vm, s.agent = gv.VMM, gv.Client
+	s.rec.RestoreFrom = ""
 	s.rec.VM = &api.VMInfo{
-		VMM: h.Driver, VMMVersion: h.Version, Accel: h.Accel, StartedBy: "boot",
+		VMM: h.Driver, VMMVersion: h.Version, Accel: h.Accel, StartedBy: startedBy,
 		BootMS: gv.BootTime.Milliseconds(), PID: h.PID,
 	}
 	err = s.setStateLocked(sandbox.Running)
 	s.mu.Unlock()
+	if err == nil {
+		err = s.save()
+	}
 	if err != nil {
-		return Info{}, err
+		return errors.Join(err, gv.Close(context.WithoutCancel(ctx)))
 	}
-	if err := s.save(); err != nil {
-		return Info{}, err
-	}
-	w.crash("create.running-saved")
 	w.watch(s, gv.VMM)
-	w.log.Info("sandbox created", "sandbox_id", id, "vm_pid", h.PID, "boot", gv.BootTime)
-	return s.info(), nil
+	w.log.Info("sandbox started", "sandbox_id", id, "vm_pid", h.PID, "by", startedBy, "took", gv.BootTime)
+	return nil
 }
 
 // reserve adds s to the worker if the ID is free and capacity allows.

@@ -28,6 +28,9 @@ type record struct {
 	// Handle is the VMM handle, set as soon as the VMM runs.
 	Handle *vmm.Handle `json:"handle,omitempty"`
 	VM     *api.VMInfo `json:"vm,omitempty"`
+	// RestoreFrom names the snapshot a create or an in-place restore
+	// starts the VM from, until the VM runs; "" for a boot.
+	RestoreFrom string `json:"restore_from,omitempty"`
 }
 
 // writeRecord persists r in dir atomically and durably: a crash leaves the

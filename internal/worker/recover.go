@@ -22,6 +22,9 @@ func (w *Worker) Start(ctx context.Context) error {
 			return fmt.Errorf("worker: %w", err)
 		}
 	}
+	if err := w.removeIncompleteSnapshots(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	entries, err := os.ReadDir(w.sandboxesDir())
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
@@ -60,6 +63,9 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 	rec := s.rec
 	s.mu.Unlock()
 	log := w.log.With("sandbox_id", rec.ID)
+	if rec.State == sandbox.Creating && rec.RestoreFrom != "" {
+		return w.redoRestore(ctx, s)
+	}
 	switch rec.State {
 	case sandbox.Running, sandbox.Paused, sandbox.Creating:
 		if rec.Handle == nil { // a create that never got a VMM handle
@@ -211,4 +217,28 @@ func (w *Worker) removeStrays(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// redoRestore finishes a create from a snapshot or an in-place restore
+// that a crash interrupted: whatever VM runs is replaced by one restored
+// from the snapshot again. The caller holds s.op.
+func (w *Worker) redoRestore(ctx context.Context, s *sbx) error {
+	s.mu.Lock()
+	h, snapID, id := s.rec.Handle, s.rec.RestoreFrom, s.rec.ID
+	s.mu.Unlock()
+	if _, err := w.SnapshotInfo(snapID); err != nil {
+		return w.fail(ctx, s, fmt.Sprintf("restore from snapshot %s interrupted and the snapshot is gone: %v", snapID, err))
+	}
+	if h != nil {
+		if vm, err := w.cfg.Driver.Recover(ctx, *h); err == nil {
+			s.mu.Lock()
+			s.vm = vm
+			s.mu.Unlock()
+		}
+	}
+	w.log.Info("finishing interrupted restore", "sandbox_id", id, "snapshot_id", snapID)
+	if _, err := w.restoreLocked(ctx, s); err != nil {
+		w.log.Warn("interrupted restore failed again", "sandbox_id", id, "err", err)
+	}
+	return nil
 }

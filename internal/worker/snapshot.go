@@ -1,0 +1,294 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"space/internal/errkind"
+	"space/internal/sandbox"
+	"space/internal/vmm"
+)
+
+// SnapshotInfo describes a snapshot the worker keeps on its disk.
+type SnapshotInfo struct {
+	ID        string    `json:"id"`
+	SandboxID string    `json:"sandbox_id"`
+	Spec      Spec      `json:"spec"` // the sandbox's at the snapshot; a restore gets the same
+	Created   time.Time `json:"created"`
+	// LogicalBytes is the size of the snapshot's files as the guest sees
+	// them (memory, disk and device state, holes included).
+	LogicalBytes int64 `json:"logical_bytes"`
+	// PausedMS is how long the guest was paused for the snapshot.
+	PausedMS int64 `json:"paused_ms"`
+}
+
+// snapshotInfoFile marks a complete snapshot directory: it is written
+// last, so a directory without it is a snapshot a crash interrupted.
+const snapshotInfoFile = "info.json"
+
+func (w *Worker) snapshotsDir() string { return filepath.Join(w.cfg.DataDir, "snapshots") }
+
+// snapshotDir returns where snapshot id lives, checking the id.
+func (w *Worker) snapshotDir(id string) (string, error) {
+	if !validSnapshotID(id) {
+		return "", fmt.Errorf("snapshot id %.64q: %w", id, errkind.InvalidArgument)
+	}
+	return filepath.Join(w.snapshotsDir(), id), nil
+}
+
+// validSnapshotID accepts 1-64 characters of [a-z0-9_].
+func validSnapshotID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// ErrSnapshotNotFound is returned for a snapshot the worker does not hold.
+var ErrSnapshotNotFound = fmt.Errorf("snapshot not found on this worker: %w", errkind.NotFound)
+
+// Snapshot takes a live snapshot of sandbox sandboxID as snapshot snapID:
+// memory, device state and writable disk at one instant. The sandbox keeps
+// running (it is paused only while its state is saved).
+func (w *Worker) Snapshot(ctx context.Context, sandboxID, snapID string) (SnapshotInfo, error) {
+	dir, err := w.snapshotDir(snapID)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	s, err := w.get(sandboxID)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	state, vm, spec := s.rec.State, s.vm, s.rec.Spec
+	s.mu.Unlock()
+	if (state != sandbox.Running && state != sandbox.Paused) || vm == nil {
+		return SnapshotInfo{}, fmt.Errorf("%s is %s: %w", sandboxID, state, ErrNotRunning)
+	}
+	sn, ok := vm.(vmm.Snapshotter)
+	if !ok {
+		return SnapshotInfo{}, fmt.Errorf("%s: %T cannot snapshot: %w", sandboxID, vm, errkind.FailedPrecondition)
+	}
+	if err := os.MkdirAll(w.snapshotsDir(), 0o700); err != nil {
+		return SnapshotInfo{}, err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", snapID, errkind.Conflict)
+		}
+		return SnapshotInfo{}, err
+	}
+	taken, err := sn.Snapshot(ctx, filepath.Join(dir, "vm"), vmm.SnapshotOptions{})
+	if err != nil {
+		return SnapshotInfo{}, errors.Join(err, os.RemoveAll(dir))
+	}
+	info := SnapshotInfo{ID: snapID, SandboxID: sandboxID, Spec: spec, Created: time.Now().UTC(), PausedMS: taken.Took.Milliseconds()}
+	info.LogicalBytes, err = treeSize(filepath.Join(dir, "vm"))
+	if err == nil {
+		err = writeJSONFile(dir, snapshotInfoFile, info)
+	}
+	if err != nil {
+		return SnapshotInfo{}, errors.Join(err, os.RemoveAll(dir))
+	}
+	w.log.Info("snapshot taken", "sandbox_id", sandboxID, "snapshot_id", snapID, "paused", taken.Took, "reflinked", taken.Reflinked)
+	return info, nil
+}
+
+// SnapshotInfo returns the worker's snapshot id, or ErrSnapshotNotFound.
+func (w *Worker) SnapshotInfo(id string) (SnapshotInfo, error) {
+	dir, err := w.snapshotDir(id)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	var info SnapshotInfo
+	b, err := os.ReadFile(filepath.Join(dir, snapshotInfoFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return info, fmt.Errorf("%s: %w", id, ErrSnapshotNotFound)
+	}
+	if err != nil {
+		return info, err
+	}
+	if err := json.Unmarshal(b, &info); err != nil || info.ID != id {
+		return info, fmt.Errorf("snapshot %s: unreadable info: %v: %w", id, err, errkind.Internal)
+	}
+	return info, nil
+}
+
+// DeleteSnapshot removes the worker's copy of snapshot id. Sandboxes
+// restored from it do not need it any more (their memory and disk are
+// their own copies).
+func (w *Worker) DeleteSnapshot(id string) error {
+	dir, err := w.snapshotDir(id)
+	if err != nil {
+		return err
+	}
+	// The info file goes first: a crash halfway leaves an incomplete
+	// snapshot, which Start removes, never a damaged complete one.
+	if err := os.Remove(filepath.Join(dir, snapshotInfoFile)); errors.Is(err, fs.ErrNotExist) {
+		if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+			return fmt.Errorf("%s: %w", id, ErrSnapshotNotFound)
+		}
+	} else if err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+// CreateFromSnapshot starts sandbox id for team as a copy of snapshot
+// snapID: the memory, processes and files at the snapshot, with its own
+// writable disk, fresh entropy, clock and hostname. The spec is the
+// snapshot's.
+func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string) (Info, error) {
+	info, err := w.SnapshotInfo(snapID)
+	if err != nil {
+		return Info{}, err
+	}
+	return w.create(ctx, id, team, info.Spec, snapID)
+}
+
+// Restore rolls sandbox id back to snapshot snapID in place: its VM is
+// replaced by one restored from the snapshot (same sandbox ID, the
+// snapshot's memory, processes and disk). A crash during the restore
+// finishes it on the next start: the record names the snapshot until the
+// new VM answers.
+func (w *Worker) Restore(ctx context.Context, id, snapID string) (Info, error) {
+	info, err := w.SnapshotInfo(snapID)
+	if err != nil {
+		return Info{}, err
+	}
+	s, err := w.get(id)
+	if err != nil {
+		return Info{}, err
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	state, spec := s.rec.State, s.rec.Spec
+	s.mu.Unlock()
+	if state != sandbox.Running && state != sandbox.Paused {
+		return Info{}, fmt.Errorf("%s is %s: %w", id, state, ErrNotRunning)
+	}
+	if info.Spec.Template != spec.Template || info.Spec.VCPUs != spec.VCPUs || info.Spec.MemoryMiB != spec.MemoryMiB {
+		return Info{}, fmt.Errorf("snapshot %s has %d vcpus and %d MiB of %s, sandbox %s %d and %d of %s: %w",
+			snapID, info.Spec.VCPUs, info.Spec.MemoryMiB, info.Spec.Template, id, spec.VCPUs, spec.MemoryMiB, spec.Template, errkind.FailedPrecondition)
+	}
+	s.mu.Lock()
+	s.rec.RestoreFrom = snapID
+	err = s.setStateLocked(sandbox.Creating)
+	s.mu.Unlock()
+	if err != nil {
+		return Info{}, err
+	}
+	if err := s.save(); err != nil {
+		return Info{}, err
+	}
+	w.crash("restore.recorded")
+	return w.restoreLocked(ctx, s)
+}
+
+// restoreLocked replaces the sandbox's VM (if any) by one restored from
+// s.rec.RestoreFrom. On failure the sandbox is failed: its previous VM is
+// already gone. The caller holds s.op.
+func (w *Worker) restoreLocked(ctx context.Context, s *sbx) (Info, error) {
+	s.mu.Lock()
+	id, snapID, vm, agent := s.rec.ID, s.rec.RestoreFrom, s.vm, s.agent
+	s.vm, s.agent = nil, nil
+	s.mu.Unlock()
+	if agent != nil {
+		agent.Close()
+	}
+	var errs []error
+	if vm != nil {
+		errs = append(errs, vm.Stop(ctx))
+	}
+	errs = append(errs, w.removeCgroupNamed(ctx, w.cgroupName(id)), os.RemoveAll(s.runDir), os.RemoveAll(s.diskDir()))
+	if err := errors.Join(errs...); err != nil {
+		return Info{}, w.failRestore(ctx, s, err)
+	}
+	w.crash("restore.old-vm-gone")
+	if err := w.launch(ctx, s, snapID); err != nil {
+		return Info{}, w.failRestore(ctx, s, err)
+	}
+	w.log.Info("sandbox restored", "sandbox_id", id, "snapshot_id", snapID)
+	return s.info(), nil
+}
+
+func (w *Worker) failRestore(ctx context.Context, s *sbx, cause error) error {
+	err := fmt.Errorf("restore %s: %w", s.id(), cause)
+	return errors.Join(err, w.fail(ctx, s, err.Error()))
+}
+
+// treeSize sums the apparent sizes of the regular files below dir.
+func treeSize(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n, err
+}
+
+// writeJSONFile writes v as dir/name through a synced temporary file.
+func writeJSONFile(dir, name string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, "."+name+"-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(b)
+	if err = errors.Join(err, tmp.Sync(), tmp.Close()); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+// removeIncompleteSnapshots removes snapshot directories a crash left
+// without their info file.
+func (w *Worker) removeIncompleteSnapshots() error {
+	entries, err := os.ReadDir(w.snapshotsDir())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		dir := filepath.Join(w.snapshotsDir(), e.Name())
+		if _, err := os.Stat(filepath.Join(dir, snapshotInfoFile)); errors.Is(err, fs.ErrNotExist) || strings.HasPrefix(e.Name(), ".") {
+			w.log.Warn("removing incomplete snapshot", "dir", dir)
+			errs = append(errs, os.RemoveAll(dir))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,155 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"space/internal/agent/agenttest"
+	"space/internal/agent/guesttest"
+	"space/internal/agent/proto"
+	"space/internal/cgroup"
+	"space/internal/imagebuild"
+	"space/internal/testenv"
+)
+
+type oneTemplate struct{ img *imagebuild.Artifacts }
+
+func (o oneTemplate) Template(_ context.Context, name string) (*imagebuild.Artifacts, error) {
+	if name != "default" {
+		return nil, fmt.Errorf("template %q: %w", name, ErrNotFound)
+	}
+	return o.img, nil
+}
+
+// newVMWorker returns a worker with the real QEMU driver.
+func newVMWorker(t *testing.T) *Worker {
+	t.Helper()
+	img := guesttest.Images(t)
+	drv, err := guesttest.Driver(t)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	id := fmt.Sprintf("wt%d", time.Now().UnixNano()%1e9)
+	cg, _ := cgroup.Detect()
+	w, err := New(Config{ID: id, DataDir: t.TempDir(), Driver: drv, Templates: oneTemplate{img}, Cgroups: cg})
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	if err := w.Start(t.Context()); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		for _, inf := range w.List() {
+			if err := w.Delete(ctx, inf.ID); err != nil {
+				t.Errorf("cleanup: delete %s: %v", inf.ID, err)
+			}
+		}
+		w.Close()
+		if cg != nil {
+			cg.Destroy(ctx, w.cgroupParent())
+		}
+		os.RemoveAll(w.cfg.RunRoot)
+	})
+	return w
+}
+
+func sandboxID(n int) string { return fmt.Sprintf("sbx_%s", strings.Repeat(string(rune('a'+n)), 20)) }
+
+// shell runs cmd in sandbox id and returns its stdout.
+func shell(t *testing.T, w *Worker, id, cmd string) string {
+	t.Helper()
+	a, err := w.agentFor(t.Context(), id)
+	if err != nil {
+		t.Fatalf("agent of %s: %v", id, err)
+	}
+	return agenttest.Output(t, a, cmd)
+}
+
+// TestSnapshotRestoreFork takes a live snapshot, changes the sandbox,
+// rolls it back in place, and forks two copies from the snapshot: files
+// and a running counter come back as at the snapshot, and the copies
+// diverge on their own.
+func TestSnapshotRestoreFork(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	w := newVMWorker(t)
+	ctx := t.Context()
+	spec := Spec{Template: "default", VCPUs: 1, MemoryMiB: 256, DiskMiB: 1024}
+	a := sandboxID(0)
+	if _, err := w.Create(ctx, a, "team", spec); err != nil {
+		t.Fatalf("Create = %v", err)
+	}
+	shell(t, w, a, "echo one > /root/f; sync")
+	agent, _ := w.agentFor(ctx, a)
+	if _, err := agent.StartProcess(ctx, proto.ProcStart{ExecRequest: proto.ExecRequest{
+		Shell: "echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"}}); err != nil {
+		t.Fatalf("start counter: %v", err)
+	}
+	count := func(id string) int {
+		n, _ := strconv.Atoi(strings.TrimSpace(shell(t, w, id, "cat /tmp/count 2>/dev/null || echo 0")))
+		return n
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(a) > 5 })
+
+	t0 := time.Now()
+	snap, err := w.Snapshot(ctx, a, "snap_one")
+	if err != nil {
+		t.Fatalf("Snapshot = %v", err)
+	}
+	atSnap := count(a)
+	t.Logf("snapshot: %d MiB logical, guest paused %d ms, call %v", snap.LogicalBytes>>20, snap.PausedMS, time.Since(t0))
+	if _, err := w.Snapshot(ctx, a, "snap_one"); err == nil {
+		t.Errorf("second Snapshot with the same id = nil error")
+	}
+
+	// Change everything, then roll back.
+	shell(t, w, a, "echo two > /root/f; kill $(cat /tmp/counter.pid); rm -f /tmp/count; sync")
+	if got := shell(t, w, a, "sleep 0.5; cat /tmp/count 2>&1 || true"); !strings.Contains(got, "No such file") {
+		t.Fatalf("the counter still runs before the restore: %q", got)
+	}
+	if inf, err := w.Restore(ctx, a, "snap_one"); err != nil || inf.State != "running" || inf.VM.StartedBy != "restore" {
+		t.Fatalf("Restore = %+v, %v", inf, err)
+	}
+	if got := shell(t, w, a, "cat /root/f"); got != "one\n" {
+		t.Errorf("after restore /root/f = %q, want one", got)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(a) > atSnap })
+	if c := count(a); c < atSnap || c > atSnap+200 {
+		t.Errorf("after restore the counter is %d, want it to go on from %d", c, atSnap)
+	}
+
+	// Fork two copies from the snapshot.
+	b, c := sandboxID(1), sandboxID(2)
+	for _, id := range []string{b, c} {
+		inf, err := w.CreateFromSnapshot(ctx, id, "team", "snap_one")
+		if err != nil {
+			t.Fatalf("CreateFromSnapshot(%s) = %v", id, err)
+		}
+		t.Logf("fork %s started in %d ms", id, inf.VM.BootMS)
+		if got := shell(t, w, id, "cat /root/f"); got != "one\n" {
+			t.Errorf("fork %s: /root/f = %q, want one", id, got)
+		}
+		testenv.Eventually(t, 30*time.Second, func() bool { return count(id) > atSnap })
+	}
+	shell(t, w, b, "echo mine > /root/only-b")
+	if got := shell(t, w, c, "cat /root/only-b 2>&1 || true"); !strings.Contains(got, "No such file") {
+		t.Errorf("fork c sees fork b's file: %q", got)
+	}
+	if got := shell(t, w, a, "cat /root/only-b 2>&1 || true"); !strings.Contains(got, "No such file") {
+		t.Errorf("parent sees fork b's file: %q", got)
+	}
+	if err := w.DeleteSnapshot("snap_one"); err != nil {
+		t.Errorf("DeleteSnapshot = %v", err)
+	}
+	if got := shell(t, w, b, "cat /root/f"); got != "one\n" {
+		t.Errorf("fork after its snapshot is deleted: /root/f = %q", got)
+	}
+}
