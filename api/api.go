@@ -55,6 +55,9 @@ type CreateSandbox struct {
 	TimeoutSeconds int64             `json:"timeout_seconds,omitempty"` // 0 = the server's default TTL
 	Env            map[string]string `json:"env,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"`
+	// FromSnapshot starts the sandbox as a copy of a snapshot (ID or
+	// name) instead of booting; its resources are the snapshot's.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -299,4 +302,43 @@ type Worker struct {
 // WorkerList is the reply of GET /v1/workers.
 type WorkerList struct {
 	Workers []Worker `json:"workers"`
+}
+
+// CreateSnapshot is the body of POST /v1/sandboxes/{id}/snapshots.
+type CreateSnapshot struct {
+	// Name is optional; unique in the team; 1-128 of [A-Za-z0-9_.-].
+	Name string `json:"name,omitempty"`
+}
+
+// Snapshot is a checkpoint of a sandbox: memory, processes and files at
+// one instant.
+type Snapshot struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name,omitempty"`
+	Team      string    `json:"team"`
+	SandboxID string    `json:"sandbox_id"`
+	State     string    `json:"state"` // "creating", "ready", "deleting"
+	Worker    string    `json:"worker,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	// LogicalBytes is the size of memory, disk and device state, holes
+	// included; NewBytes is what this snapshot added to storage.
+	LogicalBytes int64 `json:"logical_bytes"`
+	NewBytes     int64 `json:"new_bytes"`
+	// PausedMS is how long the sandbox was paused while it was taken.
+	PausedMS int64 `json:"paused_ms"`
+}
+
+// SnapshotList is the reply of GET /v1/snapshots.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// RestoreSandbox is the body of POST /v1/sandboxes/{id}/restore.
+type RestoreSandbox struct {
+	Snapshot string `json:"snapshot"` // ID or name
+}
+
+// ForkSandbox is the body of POST /v1/sandboxes/{id}/fork.
+type ForkSandbox struct {
+	Count int `json:"count"` // 1..16
 }

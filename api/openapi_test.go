@@ -178,6 +178,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"CreateAPIKey": CreateAPIKey{}, "APIKey": APIKey{}, "APIKeyList": APIKeyList{},
 		"Quota": Quota{}, "QuotaUsage": QuotaUsage{},
 		"RegisterWorker": RegisterWorker{}, "Worker": Worker{}, "WorkerList": WorkerList{},
+		"CreateSnapshot": CreateSnapshot{}, "Snapshot": Snapshot{}, "SnapshotList": SnapshotList{},
+		"RestoreSandbox": RestoreSandbox{}, "ForkSandbox": ForkSandbox{},
 	}
 	doc := loadSpec(t)
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)

@@ -435,3 +435,61 @@ func teamQuery(team string) url.Values {
 	}
 	return url.Values{"team": {team}}
 }
+
+// CreateSnapshot takes a live snapshot of sandbox id; name is optional.
+func (c *Client) CreateSnapshot(ctx context.Context, id, name string) (api.Snapshot, error) {
+	body, err := jsonBody(api.CreateSnapshot{Name: name})
+	if err != nil {
+		return api.Snapshot{}, err
+	}
+	var sn api.Snapshot
+	err = c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/snapshots"), body: body, want: []int{http.StatusCreated}}, &sn)
+	return sn, err
+}
+
+// Snapshots lists the team's snapshots, or those of sandboxID if it is
+// not "".
+func (c *Client) Snapshots(ctx context.Context, sandboxID string) ([]api.Snapshot, error) {
+	var q url.Values
+	if sandboxID != "" {
+		q = url.Values{"sandbox": {sandboxID}}
+	}
+	var out api.SnapshotList
+	err := c.call(ctx, request{method: http.MethodGet, path: "/v1/snapshots", query: q}, &out)
+	return out.Snapshots, err
+}
+
+// Snapshot describes a snapshot by ID or name.
+func (c *Client) Snapshot(ctx context.Context, ref string) (api.Snapshot, error) {
+	var sn api.Snapshot
+	err := c.call(ctx, request{method: http.MethodGet, path: "/v1/snapshots/" + url.PathEscape(ref)}, &sn)
+	return sn, err
+}
+
+// DeleteSnapshot deletes a snapshot by ID or name.
+func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {
+	return c.call(ctx, request{method: http.MethodDelete, path: "/v1/snapshots/" + url.PathEscape(ref),
+		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
+}
+
+// RestoreSandbox rolls sandbox id back to a snapshot (ID or name) in place.
+func (c *Client) RestoreSandbox(ctx context.Context, id, snapshot string) (api.Sandbox, error) {
+	body, err := jsonBody(api.RestoreSandbox{Snapshot: snapshot})
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	var sb api.Sandbox
+	err = c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/restore"), body: body}, &sb)
+	return sb, err
+}
+
+// ForkSandbox makes count running copies of sandbox id and returns them.
+func (c *Client) ForkSandbox(ctx context.Context, id string, count int) ([]api.Sandbox, error) {
+	body, err := jsonBody(api.ForkSandbox{Count: count})
+	if err != nil {
+		return nil, err
+	}
+	var out api.SandboxList
+	err = c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/fork"), body: body, want: []int{http.StatusCreated}}, &out)
+	return out.Sandboxes, err
+}

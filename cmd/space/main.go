@@ -200,6 +200,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		newFileCmd(g),
 		newAPIKeyCmd(g),
 		newQuotaCmd(g),
+		newSnapshotCmd(g),
 	)
 	markRunErrors(root)
 	return root

@@ -24,7 +24,8 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	return newGroupCmd("sandbox", "Create, list and remove sandboxes",
 		newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g),
 		newSandboxStateCmd(g, "pause", "Pause sandboxes (vCPUs stop; memory stays)", (*client.Client).PauseSandbox),
-		newSandboxStateCmd(g, "resume", "Resume paused sandboxes", (*client.Client).ResumeSandbox))
+		newSandboxStateCmd(g, "resume", "Resume paused sandboxes", (*client.Client).ResumeSandbox),
+		newSandboxRestoreCmd(g), newSandboxForkCmd(g))
 }
 
 func newSandboxCreateCmd(g *globals) *cobra.Command {
@@ -75,6 +76,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 	f.DurationVar(&timeout, "timeout", 0, "time to live, e.g. 30m; default 1h")
 	f.StringArrayVar(&env, "env", nil, "environment of every command, `KEY=VALUE` (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "a label, `key=value` (repeatable)")
+	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start as a copy of this `snapshot` (ID or name) instead of booting")
 	outputFlag(f, &output)
 	return c
 }
@@ -327,4 +329,63 @@ func short(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
 	}
+}
+
+func newSandboxRestoreCmd(g *globals) *cobra.Command {
+	var snapshot string
+	c := &cobra.Command{
+		Use:   "restore ID --snapshot S",
+		Short: "Roll a sandbox back to a snapshot, in place",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if snapshot == "" {
+				return usagef("--snapshot is required")
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			_, err = cl.RestoreSandbox(cmd.Context(), args[0], snapshot)
+			return err
+		},
+	}
+	c.Flags().StringVar(&snapshot, "snapshot", "", "the `snapshot` (ID or name)")
+	return c
+}
+
+func newSandboxForkCmd(g *globals) *cobra.Command {
+	var (
+		count  int
+		output string
+	)
+	c := &cobra.Command{
+		Use:   "fork ID [--count N]",
+		Short: "Make running copies of a live sandbox; prints their IDs",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			sbs, err := cl.ForkSandbox(cmd.Context(), args[0], count)
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return g.printJSON(api.SandboxList{Sandboxes: sbs})
+			}
+			for _, sb := range sbs {
+				if _, err := fmt.Fprintln(g.stdout, sb.ID); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	c.Flags().IntVar(&count, "count", 1, "how many copies (1 to 16)")
+	outputFlag(c.Flags(), &output)
+	return c
 }

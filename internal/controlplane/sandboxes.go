@@ -28,6 +28,7 @@ type createBody struct {
 	TimeoutSeconds *int64            `json:"timeout_seconds"`
 	Env            map[string]string `json:"env"`
 	Labels         map[string]string `json:"labels"`
+	FromSnapshot   *string           `json:"from_snapshot"`
 }
 
 // spec is what the store keeps as a sandbox's Spec.
@@ -114,7 +115,26 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 	// A client that goes away mid-create must not leave it half done: the
 	// create runs to its end either way.
 	ctx := context.WithoutCancel(r.Context())
-	sb, err := s.create(ctx, c.team, sp, b.Labels)
+	var pl placement
+	if b.FromSnapshot != nil {
+		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil {
+			httpapi.WriteError(w, httpapi.Invalid("from_snapshot", "a sandbox from a snapshot has the snapshot's template, resources and environment"))
+			return
+		}
+		sn, wk, err := s.usable(ctx, c.team, *b.FromSnapshot)
+		if err != nil {
+			httpapi.WriteError(w, &httpapi.FieldError{Field: "from_snapshot", Err: err})
+			return
+		}
+		var m snapshotMeta
+		if err := json.Unmarshal(sn.Meta, &m); err != nil {
+			httpapi.WriteError(w, fmt.Errorf("snapshot %s: metadata: %v: %w", sn.ID, err, errkind.Internal))
+			return
+		}
+		sp.Spec = m.Spec
+		pl = placement{worker: wk, snapshot: sn.ID}
+	}
+	sb, err := s.create(ctx, c.team, sp, b.Labels, pl)
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -122,24 +142,34 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusCreated, s.view(sb))
 }
 
-// create records, places and boots a sandbox.
-func (s *Server) create(ctx context.Context, team string, sp spec, labels map[string]string) (store.Sandbox, error) {
+// placement says where a sandbox starts from: the zero value boots it on
+// the worker with the most room; otherwise it restores snapshot on worker.
+type placement struct {
+	worker   Worker
+	snapshot string
+}
+
+// create records, places and boots (or restores) a sandbox.
+func (s *Server) create(ctx context.Context, team string, sp spec, labels map[string]string, pl placement) (store.Sandbox, error) {
 	lock := s.teamLock(team)
 	lock.Lock()
 	if err := s.checkQuota(ctx, team, sp); err != nil {
 		lock.Unlock()
 		return store.Sandbox{}, err
 	}
-	var healthy []Worker
-	for _, w := range s.workerList() {
-		if s.healthy(w) {
-			healthy = append(healthy, w)
+	wk := pl.worker
+	if wk == nil {
+		var healthy []Worker
+		for _, w := range s.workerList() {
+			if s.healthy(w) {
+				healthy = append(healthy, w)
+			}
 		}
-	}
-	wk, err := place(ctx, healthy, sp.Spec)
-	if err != nil {
-		lock.Unlock()
-		return store.Sandbox{}, err
+		var err error
+		if wk, err = place(ctx, healthy, sp.Spec); err != nil {
+			lock.Unlock()
+			return store.Sandbox{}, err
+		}
 	}
 	specJSON, _ := json.Marshal(sp)
 	id := store.NewSandboxID()
@@ -160,7 +190,7 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		return store.Sandbox{}, err
 	}
 	s.crash("api.create.recorded")
-	inf, err := wk.Create(ctx, worker.CreateRequest{ID: rec.ID, Team: team, Spec: sp.Spec})
+	inf, err := wk.Create(ctx, worker.CreateRequest{ID: rec.ID, Team: team, Spec: sp.Spec, FromSnapshot: pl.snapshot})
 	if err != nil {
 		s.log.Warn("create failed", "sandbox_id", rec.ID, "worker_id", wk.ID(), "err", err)
 		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))

@@ -24,6 +24,9 @@ type Worker interface {
 	Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error)
 	Delete(ctx context.Context, id string) error
 	Pause(ctx context.Context, id string) (worker.Info, error)
+	Snapshot(ctx context.Context, id, snapID string) (worker.SnapshotInfo, error)
+	Restore(ctx context.Context, id, snapID string) (worker.Info, error)
+	DeleteSnapshot(ctx context.Context, snapID string) error
 	Resume(ctx context.Context, id string) (worker.Info, error)
 	Sandbox(ctx context.Context, id string) (worker.Info, error)
 	Status(ctx context.Context) (worker.Status, error)
@@ -42,7 +45,19 @@ func NewLocal(w *worker.Worker) *Local { return &Local{W: w, h: w.Handler("")} }
 
 func (l *Local) ID() string { return l.W.ID() }
 func (l *Local) Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error) {
+	if req.FromSnapshot != "" {
+		return l.W.CreateFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot)
+	}
 	return l.W.Create(ctx, req.ID, req.Team, req.Spec)
+}
+func (l *Local) Snapshot(ctx context.Context, id, snapID string) (worker.SnapshotInfo, error) {
+	return l.W.Snapshot(ctx, id, snapID)
+}
+func (l *Local) Restore(ctx context.Context, id, snapID string) (worker.Info, error) {
+	return l.W.Restore(ctx, id, snapID)
+}
+func (l *Local) DeleteSnapshot(_ context.Context, snapID string) error {
+	return l.W.DeleteSnapshot(snapID)
 }
 func (l *Local) Delete(ctx context.Context, id string) error { return l.W.Delete(ctx, id) }
 func (l *Local) Pause(ctx context.Context, id string) (worker.Info, error) {
@@ -133,6 +148,17 @@ func (rm *Remote) Create(ctx context.Context, req worker.CreateRequest) (worker.
 }
 func (rm *Remote) Delete(ctx context.Context, id string) error {
 	return rm.call(ctx, http.MethodDelete, "/sandboxes/"+id, nil, nil)
+}
+func (rm *Remote) Snapshot(ctx context.Context, id, snapID string) (worker.SnapshotInfo, error) {
+	var info worker.SnapshotInfo
+	return info, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/snapshots", worker.SnapshotRequest{SnapshotID: snapID}, &info)
+}
+func (rm *Remote) Restore(ctx context.Context, id, snapID string) (worker.Info, error) {
+	var inf worker.Info
+	return inf, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/restore", worker.SnapshotRequest{SnapshotID: snapID}, &inf)
+}
+func (rm *Remote) DeleteSnapshot(ctx context.Context, snapID string) error {
+	return rm.call(ctx, http.MethodDelete, "/snapshots/"+snapID, nil, nil)
 }
 func (rm *Remote) Pause(ctx context.Context, id string) (worker.Info, error) {
 	var inf worker.Info

@@ -78,6 +78,58 @@ type Filter struct {
 	Labels map[string]string // all of these; or nil
 }
 
+// SnapshotState is the lifecycle state of a snapshot. Its string value is
+// stored and sent over the API, and never changes.
+type SnapshotState string
+
+// The snapshot states.
+const (
+	SnapshotCreating SnapshotState = "creating" // being written; Manifest may still be empty
+	SnapshotReady    SnapshotState = "ready"    // complete; sandboxes may start from it
+	SnapshotDeleting SnapshotState = "deleting" // being removed; no new sandbox may use it
+)
+
+// SnapshotStates lists every valid SnapshotState.
+var SnapshotStates = []SnapshotState{SnapshotCreating, SnapshotReady, SnapshotDeleting}
+
+func (s SnapshotState) String() string { return string(s) }
+
+// Valid reports whether s is one of SnapshotStates.
+func (s SnapshotState) Valid() bool {
+	for _, v := range SnapshotStates {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Snapshot is the control plane's record of one sandbox snapshot
+// (checkpoint, fork source or suspended sandbox).
+type Snapshot struct {
+	ID     string // "snp_" + 20 lowercase base32 characters; see NewSnapshotID
+	TeamID string
+	// SandboxID is the sandbox the snapshot was taken from. That sandbox
+	// may since have been deleted.
+	SandboxID string
+	// Name is "" or unique within the team; see ValidID for its form.
+	Name     string
+	State    SnapshotState
+	WorkerID string // the worker holding a local copy, or empty
+	// Manifest is the snapshot's manifest ID in the chunk store, or empty
+	// while the snapshot is being created.
+	Manifest     string
+	LogicalBytes int64 // the size of the snapshot's files
+	NewBytes     int64 // what the snapshot added to the chunk store
+	// Meta describes how to restore the snapshot (VMM, versions, kernel):
+	// opaque JSON, or nil.
+	Meta    json.RawMessage
+	Created time.Time // set by the store
+	Updated time.Time // set by the store on every write
+	// Version counts writes; UpdateSnapshot compares it before writing.
+	Version int64
+}
+
 // Worker is a host that runs sandboxes.
 type Worker struct {
 	ID            string // see ValidID
@@ -88,14 +140,15 @@ type Worker struct {
 }
 
 const (
-	sandboxPrefix = "sbx_"
-	idChars       = 20
-	maxIDLen      = 128
-	maxNameLen    = 256
-	maxLabels     = 64
-	maxLabelKey   = 63
-	maxLabelValue = 256
-	maxQuota      = 4 << 10 // bytes
+	sandboxPrefix  = "sbx_"
+	snapshotPrefix = "snp_"
+	idChars        = 20
+	maxIDLen       = 128
+	maxNameLen     = 256
+	maxLabels      = 64
+	maxLabelKey    = 63
+	maxLabelValue  = 256
+	maxQuota       = 4 << 10 // bytes
 )
 
 // lowercase RFC 4648 base32 alphabet
@@ -113,8 +166,17 @@ func NewID(prefix string) string {
 func NewSandboxID() string { return NewID(sandboxPrefix) }
 
 // ValidSandboxID reports whether id has the form NewSandboxID produces.
-func ValidSandboxID(id string) bool {
-	rest, ok := strings.CutPrefix(id, sandboxPrefix)
+func ValidSandboxID(id string) bool { return validRandomID(id, sandboxPrefix) }
+
+// NewSnapshotID returns a fresh snapshot ID.
+func NewSnapshotID() string { return NewID(snapshotPrefix) }
+
+// ValidSnapshotID reports whether id has the form NewSnapshotID produces.
+func ValidSnapshotID(id string) bool { return validRandomID(id, snapshotPrefix) }
+
+// validRandomID reports whether id has the form NewID(prefix) produces.
+func validRandomID(id, prefix string) bool {
+	rest, ok := strings.CutPrefix(id, prefix)
 	if !ok || len(rest) != idChars {
 		return false
 	}
@@ -126,8 +188,9 @@ func ValidSandboxID(id string) bool {
 	return true
 }
 
-// ValidID reports whether id is acceptable as a team, API key or worker ID:
-// 1 to 128 characters from [A-Za-z0-9_.-].
+// ValidID reports whether id is acceptable as a team, API key or worker ID,
+// a snapshot name or a chunk store manifest ID: 1 to 128 characters from
+// [A-Za-z0-9_.-].
 func ValidID(id string) bool {
 	if id == "" || len(id) > maxIDLen {
 		return false
@@ -215,6 +278,38 @@ func (sb *Sandbox) Validate() error {
 	}
 	if err := validateLabels(sb.Labels); err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// Validate checks sn's caller-set fields; errors wrap ErrInvalid.
+func (sn *Snapshot) Validate() error {
+	if !ValidSnapshotID(sn.ID) {
+		return invalid("snapshot id %q", sn.ID)
+	}
+	if !ValidID(sn.TeamID) {
+		return invalid("snapshot %s: team id %q", sn.ID, sn.TeamID)
+	}
+	if !ValidSandboxID(sn.SandboxID) {
+		return invalid("snapshot %s: sandbox id %q", sn.ID, sn.SandboxID)
+	}
+	if sn.Name != "" && !ValidID(sn.Name) {
+		return invalid("snapshot %s: name %q", sn.ID, sn.Name)
+	}
+	if !sn.State.Valid() {
+		return invalid("snapshot %s: state %q", sn.ID, sn.State)
+	}
+	if sn.WorkerID != "" && !ValidID(sn.WorkerID) {
+		return invalid("snapshot %s: worker id %q", sn.ID, sn.WorkerID)
+	}
+	if sn.Manifest != "" && !ValidID(sn.Manifest) {
+		return invalid("snapshot %s: manifest %q", sn.ID, sn.Manifest)
+	}
+	if sn.LogicalBytes < 0 || sn.NewBytes < 0 {
+		return invalid("snapshot %s: negative size", sn.ID)
+	}
+	if sn.Meta != nil && !json.Valid(sn.Meta) {
+		return invalid("snapshot %s: meta is not valid json", sn.ID)
 	}
 	return nil
 }

@@ -1,5 +1,6 @@
 // Package store defines the control plane's durable state: teams, API keys,
-// sandboxes and workers, and the [Store] contract its backends implement.
+// sandboxes, snapshots and workers, and the [Store] contract its backends
+// implement.
 //
 // Backends live in subpackages (sqlite for the embedded single-host setup,
 // postgres for scale-out); both pass the conformance suite in storetest.
@@ -23,10 +24,10 @@ var (
 	// another team.
 	ErrNotFound = fmt.Errorf("not found: %w", errkind.NotFound)
 	// ErrAlreadyExists is returned when creating a record whose ID (or API
-	// key hash) is taken.
+	// key hash, or snapshot name) is taken.
 	ErrAlreadyExists = fmt.Errorf("already exists: %w", errkind.Conflict)
-	// ErrVersionConflict is returned by UpdateSandbox when the stored
-	// version differs from the one the caller read.
+	// ErrVersionConflict is returned by UpdateSandbox and UpdateSnapshot
+	// when the stored version differs from the one the caller read.
 	ErrVersionConflict = fmt.Errorf("version conflict: %w", errkind.Conflict)
 	// ErrInvalid is returned for malformed input; nothing is written.
 	ErrInvalid = fmt.Errorf("invalid argument: %w", errkind.InvalidArgument)
@@ -39,6 +40,8 @@ type Store interface {
 	APIKeys
 	Sandboxes
 	SandboxIndex
+	Snapshots
+	SnapshotIndex
 	Workers
 	// Close releases the store's connections. It is idempotent.
 	Close() error
@@ -100,6 +103,44 @@ type SandboxIndex interface {
 	// set and not after now, except those already in StateDeleted,
 	// earliest expiry first.
 	ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error)
+}
+
+// Snapshots manages snapshot records on behalf of one team at a time. A
+// snapshot of another team is reported as ErrNotFound.
+type Snapshots interface {
+	// CreateSnapshot stores sn with Version 1 and Created/Updated set to
+	// now. ErrNotFound if sn.TeamID does not exist, ErrAlreadyExists if the
+	// ID is taken or the team has another snapshot with the same non-empty
+	// Name. The sandbox sn.SandboxID need not exist.
+	CreateSnapshot(ctx context.Context, sn Snapshot) (Snapshot, error)
+	// Snapshot returns the team's snapshot id, or ErrNotFound.
+	Snapshot(ctx context.Context, teamID, id string) (Snapshot, error)
+	// SnapshotByName returns the team's snapshot called name, or
+	// ErrNotFound. ErrInvalid if name is empty.
+	SnapshotByName(ctx context.Context, teamID, name string) (Snapshot, error)
+	// ListSnapshots returns the team's snapshots taken from sandboxID, or
+	// all of them if sandboxID is "", ordered by creation. ErrInvalid if
+	// sandboxID is neither "" nor a valid sandbox ID.
+	ListSnapshots(ctx context.Context, teamID, sandboxID string) ([]Snapshot, error)
+	// UpdateSnapshot replaces the mutable fields (State, WorkerID, Manifest,
+	// LogicalBytes, NewBytes, Meta) of sn.TeamID's snapshot sn.ID if its
+	// stored version is still sn.Version, and returns the new record with
+	// Version incremented and Updated set to now. ErrVersionConflict if the
+	// version moved on, ErrNotFound if the snapshot does not exist.
+	UpdateSnapshot(ctx context.Context, sn Snapshot) (Snapshot, error)
+	// DeleteSnapshot removes the team's snapshot id, or returns ErrNotFound.
+	DeleteSnapshot(ctx context.Context, teamID, id string) error
+	// TeamSnapshotBytes returns the sum of NewBytes over the team's
+	// snapshots in every state: 0 if it has none (or does not exist).
+	TeamSnapshotBytes(ctx context.Context, teamID string) (int64, error)
+}
+
+// SnapshotIndex answers the control plane's cross-team snapshot queries.
+type SnapshotIndex interface {
+	// AllSnapshotManifests returns every non-empty Manifest of the snapshots
+	// of every team, in every state: the chunk store's live set. Each
+	// appears once; the order is bytewise ascending.
+	AllSnapshotManifests(ctx context.Context) ([]string, error)
 }
 
 // Workers records the hosts that run sandboxes.

@@ -25,7 +25,15 @@ const PathPrefix = "/worker/v1"
 type CreateRequest struct {
 	ID   string `json:"id"`
 	Team string `json:"team"`
-	Spec Spec   `json:"spec"`
+	Spec Spec   `json:"spec"` // ignored with FromSnapshot: the snapshot's
+	// FromSnapshot restores the sandbox from this worker's snapshot
+	// instead of booting it; "" boots.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
+}
+
+// SnapshotRequest is the body of the worker's snapshot and restore routes.
+type SnapshotRequest struct {
+	SnapshotID string `json:"snapshot_id"`
 }
 
 // Handler returns the worker's HTTP API. When token is not empty every
@@ -65,6 +73,47 @@ func (w *Worker) Handler(token string) http.Handler {
 		}
 		rw.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("POST "+p+"/sandboxes/{id}/snapshots", func(rw http.ResponseWriter, r *http.Request) {
+		var req SnapshotRequest
+		if err := httpapi.DecodeJSON(r, &req); err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		info, err := w.Snapshot(r.Context(), r.PathValue("id"), req.SnapshotID)
+		if err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		httpapi.WriteJSON(rw, http.StatusCreated, info)
+	})
+	mux.HandleFunc("POST "+p+"/sandboxes/{id}/restore", func(rw http.ResponseWriter, r *http.Request) {
+		var req SnapshotRequest
+		if err := httpapi.DecodeJSON(r, &req); err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		inf, err := w.Restore(r.Context(), r.PathValue("id"), req.SnapshotID)
+		if err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		httpapi.WriteJSON(rw, http.StatusOK, inf)
+	})
+	mux.HandleFunc("GET "+p+"/snapshots/{sid}", func(rw http.ResponseWriter, r *http.Request) {
+		info, err := w.SnapshotInfo(r.PathValue("sid"))
+		if err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		httpapi.WriteJSON(rw, http.StatusOK, info)
+	})
+	mux.HandleFunc("DELETE "+p+"/snapshots/{sid}", func(rw http.ResponseWriter, r *http.Request) {
+		if err := w.DeleteSnapshot(r.PathValue("sid")); err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		rw.WriteHeader(http.StatusNoContent)
+	})
 	w.dataRoutes(mux, p+"/sandboxes/{id}")
 	if token == "" {
 		return mux
@@ -85,7 +134,13 @@ func (w *Worker) handleCreate(rw http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(rw, err)
 		return
 	}
-	inf, err := w.Create(r.Context(), req.ID, req.Team, req.Spec)
+	var inf Info
+	var err error
+	if req.FromSnapshot != "" {
+		inf, err = w.CreateFromSnapshot(r.Context(), req.ID, req.Team, req.FromSnapshot)
+	} else {
+		inf, err = w.Create(r.Context(), req.ID, req.Team, req.Spec)
+	}
 	if err != nil {
 		httpapi.WriteError(rw, err)
 		return

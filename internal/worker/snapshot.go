@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"space/internal/errkind"
@@ -25,6 +26,9 @@ type SnapshotInfo struct {
 	// LogicalBytes is the size of the snapshot's files as the guest sees
 	// them (memory, disk and device state, holes included).
 	LogicalBytes int64 `json:"logical_bytes"`
+	// StoredBytes is the disk space the snapshot's files take on the
+	// worker (their data, holes excluded).
+	StoredBytes int64 `json:"stored_bytes"`
 	// PausedMS is how long the guest was paused for the snapshot.
 	PausedMS int64 `json:"paused_ms"`
 }
@@ -97,7 +101,7 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID, snapID string) (Snapsh
 		return SnapshotInfo{}, errors.Join(err, os.RemoveAll(dir))
 	}
 	info := SnapshotInfo{ID: snapID, SandboxID: sandboxID, Spec: spec, Created: time.Now().UTC(), PausedMS: taken.Took.Milliseconds()}
-	info.LogicalBytes, err = treeSize(filepath.Join(dir, "vm"))
+	info.LogicalBytes, info.StoredBytes, err = treeSize(filepath.Join(dir, "vm"))
 	if err == nil {
 		err = writeJSONFile(dir, snapshotInfoFile, info)
 	}
@@ -232,10 +236,10 @@ func (w *Worker) failRestore(ctx context.Context, s *sbx, cause error) error {
 	return errors.Join(err, w.fail(ctx, s, err.Error()))
 }
 
-// treeSize sums the apparent sizes of the regular files below dir.
-func treeSize(dir string) (int64, error) {
-	var n int64
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+// treeSize sums the apparent sizes and the allocated bytes of the regular
+// files below dir.
+func treeSize(dir string) (logical, stored int64, err error) {
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -244,11 +248,14 @@ func treeSize(dir string) (int64, error) {
 			if err != nil {
 				return err
 			}
-			n += fi.Size()
+			logical += fi.Size()
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				stored += st.Blocks * 512
+			}
 		}
 		return nil
 	})
-	return n, err
+	return logical, stored, err
 }
 
 // writeJSONFile writes v as dir/name through a synced temporary file.

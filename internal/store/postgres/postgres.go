@@ -1,8 +1,9 @@
 // Package postgres implements [store.Store] on PostgreSQL (pgx).
 //
 // Several control plane replicas may share one database: writes are single
-// statements or short transactions, UpdateSandbox compares versions in the
-// database, and schema migrations serialize on an advisory lock.
+// statements or short transactions, UpdateSandbox and UpdateSnapshot
+// compare versions in the database, and schema migrations serialize on an
+// advisory lock.
 package postgres
 
 import (
@@ -166,7 +167,7 @@ func (s *Store) CreateTeam(ctx context.Context, t store.Team) (store.Team, error
 	if err := t.Validate(); err != nil {
 		return store.Team{}, fmt.Errorf("create team: %w", err)
 	}
-	t.Quota = cloneQuota(t.Quota)
+	t.Quota = cloneJSON(t.Quota)
 	t.Created = store.StoredTime(time.Now())
 	_, err := s.pool.Exec(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES ($1, $2, $3, $4)`,
 		t.ID, t.Name, []byte(t.Quota), t.Created)
@@ -176,12 +177,12 @@ func (s *Store) CreateTeam(ctx context.Context, t store.Team) (store.Team, error
 	return t, nil
 }
 
-// cloneQuota makes quota the caller's no longer, keeping nil nil.
-func cloneQuota(quota json.RawMessage) json.RawMessage {
-	if quota == nil {
+// cloneJSON makes b the caller's no longer, keeping nil nil.
+func cloneJSON(b json.RawMessage) json.RawMessage {
+	if b == nil {
 		return nil
 	}
-	return append(json.RawMessage{}, quota...)
+	return append(json.RawMessage{}, b...)
 }
 
 // Team implements [store.Teams].
@@ -450,6 +451,142 @@ func (s *Store) ExpiredSandboxes(ctx context.Context, now time.Time) ([]store.Sa
 		return nil, fmt.Errorf("expired sandboxes: %w", err)
 	}
 	return sbs, nil
+}
+
+const snapshotColumns = `id, team_id, sandbox_id, name, state, worker_id, manifest, logical_bytes, new_bytes, meta, created, updated, version`
+
+func scanSnapshot(row pgx.Row) (store.Snapshot, error) {
+	var (
+		sn   store.Snapshot
+		meta []byte
+	)
+	if err := row.Scan(&sn.ID, &sn.TeamID, &sn.SandboxID, &sn.Name, &sn.State, &sn.WorkerID, &sn.Manifest,
+		&sn.LogicalBytes, &sn.NewBytes, &meta, &sn.Created, &sn.Updated, &sn.Version); err != nil {
+		return store.Snapshot{}, err
+	}
+	sn.Meta = meta
+	sn.Created, sn.Updated = sn.Created.UTC(), sn.Updated.UTC()
+	return sn, nil
+}
+
+// CreateSnapshot implements [store.Snapshots].
+func (s *Store) CreateSnapshot(ctx context.Context, sn store.Snapshot) (store.Snapshot, error) {
+	if err := sn.Validate(); err != nil {
+		return store.Snapshot{}, fmt.Errorf("create snapshot: %w", err)
+	}
+	sn.Meta = cloneJSON(sn.Meta)
+	sn.Created = store.StoredTime(time.Now())
+	sn.Updated = sn.Created
+	sn.Version = 1
+	_, err := s.pool.Exec(ctx, `INSERT INTO snapshots (`+snapshotColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
+		sn.ID, sn.TeamID, sn.SandboxID, sn.Name, string(sn.State), sn.WorkerID, sn.Manifest,
+		sn.LogicalBytes, sn.NewBytes, []byte(sn.Meta), sn.Created, sn.Updated, sn.Version)
+	if err != nil {
+		return store.Snapshot{}, fmt.Errorf("create snapshot %s: %w", sn.ID, mapErr(err, "team "+sn.TeamID))
+	}
+	return sn, nil
+}
+
+// Snapshot implements [store.Snapshots].
+func (s *Store) Snapshot(ctx context.Context, teamID, id string) (store.Snapshot, error) {
+	sn, err := scanSnapshot(s.pool.QueryRow(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE team_id = $1 AND id = $2`, teamID, id))
+	if err != nil {
+		return store.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, notFound(err))
+	}
+	return sn, nil
+}
+
+// SnapshotByName implements [store.Snapshots].
+func (s *Store) SnapshotByName(ctx context.Context, teamID, name string) (store.Snapshot, error) {
+	if name == "" {
+		return store.Snapshot{}, fmt.Errorf("snapshot by name: empty name: %w", store.ErrInvalid)
+	}
+	sn, err := scanSnapshot(s.pool.QueryRow(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE team_id = $1 AND name = $2`, teamID, name))
+	if err != nil {
+		return store.Snapshot{}, fmt.Errorf("snapshot named %s: %w", name, notFound(err))
+	}
+	return sn, nil
+}
+
+// ListSnapshots implements [store.Snapshots].
+func (s *Store) ListSnapshots(ctx context.Context, teamID, sandboxID string) ([]store.Snapshot, error) {
+	if sandboxID != "" && !store.ValidSandboxID(sandboxID) {
+		return nil, fmt.Errorf("list snapshots of %s: sandbox id %q: %w", teamID, sandboxID, store.ErrInvalid)
+	}
+	query, args := `WHERE team_id = $1`, []any{teamID}
+	if sandboxID != "" {
+		query, args = query+` AND sandbox_id = $2`, append(args, sandboxID)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+snapshotColumns+` FROM snapshots `+query+` ORDER BY created, id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots of %s: %w", teamID, err)
+	}
+	sns, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Snapshot, error) { return scanSnapshot(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots of %s: %w", teamID, err)
+	}
+	return sns, nil
+}
+
+// UpdateSnapshot implements [store.Snapshots].
+func (s *Store) UpdateSnapshot(ctx context.Context, sn store.Snapshot) (store.Snapshot, error) {
+	if err := sn.Validate(); err != nil {
+		return store.Snapshot{}, fmt.Errorf("update snapshot: %w", err)
+	}
+	updated := store.StoredTime(time.Now())
+	// One statement, as in UpdateSandbox.
+	out, err := scanSnapshot(s.pool.QueryRow(ctx, `UPDATE snapshots
+		SET state = $1, worker_id = $2, manifest = $3, logical_bytes = $4, new_bytes = $5, meta = $6, updated = $7, version = version + 1
+		WHERE team_id = $8 AND id = $9 AND version = $10
+		RETURNING `+snapshotColumns,
+		string(sn.State), sn.WorkerID, sn.Manifest, sn.LogicalBytes, sn.NewBytes, []byte(sn.Meta), updated,
+		sn.TeamID, sn.ID, sn.Version))
+	if errors.Is(err, pgx.ErrNoRows) {
+		var exists bool
+		if err = s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM snapshots WHERE team_id = $1 AND id = $2)`,
+			sn.TeamID, sn.ID).Scan(&exists); err == nil {
+			err = store.ErrNotFound
+			if exists {
+				err = fmt.Errorf("at version %d: %w", sn.Version, store.ErrVersionConflict)
+			}
+		}
+	}
+	if err != nil {
+		return store.Snapshot{}, fmt.Errorf("update snapshot %s: %w", sn.ID, err)
+	}
+	return out, nil
+}
+
+// DeleteSnapshot implements [store.Snapshots].
+func (s *Store) DeleteSnapshot(ctx context.Context, teamID, id string) error {
+	if err := deleted(s.pool.Exec(ctx, `DELETE FROM snapshots WHERE team_id = $1 AND id = $2`, teamID, id)); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", id, err)
+	}
+	return nil
+}
+
+// TeamSnapshotBytes implements [store.Snapshots].
+func (s *Store) TeamSnapshotBytes(ctx context.Context, teamID string) (int64, error) {
+	var n int64
+	// sum(bigint) is numeric; the cast fails rather than wrap on overflow.
+	if err := s.pool.QueryRow(ctx, `SELECT coalesce(sum(new_bytes), 0)::bigint FROM snapshots WHERE team_id = $1`, teamID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("snapshot bytes of %s: %w", teamID, err)
+	}
+	return n, nil
+}
+
+// AllSnapshotManifests implements [store.SnapshotIndex].
+func (s *Store) AllSnapshotManifests(ctx context.Context) ([]string, error) {
+	// COLLATE "C": bytewise, whatever the database's collation.
+	rows, err := s.pool.Query(ctx, `SELECT DISTINCT manifest COLLATE "C" AS m FROM snapshots WHERE manifest <> '' ORDER BY m`)
+	if err != nil {
+		return nil, fmt.Errorf("all snapshot manifests: %w", err)
+	}
+	ms, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("all snapshot manifests: %w", err)
+	}
+	return ms, nil
 }
 
 // UpsertWorker implements [store.Workers].

@@ -36,7 +36,7 @@ func TestMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open() = %v", err)
 	}
-	if diff := cmp.Diff([]int64{1, 2}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after first Open (-want +got):\n%s", diff)
 	}
 	var mode string
@@ -68,7 +68,7 @@ func TestReopenAppliesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open() = %v", err)
 		}
-		if diff := cmp.Diff([]int64{1, 2}, schemaVersions(t, s)); diff != "" {
+		if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
 			t.Errorf("schema versions (-want +got):\n%s", diff)
 		}
 		s.Close()
@@ -100,7 +100,7 @@ func TestUpgradeAddsTeamQuota(t *testing.T) {
 		t.Fatalf("Open() of a version 1 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	want := store.Team{ID: "t1", Name: "old", Created: fromMicros(1000000)}
@@ -116,5 +116,61 @@ func TestUpgradeAddsTeamQuota(t *testing.T) {
 		t.Errorf("SetTeamQuota(t1) after upgrade = %v", err)
 	} else if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("SetTeamQuota(t1) after upgrade (-want +got):\n%s", diff)
+	}
+}
+
+// TestUpgradeAddsSnapshots opens a database written at schema version 2
+// (before snapshots) and expects Open to upgrade it in place.
+func TestUpgradeAddsSnapshots(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "state.db")
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	old, err := open(ctx, path, ms[:2])
+	if err != nil {
+		t.Fatalf("setup: open at version 2: %v", err)
+	}
+	team, err := old.CreateTeam(ctx, store.Team{ID: "t1", Name: "old", Quota: json.RawMessage(`{"vcpus":2}`)})
+	if err != nil {
+		t.Fatalf("setup: CreateTeam: %v", err)
+	}
+	sb, err := old.CreateSandbox(ctx, store.Sandbox{ID: store.NewSandboxID(), TeamID: "t1", Template: "base",
+		State: store.StateRunning, Spec: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatalf("setup: CreateSandbox: %v", err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatalf("setup: close: %v", err)
+	}
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open() of a version 2 database = %v", err)
+	}
+	defer s.Close()
+	if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
+		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
+	}
+	if got, err := s.Team(ctx, "t1"); err != nil {
+		t.Errorf("Team(t1) after upgrade = %v", err)
+	} else if diff := cmp.Diff(team, got); diff != "" {
+		t.Errorf("Team(t1) after upgrade (-want +got):\n%s", diff)
+	}
+	if got, err := s.Sandbox(ctx, "t1", sb.ID); err != nil {
+		t.Errorf("Sandbox(%s) after upgrade = %v", sb.ID, err)
+	} else if diff := cmp.Diff(sb, got); diff != "" {
+		t.Errorf("Sandbox(%s) after upgrade (-want +got):\n%s", sb.ID, diff)
+	}
+	sn, err := s.CreateSnapshot(ctx, store.Snapshot{ID: store.NewSnapshotID(), TeamID: "t1", SandboxID: sb.ID,
+		Name: "first", State: store.SnapshotCreating})
+	if err != nil {
+		t.Fatalf("CreateSnapshot() after upgrade = %v", err)
+	}
+	if got, err := s.ListSnapshots(ctx, "t1", sb.ID); err != nil {
+		t.Errorf("ListSnapshots(t1, %s) after upgrade = %v", sb.ID, err)
+	} else if diff := cmp.Diff([]store.Snapshot{sn}, got); diff != "" {
+		t.Errorf("ListSnapshots(t1, %s) after upgrade (-want +got):\n%s", sb.ID, diff)
 	}
 }

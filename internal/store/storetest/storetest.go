@@ -43,6 +43,15 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentCreates", testConcurrentCreates},
 		{"LabelsFilter", testLabelsFilter},
 		{"ByWorkerAndExpired", testByWorkerAndExpired},
+		{"SnapshotCRUD", testSnapshotCRUD},
+		{"SnapshotNames", testSnapshotNames},
+		{"SnapshotTeamIsolation", testSnapshotTeamIsolation},
+		{"SnapshotVersionConflict", testSnapshotVersionConflict},
+		{"SnapshotConcurrentUpdates", testSnapshotConcurrentUpdates},
+		{"SnapshotListBySandbox", testSnapshotListBySandbox},
+		{"SnapshotBytes", testSnapshotBytes},
+		{"SnapshotManifests", testSnapshotManifests},
+		{"SnapshotBadInput", testSnapshotBadInput},
 		{"Workers", testWorkers},
 		{"Persistence", testPersistence},
 		{"BadInput", testBadInput},
@@ -610,6 +619,13 @@ func testPersistence(t *testing.T, h Harness) {
 	sb.Labels = map[string]string{"k": "v"}
 	sb.Handle = json.RawMessage(`{"pid": 1}`)
 	sb = mustSandbox(t, s, sb)
+	sn := newSnapshot("t1", sb.ID)
+	sn.Name = "kept"
+	sn.State = store.SnapshotReady
+	sn.Manifest = "m-kept"
+	sn.LogicalBytes, sn.NewBytes = 1<<30, 9
+	sn.Meta = json.RawMessage(`{"kernel": "6.1"}`)
+	sn = mustSnapshot(t, s, sn)
 	w := store.Worker{ID: "w1", Address: "unix:///run/w1.sock", VCPUs: 2, MemoryMiB: 1024, LastHeartbeat: store.StoredTime(time.Now())}
 	if err := s.UpsertWorker(ctx, w); err != nil {
 		t.Fatalf("UpsertWorker() = %v", err)
@@ -645,6 +661,23 @@ func testPersistence(t *testing.T, h Harness) {
 	if diff := cmp.Diff(sb, gotSB); diff != "" {
 		t.Errorf("Sandbox() after reopen (-want +got):\n%s", diff)
 	}
+	gotSN, err := s.SnapshotByName(ctx, "t1", "kept")
+	if err != nil {
+		t.Fatalf("SnapshotByName() after reopen = %v", err)
+	}
+	if diff := cmp.Diff(sn, gotSN); diff != "" {
+		t.Errorf("SnapshotByName() after reopen (-want +got):\n%s", diff)
+	}
+	if n, err := s.TeamSnapshotBytes(ctx, "t1"); err != nil || n != 9 {
+		t.Errorf("TeamSnapshotBytes(t1) after reopen = %d, %v; want 9", n, err)
+	}
+	if ms, err := s.AllSnapshotManifests(ctx); err != nil || !cmp.Equal(ms, []string{"m-kept"}) {
+		t.Errorf("AllSnapshotManifests() after reopen = %q, %v; want [m-kept]", ms, err)
+	}
+	dup := newSnapshot("t1", sb.ID)
+	dup.Name = "kept"
+	_, err = s.CreateSnapshot(ctx, dup)
+	wantKind(t, "CreateSnapshot(taken name) after reopen", err, store.ErrAlreadyExists, errkind.Conflict)
 	gotW, err := s.ListWorkers(ctx)
 	if err != nil {
 		t.Fatalf("ListWorkers() after reopen = %v", err)

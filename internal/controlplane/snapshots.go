@@ -1,0 +1,310 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"space/api"
+	"space/internal/errkind"
+	"space/internal/httpapi"
+	"space/internal/sandbox"
+	"space/internal/store"
+	"space/internal/worker"
+)
+
+// snapshotMeta is what the store keeps as a snapshot's Meta.
+type snapshotMeta struct {
+	Spec     worker.Spec `json:"spec"`
+	PausedMS int64       `json:"paused_ms"`
+}
+
+func (s *Server) snapshotView(sn store.Snapshot) api.Snapshot {
+	var m snapshotMeta
+	json.Unmarshal(sn.Meta, &m)
+	return api.Snapshot{
+		ID: sn.ID, Name: sn.Name, Team: sn.TeamID, SandboxID: sn.SandboxID, State: sn.State.String(),
+		Worker: sn.WorkerID, CreatedAt: sn.Created, LogicalBytes: sn.LogicalBytes, NewBytes: sn.NewBytes,
+		PausedMS: m.PausedMS,
+	}
+}
+
+// running returns the caller's sandbox named in the path if its VM runs
+// (running or paused), with its worker.
+func (s *Server) running(r *http.Request) (store.Sandbox, Worker, error) {
+	sb, err := s.load(r)
+	if err != nil {
+		return sb, nil, err
+	}
+	if sb.State != sandbox.Running && sb.State != sandbox.Paused {
+		return sb, nil, fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errkind.FailedPrecondition)
+	}
+	wk, err := s.worker(sb.WorkerID)
+	return sb, wk, err
+}
+
+func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateSnapshot
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if req.Name != "" && (!store.ValidID(req.Name) || strings.HasPrefix(req.Name, "snp_")) {
+		httpapi.WriteError(w, httpapi.Invalid("name", "%.64q: 1-128 characters of [A-Za-z0-9_.-], not starting with snp_", req.Name))
+		return
+	}
+	sb, wk, err := s.running(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	sn, err := s.snapshot(context.WithoutCancel(r.Context()), sb, wk, req.Name)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusCreated, s.snapshotView(sn))
+}
+
+// snapshot records a snapshot of sb, has its worker take it, and records
+// it ready.
+func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name string) (store.Snapshot, error) {
+	q, err := s.quota(ctx, sb.TeamID)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	if q.SnapshotMiB > 0 {
+		used, err := s.cfg.Store.TeamSnapshotBytes(ctx, sb.TeamID)
+		if err != nil {
+			return store.Snapshot{}, err
+		}
+		if used >= q.SnapshotMiB<<20 {
+			return store.Snapshot{}, fmt.Errorf("team %s quota: %d of %d MiB of snapshots in use: %w", sb.TeamID, used>>20, q.SnapshotMiB, errkind.ResourceExhausted)
+		}
+	}
+	sn, err := s.cfg.Store.CreateSnapshot(ctx, store.Snapshot{
+		ID: store.NewSnapshotID(), TeamID: sb.TeamID, SandboxID: sb.ID, Name: name,
+		State: store.SnapshotCreating, WorkerID: wk.ID(),
+	})
+	if err != nil {
+		return sn, err
+	}
+	info, err := wk.Snapshot(ctx, sb.ID, sn.ID)
+	if err != nil {
+		return sn, errors.Join(err, s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID))
+	}
+	meta, _ := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS})
+	sn.State, sn.LogicalBytes, sn.NewBytes, sn.Meta = store.SnapshotReady, info.LogicalBytes, info.StoredBytes, meta
+	sn, err = s.cfg.Store.UpdateSnapshot(ctx, sn)
+	if err != nil {
+		return sn, err
+	}
+	s.log.Info("snapshot taken", "snapshot_id", sn.ID, "sandbox_id", sb.ID, "paused_ms", info.PausedMS)
+	return sn, nil
+}
+
+// findSnapshot returns the team's snapshot by ID or name.
+func (s *Server) findSnapshot(ctx context.Context, team, ref string) (store.Snapshot, error) {
+	if strings.HasPrefix(ref, "snp_") {
+		if !store.ValidSnapshotID(ref) {
+			return store.Snapshot{}, fmt.Errorf("snapshot %.64q: %w", ref, store.ErrNotFound)
+		}
+		return s.cfg.Store.Snapshot(ctx, team, ref)
+	}
+	if !store.ValidID(ref) {
+		return store.Snapshot{}, fmt.Errorf("snapshot %.64q: %w", ref, store.ErrNotFound)
+	}
+	return s.cfg.Store.SnapshotByName(ctx, team, ref)
+}
+
+// usable returns the snapshot ref if a sandbox may start from it, with
+// the worker that holds it.
+func (s *Server) usable(ctx context.Context, team, ref string) (store.Snapshot, Worker, error) {
+	sn, err := s.findSnapshot(ctx, team, ref)
+	if err != nil {
+		return sn, nil, err
+	}
+	if sn.State != store.SnapshotReady {
+		return sn, nil, fmt.Errorf("snapshot %s is %s: %w", sn.ID, sn.State, errkind.FailedPrecondition)
+	}
+	wk, err := s.worker(sn.WorkerID)
+	return sn, wk, err
+}
+
+func (s *Server) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
+	sn, err := s.findSnapshot(r.Context(), callerOf(r).team, r.PathValue("sid"))
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, s.snapshotView(sn))
+}
+
+func (s *Server) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
+	sbID := r.URL.Query().Get("sandbox")
+	if sbID != "" && !store.ValidSandboxID(sbID) {
+		httpapi.WriteError(w, httpapi.Invalid("sandbox", "%.64q is not a sandbox id", sbID))
+		return
+	}
+	all, err := s.cfg.Store.ListSnapshots(r.Context(), callerOf(r).team, sbID)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	out := api.SnapshotList{Snapshots: make([]api.Snapshot, 0, len(all))}
+	for _, sn := range all {
+		out.Snapshots = append(out.Snapshots, s.snapshotView(sn))
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleDeleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	sn, err := s.findSnapshot(r.Context(), callerOf(r).team, r.PathValue("sid"))
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if err := s.deleteSnapshot(context.WithoutCancel(r.Context()), sn); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// deleteSnapshot marks the snapshot deleting, removes the worker's copy and
+// then the record. Sandboxes started from it keep running: they own their
+// memory and disk.
+func (s *Server) deleteSnapshot(ctx context.Context, sn store.Snapshot) error {
+	if sn.State != store.SnapshotDeleting {
+		sn.State = store.SnapshotDeleting
+		var err error
+		if sn, err = s.cfg.Store.UpdateSnapshot(ctx, sn); err != nil {
+			return err
+		}
+	}
+	if sn.WorkerID != "" {
+		wk, err := s.worker(sn.WorkerID)
+		if err != nil {
+			return err
+		}
+		if err := wk.DeleteSnapshot(ctx, sn.ID); err != nil && !errors.Is(err, errkind.NotFound) {
+			return err
+		}
+	}
+	if err := s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
+	var req api.RestoreSandbox
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if req.Snapshot == "" {
+		httpapi.WriteError(w, httpapi.Invalid("snapshot", "give a snapshot id or name"))
+		return
+	}
+	sb, wk, err := s.running(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	ctx := context.WithoutCancel(r.Context())
+	sn, _, err := s.usable(ctx, sb.TeamID, req.Snapshot)
+	if err != nil {
+		httpapi.WriteError(w, &httpapi.FieldError{Field: "snapshot", Err: err})
+		return
+	}
+	if sn.WorkerID != sb.WorkerID {
+		httpapi.WriteError(w, fmt.Errorf("snapshot %s is kept on worker %s, sandbox %s runs on %s: %w",
+			sn.ID, sn.WorkerID, sb.ID, sb.WorkerID, errkind.FailedPrecondition))
+		return
+	}
+	defer s.claim(sb.ID)()
+	if sb, err = s.transition(ctx, sb, sandbox.Creating, nil); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	inf, werr := wk.Restore(ctx, sb.ID, sn.ID)
+	// Record what the worker says now, whatever happened.
+	to := sandbox.Running
+	if werr != nil {
+		if cur, err := wk.Sandbox(ctx, sb.ID); err != nil || cur.State != sandbox.Running {
+			to = sandbox.Failed
+		}
+	}
+	sb, err = s.transition(ctx, sb, to, func(rec *store.Sandbox) {
+		if werr == nil {
+			setVM(rec, inf.VM)
+		}
+	})
+	if err = errors.Join(werr, err); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+}
+
+// maxForks bounds one fork call.
+const maxForks = 16
+
+func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
+	var req api.ForkSandbox
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if req.Count < 1 || req.Count > maxForks {
+		httpapi.WriteError(w, httpapi.Invalid("count", "%d is outside 1..%d", req.Count, maxForks))
+		return
+	}
+	sb, wk, err := s.running(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	ctx := context.WithoutCancel(r.Context())
+	sn, err := s.snapshot(ctx, sb, wk, "")
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	// The children own copies of everything: the snapshot goes when they
+	// are made.
+	defer func() {
+		if err := s.deleteSnapshot(ctx, sn); err != nil {
+			s.log.Warn("remove fork snapshot", "snapshot_id", sn.ID, "err", err)
+		}
+	}()
+	out := api.SandboxList{Sandboxes: []api.Sandbox{}}
+	for range req.Count {
+		child, err := s.createFrom(ctx, sb.TeamID, sn, sb.Labels)
+		if err != nil {
+			httpapi.WriteError(w, fmt.Errorf("fork %d of %d: %w", len(out.Sandboxes)+1, req.Count, err))
+			return
+		}
+		out.Sandboxes = append(out.Sandboxes, s.view(child))
+	}
+	httpapi.WriteJSON(w, http.StatusCreated, out)
+}
+
+// createFrom creates a sandbox of team from snapshot sn, on the worker
+// that holds it, with the snapshot's resources.
+func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot, labels map[string]string) (store.Sandbox, error) {
+	var m snapshotMeta
+	if err := json.Unmarshal(sn.Meta, &m); err != nil {
+		return store.Sandbox{}, fmt.Errorf("snapshot %s: metadata: %v: %w", sn.ID, err, errkind.Internal)
+	}
+	wk, err := s.worker(sn.WorkerID)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(s.cfg.Limits.DefaultTTL.Seconds())}
+	return s.create(ctx, team, sp, labels, placement{worker: wk, snapshot: sn.ID})
+}

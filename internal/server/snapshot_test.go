@@ -1,0 +1,159 @@
+package server
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"space/api"
+	"space/client"
+	"space/internal/agent/guesttest"
+	"space/internal/testenv"
+)
+
+// TestSnapshotRestoreForkAPI runs the checkpoint story through the API: a
+// file and a running counter survive snapshot → change → restore; three
+// forks and a sandbox created from the snapshot each have them and
+// diverge; deleting the snapshot leaves them running.
+func TestSnapshotRestoreForkAPI(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	c := ts.client
+	a, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	run := func(id, cmd string) string {
+		t.Helper()
+		out, _, code := execOut(t, c, id, sh(cmd))
+		if code != 0 {
+			t.Fatalf("exec %q in %s: exit %d", cmd, id, code)
+		}
+		return out
+	}
+	count := func(id string) int {
+		n, _ := strconv.Atoi(strings.TrimSpace(run(id, "cat /tmp/count 2>/dev/null || echo 0")))
+		return n
+	}
+	run(a.ID, "echo one > /root/f")
+	if _, err := c.StartDetached(ctx, a.ID, api.Exec{Detach: true,
+		Shell: "echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"}); err != nil {
+		t.Fatalf("StartDetached = %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(a.ID) > 3 })
+
+	sn, err := c.CreateSnapshot(ctx, a.ID, "before")
+	if err != nil || sn.State != "ready" || sn.LogicalBytes <= 0 || sn.NewBytes <= 0 || sn.Name != "before" {
+		t.Fatalf("CreateSnapshot = %+v, %v", sn, err)
+	}
+	atSnap := count(a.ID)
+	t.Logf("snapshot %s: logical %d MiB, new %d MiB, paused %d ms", sn.ID, sn.LogicalBytes>>20, sn.NewBytes>>20, sn.PausedMS)
+	if _, err := c.CreateSnapshot(ctx, a.ID, "before"); !client.IsConflict(err) {
+		t.Errorf("second snapshot named before = %v, want conflict", err)
+	}
+
+	run(a.ID, "echo two > /root/f; kill $(cat /tmp/counter.pid); rm /tmp/count")
+	got, err := c.RestoreSandbox(ctx, a.ID, "before")
+	if err != nil || got.State != "running" || got.VM == nil || got.VM.StartedBy != "restore" {
+		t.Fatalf("RestoreSandbox = %+v, %v", got, err)
+	}
+	if f := run(a.ID, "cat /root/f"); f != "one\n" {
+		t.Errorf("after restore /root/f = %q, want one", f)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(a.ID) > atSnap })
+
+	kids, err := c.ForkSandbox(ctx, a.ID, 3)
+	if err != nil || len(kids) != 3 {
+		t.Fatalf("ForkSandbox = %v, %v", kids, err)
+	}
+	for i, k := range kids {
+		if k.State != "running" || k.ID == a.ID {
+			t.Errorf("fork %d = %+v", i, k)
+		}
+		if f := run(k.ID, "cat /root/f"); f != "one\n" {
+			t.Errorf("fork %d: /root/f = %q, want one", i, f)
+		}
+		testenv.Eventually(t, 30*time.Second, func() bool { return count(k.ID) > 0 })
+	}
+	run(kids[0].ID, "echo mine > /root/only0")
+	for _, id := range []string{a.ID, kids[1].ID, kids[2].ID} {
+		if out := run(id, "cat /root/only0 2>/dev/null || echo absent"); out != "absent\n" {
+			t.Errorf("%s sees fork 0's file: %q", id, out)
+		}
+	}
+	// Forks start from one memory image; each got fresh entropy, so their
+	// random streams differ.
+	rnd := "head -c 16 /dev/urandom | od -An -tx1"
+	if r1, r2 := run(kids[1].ID, rnd), run(kids[2].ID, rnd); r1 == r2 {
+		t.Errorf("two forks read the same random bytes %q", r1)
+	}
+
+	// Delete the forks to make room, then a sandbox from the named snapshot.
+	for _, k := range kids {
+		if err := c.DeleteSandbox(ctx, k.ID); err != nil {
+			t.Fatalf("DeleteSandbox = %v", err)
+		}
+	}
+	b, err := c.CreateSandbox(ctx, api.CreateSandbox{FromSnapshot: "before"})
+	if err != nil || b.VM == nil || b.VM.StartedBy != "restore" || b.MemoryMiB != 192 {
+		t.Fatalf("CreateSandbox(from_snapshot) = %+v, %v", b, err)
+	}
+	if f := run(b.ID, "cat /root/f"); f != "one\n" {
+		t.Errorf("from snapshot: /root/f = %q, want one", f)
+	}
+	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{FromSnapshot: "before", MemoryMiB: 512}); err == nil {
+		t.Errorf("CreateSandbox(from_snapshot with memory) = nil error, want invalid")
+	}
+
+	sns, err := c.Snapshots(ctx, "")
+	if err != nil || len(sns) != 1 || sns[0].ID != sn.ID {
+		t.Errorf("Snapshots = %+v, %v; want only %s (the fork's own snapshot is gone)", sns, err, sn.ID)
+	}
+	if err := c.DeleteSnapshot(ctx, "before"); err != nil {
+		t.Fatalf("DeleteSnapshot = %v", err)
+	}
+	if f := run(b.ID, "cat /root/f"); f != "one\n" {
+		t.Errorf("after the snapshot is deleted: /root/f = %q", f)
+	}
+	if _, err := c.RestoreSandbox(ctx, a.ID, "before"); !client.IsNotFound(err) {
+		t.Errorf("RestoreSandbox(deleted snapshot) = %v, want not found", err)
+	}
+
+	// A full snapshot quota refuses new snapshots.
+	if _, err := c.SetQuota(ctx, "", api.Quota{SnapshotMiB: 1}); err != nil {
+		t.Fatalf("SetQuota = %v", err)
+	}
+	if _, err := c.CreateSnapshot(ctx, a.ID, ""); err != nil {
+		t.Fatalf("first snapshot under a 1 MiB quota = %v (the quota counts what is stored before)", err)
+	}
+	var ce *client.Error
+	if _, err := c.CreateSnapshot(ctx, a.ID, ""); err == nil || !asClientError(err, &ce) || ce.Status != 429 {
+		t.Errorf("snapshot over quota = %v, want 429", err)
+	}
+	for _, s := range mustSnapshots(t, c) {
+		c.DeleteSnapshot(ctx, s.ID)
+	}
+	entries, _ := os.ReadDir(filepath.Join(ts.dataDir, "worker", "snapshots"))
+	if len(entries) != 0 {
+		t.Errorf("worker snapshot dirs left: %v", entries)
+	}
+}
+
+func mustSnapshots(t *testing.T, c *client.Client) []api.Snapshot {
+	t.Helper()
+	sns, err := c.Snapshots(t.Context(), "")
+	if err != nil {
+		t.Fatalf("Snapshots = %v", err)
+	}
+	return sns
+}
+
+func asClientError(err error, target **client.Error) bool { return errors.As(err, target) }
