@@ -58,6 +58,9 @@ type CreateSandbox struct {
 	// FromSnapshot starts the sandbox as a copy of a snapshot (ID or
 	// name) instead of booting; its resources are the snapshot's.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// ColdBoot boots the VM instead of restoring the template's warm
+	// snapshot (VMInfo.StartedBy says which happened).
+	ColdBoot bool `json:"cold_boot,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -84,7 +87,7 @@ type VMInfo struct {
 	VMM        string `json:"vmm"`         // "qemu" or "firecracker"
 	VMMVersion string `json:"vmm_version"` // e.g. "7.2.22"
 	Accel      string `json:"accel"`       // "kvm" or "tcg"
-	StartedBy  string `json:"started_by"`  // "boot" (later: "restore")
+	StartedBy  string `json:"started_by"`  // "boot", "warm" (the template's warm snapshot) or "restore" (a snapshot)
 	BootMS     int64  `json:"boot_ms"`     // VMM start until the agent answered
 	PID        int    `json:"pid,omitempty"`
 }

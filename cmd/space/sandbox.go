@@ -77,6 +77,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&env, "env", nil, "environment of every command, `KEY=VALUE` (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "a label, `key=value` (repeatable)")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start as a copy of this `snapshot` (ID or name) instead of booting")
+	f.BoolVar(&req.ColdBoot, "cold-boot", false, "boot the VM rather than restore the template's warm snapshot")
 	outputFlag(f, &output)
 	return c
 }

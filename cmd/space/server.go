@@ -49,7 +49,7 @@ server stops, and the next start re-adopts them.`,
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
-				Progress: g.stderr, Log: g.logger(),
+				Progress: g.stderr, Log: g.logger(), Prewarm: true,
 			})
 		},
 	}

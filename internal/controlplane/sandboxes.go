@@ -29,6 +29,7 @@ type createBody struct {
 	Env            map[string]string `json:"env"`
 	Labels         map[string]string `json:"labels"`
 	FromSnapshot   *string           `json:"from_snapshot"`
+	ColdBoot       bool              `json:"cold_boot"`
 }
 
 // spec is what the store keeps as a sandbox's Spec.
@@ -97,6 +98,7 @@ func (s *Server) validate(b createBody) (spec, error) {
 		return sp, httpapi.Invalid("env", "larger than %d bytes", maxEnvBytes)
 	}
 	sp.Env = b.Env
+	sp.ColdBoot = b.ColdBoot
 	return sp, nil
 }
 
@@ -117,7 +119,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 	ctx := context.WithoutCancel(r.Context())
 	var pl placement
 	if b.FromSnapshot != nil {
-		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil {
+		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil || b.ColdBoot {
 			httpapi.WriteError(w, httpapi.Invalid("from_snapshot", "a sandbox from a snapshot has the snapshot's template, resources and environment"))
 			return
 		}

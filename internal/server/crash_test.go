@@ -172,23 +172,39 @@ func TestCrashAtEveryStep(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			dataDir, workerID := t.TempDir(), newWorkerID(t)
 			deleting := strings.Contains(step, "delete")
+			restoring := strings.HasPrefix(step, "restore.")
 			var id string
-			if deleting {
+			if deleting || restoring {
 				c := startChild(t, dataDir, workerID, "")
 				sb, err := c.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 192})
 				if err != nil {
 					t.Fatalf("CreateSandbox = %v", err)
 				}
 				id = sb.ID
+				if restoring {
+					var out strings.Builder
+					c.client.Exec(t.Context(), id, sh("echo one > /root/f; sync"), &out, io.Discard)
+					if _, err := c.client.CreateSnapshot(t.Context(), id, "s"); err != nil {
+						t.Fatalf("CreateSnapshot = %v", err)
+					}
+					c.client.Exec(t.Context(), id, sh("echo two > /root/f; sync"), &out, io.Discard)
+				}
 				c.kill(t, syscall.SIGTERM)
 			}
 			c := startChild(t, dataDir, workerID, step)
-			if deleting {
+			switch {
+			case deleting:
 				if err := c.client.DeleteSandbox(t.Context(), id); err == nil {
 					t.Fatalf("DeleteSandbox returned before the crash point %s", step)
 				}
-			} else if sb, err := c.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 192}); err == nil {
-				t.Fatalf("CreateSandbox = %s, want the server to die at %s", sb.ID, step)
+			case restoring:
+				if _, err := c.client.RestoreSandbox(t.Context(), id, "s"); err == nil {
+					t.Fatalf("RestoreSandbox returned before the crash point %s", step)
+				}
+			default:
+				if sb, err := c.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 192}); err == nil {
+					t.Fatalf("CreateSandbox = %s, want the server to die at %s", sb.ID, step)
+				}
 			}
 			c.waitExit(t)
 
@@ -203,6 +219,15 @@ func TestCrashAtEveryStep(t *testing.T) {
 				t.Logf("%s: rolled back / finished", step)
 			case len(all) == 1 && !deleting && all[0].State == "running":
 				t.Logf("%s: completed", step)
+				if restoring {
+					var f strings.Builder
+					if _, err := c.client.Exec(t.Context(), id, sh("cat /root/f"), &f, io.Discard); err != nil || f.String() != "one\n" {
+						t.Errorf("after the interrupted restore /root/f = %q, %v; want the snapshot's one", f.String(), err)
+					}
+					if err := c.client.DeleteSnapshot(t.Context(), "s"); err != nil {
+						t.Errorf("DeleteSnapshot = %v", err)
+					}
+				}
 				var out strings.Builder
 				exit, err := c.client.Exec(t.Context(), all[0].ID, sh("echo alive"), &out, io.Discard)
 				if err != nil || exit.Code != 0 || out.String() != "alive\n" {

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -81,6 +82,10 @@ type Config struct {
 	CrashAt string
 	// ReconcileInterval is controlplane.Config.ReconcileInterval.
 	ReconcileInterval time.Duration
+	// Prewarm captures the default template's warm snapshot for the
+	// default sandbox shape in the background at start, so the first
+	// sandbox is a restore too. Off by default: tests leave it off.
+	Prewarm bool
 	// Version is reported by the health route.
 	Version string
 	// Progress receives human-readable progress lines; nil = discard.
@@ -187,7 +192,22 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Ready != nil {
 		cfg.Ready(url)
 	}
-	return serve(ctx, ln, cp.Handler(), cp.Run, cfg.Log)
+	background := func(ctx context.Context) error {
+		var wg sync.WaitGroup
+		if cfg.Prewarm {
+			wg.Go(func() {
+				l := controlplane.DefaultLimits
+				spec := worker.Spec{Template: "default", VCPUs: l.DefaultVCPUs, MemoryMiB: l.DefaultMemoryMiB, DiskMiB: l.DefaultDiskMiB}
+				if err := w.Warm(ctx, spec); err != nil && ctx.Err() == nil {
+					cfg.Log.Warn("prewarm the default template", "err", err)
+				}
+			})
+		}
+		err := cp.Run(ctx)
+		wg.Wait()
+		return err
+	}
+	return serve(ctx, ln, cp.Handler(), background, cfg.Log)
 }
 
 // serve runs the HTTP server and background until ctx ends.

@@ -543,3 +543,60 @@ func checkCgroup(t *testing.T, workerID string, sb api.Sandbox) {
 		t.Errorf("%s = %q (%v), want %s (guest memory + VMM overhead)", file, b, err, want)
 	}
 }
+
+// TestWarmCreate checks the first sandbox of a shape boots and is captured
+// as the warm template, and the next ones restore it (faster), unless
+// asked to boot cold.
+func TestWarmCreate(t *testing.T) {
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	ts := startServerWith(t, Config{Prewarm: true})
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	c := ts.client
+	// The server warms the default shape by itself.
+	testenv.Eventually(t, 3*time.Minute, func() bool {
+		m, _ := filepath.Glob(filepath.Join(ts.dataDir, "worker", "warm", "default-1c-512m-4096d-*", "info.json"))
+		return len(m) == 1
+	})
+	if sb, err := c.CreateSandbox(ctx, api.CreateSandbox{}); err != nil || sb.VM.StartedBy != "warm" {
+		t.Fatalf("first default CreateSandbox after prewarm = %+v, %v; want warm", sb, err)
+	} else if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatalf("DeleteSandbox = %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(ts.dataDir, "worker", "sandboxes")); len(entries) != 0 {
+		t.Errorf("the prewarm sandbox is left: %v", entries)
+	}
+	shape := api.CreateSandbox{MemoryMiB: 192, DiskMiB: 1024}
+	first, err := c.CreateSandbox(ctx, shape)
+	if err != nil || first.VM.StartedBy != "boot" {
+		t.Fatalf("first CreateSandbox = %+v, %v; want a boot", first, err)
+	}
+	execOut(t, c, first.ID, sh("echo first > /root/mine"))
+	second, err := c.CreateSandbox(ctx, shape)
+	if err != nil || second.VM.StartedBy != "warm" {
+		t.Fatalf("second CreateSandbox = %+v, %v; want warm", second, err)
+	}
+	cold := shape
+	cold.ColdBoot = true
+	third, err := c.CreateSandbox(ctx, cold)
+	if err != nil || third.VM.StartedBy != "boot" {
+		t.Fatalf("cold CreateSandbox = %+v, %v; want a boot", third, err)
+	}
+	t.Logf("boot %d ms, warm %d ms, cold boot %d ms", first.VM.BootMS, second.VM.BootMS, third.VM.BootMS)
+	// The warm sandbox is a fresh one: nothing of the first sandbox's, a
+	// working exec and file system, and its own random stream.
+	if out, _, _ := execOut(t, c, second.ID, sh("cat /root/mine 2>/dev/null || echo absent; hostname")); out != "absent\nsandbox\n" {
+		t.Errorf("warm sandbox = %q, want a fresh sandbox", out)
+	}
+	rnd := "head -c 16 /dev/urandom | od -An -tx1"
+	fourth, err := c.CreateSandbox(ctx, shape)
+	if err != nil || fourth.VM.StartedBy != "warm" {
+		t.Fatalf("fourth CreateSandbox = %+v, %v", fourth, err)
+	}
+	r2, _, _ := execOut(t, c, second.ID, sh(rnd))
+	r4, _, _ := execOut(t, c, fourth.ID, sh(rnd))
+	if r2 == r4 {
+		t.Errorf("two warm sandboxes read the same random bytes %q", r2)
+	}
+}

@@ -23,11 +23,13 @@ import (
 // and a delete pass them.
 var CrashPoints = []string{
 	"create.recorded",       // record says creating; nothing else exists
-	"create.vm-started",     // the VMM runs; its handle is not persisted
-	"create.handle-saved",   // handle persisted; agent not yet confirmed
+	"create.vm-started",     // the VMM runs; its handle is not persisted (also on restores)
+	"create.handle-saved",   // handle persisted; agent not yet confirmed (also on restores)
 	"create.running-saved",  // record says running; the caller has no answer
 	"delete.stopping-saved", // record says stopping; the VM still runs
 	"delete.vm-stopped",     // VM stopped; files and record remain
+	"restore.recorded",      // record names the snapshot to restore; the old VM runs
+	"restore.old-vm-gone",   // the old VM and its files are gone; no new VM yet
 }
 
 // crash kills the process at step if the configuration asks for it.
@@ -60,12 +62,12 @@ var ErrNotRunning = fmt.Errorf("sandbox is not running: %w", errkind.FailedPreco
 // answers. On error nothing of it remains. The record is durable before
 // Create returns.
 func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, error) {
-	return w.create(ctx, id, team, spec, "")
+	return w.create(ctx, id, team, spec, "", false)
 }
 
 // create makes sandbox id by booting (snapID "") or by restoring snapshot
 // snapID.
-func (w *Worker) create(ctx context.Context, id, team string, spec Spec, snapID string) (_ Info, err error) {
+func (w *Worker) create(ctx context.Context, id, team string, spec Spec, snapID string, internal bool) (_ Info, err error) {
 	if !store.ValidSandboxID(id) {
 		return Info{}, fmt.Errorf("sandbox id %q: %w", id, errkind.InvalidArgument)
 	}
@@ -83,7 +85,7 @@ func (w *Worker) create(ctx context.Context, id, team string, spec Spec, snapID 
 		runDir: filepath.Join(w.cfg.RunRoot, id),
 	}
 	s.mu.Lock()
-	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC(), RestoreFrom: snapID}
+	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC(), RestoreFrom: snapID, Internal: internal}
 	s.mu.Unlock()
 	s.op.Lock()
 	defer s.op.Unlock()
@@ -164,17 +166,35 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) 
 	defer cancel()
 	var gv *guestvm.VM
 	startedBy := "boot"
-	if snapID == "" {
-		gv, err = guestvm.Boot(bctx, cfg)
-	} else {
+	switch {
+	case snapID != "":
 		var dir string
 		if dir, err = w.snapshotDir(snapID); err == nil {
 			startedBy = "restore"
 			gv, err = guestvm.Restore(bctx, cfg, filepath.Join(dir, "vm"))
 		}
+	case !spec.ColdBoot && w.warmReady(spec, img):
+		startedBy = "warm"
+		gv, err = guestvm.Restore(bctx, cfg, filepath.Join(w.warmDir(spec, img), "vm"))
+		if errors.Is(err, vmm.ErrIncompatible) {
+			// Another VMM version wrote it: boot, and capture anew.
+			w.log.Warn("dropping incompatible warm template", "dir", w.warmDir(spec, img), "err", err)
+			os.RemoveAll(w.warmDir(spec, img))
+			startedBy = "boot"
+			gv, err = guestvm.Boot(bctx, cfg)
+		}
+	default:
+		gv, err = guestvm.Boot(bctx, cfg)
 	}
 	if err != nil {
 		return err
+	}
+	if startedBy == "boot" && !spec.ColdBoot && !w.warmReady(spec, img) {
+		// The first sandbox of its shape: capture it, fresh from boot, as
+		// the warm template the next ones restore from.
+		if err := w.captureWarm(ctx, gv.VMM, spec, img); err != nil {
+			w.log.Warn("capture warm template", "err", err)
+		}
 	}
 	h := gv.VMM.Handle()
 	s.mu.Lock()

@@ -31,6 +31,9 @@ type record struct {
 	// RestoreFrom names the snapshot a create or an in-place restore
 	// starts the VM from, until the VM runs; "" for a boot.
 	RestoreFrom string `json:"restore_from,omitempty"`
+	// Internal marks a sandbox the worker made for itself (to capture a
+	// warm template); a restart removes it.
+	Internal bool `json:"internal,omitempty"`
 }
 
 // writeRecord persists r in dir atomically and durably: a crash leaves the

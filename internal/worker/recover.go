@@ -22,7 +22,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			return fmt.Errorf("worker: %w", err)
 		}
 	}
-	if err := w.removeIncompleteSnapshots(); err != nil {
+	if err := errors.Join(w.removeIncompleteSnapshots(), w.removeIncompleteWarm()); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	entries, err := os.ReadDir(w.sandboxesDir())
@@ -63,6 +63,10 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 	rec := s.rec
 	s.mu.Unlock()
 	log := w.log.With("sandbox_id", rec.ID)
+	if rec.Internal {
+		log.Info("removing the worker's own sandbox left by a restart")
+		return w.forget(ctx, s)
+	}
 	if rec.State == sandbox.Creating && rec.RestoreFrom != "" {
 		return w.redoRestore(ctx, s)
 	}

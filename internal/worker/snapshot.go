@@ -161,7 +161,7 @@ func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string
 	if err != nil {
 		return Info{}, err
 	}
-	return w.create(ctx, id, team, info.Spec, snapID)
+	return w.create(ctx, id, team, info.Spec, snapID, false)
 }
 
 // Restore rolls sandbox id back to snapshot snapID in place: its VM is

@@ -68,6 +68,8 @@ type Spec struct {
 	MemoryMiB int64             `json:"memory_mib"`
 	DiskMiB   int64             `json:"disk_mib"`
 	Env       map[string]string `json:"env,omitempty"`
+	// ColdBoot boots the VM even when a warm template could be restored.
+	ColdBoot bool `json:"cold_boot,omitempty"`
 }
 
 func (s Spec) validate() error {
