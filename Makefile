@@ -29,7 +29,7 @@ test: deps
 	$(GO) vet ./...
 	GOBIN=$(CURDIR)/bin $(GO) install $(CHECKLOCKS)
 	$(GO) vet -vettool=$(CURDIR)/bin/checklocks ./...
-	$(GO) test -json -count=1 -timeout 30m -p 2 ./... 2>&1 | $(GO) run ./internal/testenv/testsummary
+	$(GO) test -json -count=1 -timeout 45m -p 2 ./... 2>&1 | $(GO) run ./internal/testenv/testsummary
 	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime 20s ./internal/agent/proto
 
 run: deps build

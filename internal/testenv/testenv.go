@@ -34,6 +34,11 @@ const (
 	TierSlow        Tier = "slow"
 )
 
+// Required reports whether tier must run here (SPACE_TEST_TIERS lists it,
+// or CI=true and SPACE_TEST_TIERS is unset), so that a gate may spend time
+// making it available (building a tool) rather than skipping.
+func Required(tier Tier) bool { return required(tier) }
+
 func required(tier Tier) bool {
 	list, set := os.LookupEnv("SPACE_TEST_TIERS")
 	if !set {

@@ -67,7 +67,7 @@ func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, 
 
 // create makes sandbox id by booting (snapID "") or by restoring snapshot
 // snapID.
-func (w *Worker) create(ctx context.Context, id, team string, spec Spec, snapID string, internal bool) (_ Info, err error) {
+func (w *Worker) create(ctx context.Context, id, team string, spec Spec, snapID string, internal bool) (Info, error) {
 	if !store.ValidSandboxID(id) {
 		return Info{}, fmt.Errorf("sandbox id %q: %w", id, errkind.InvalidArgument)
 	}
@@ -89,6 +89,14 @@ func (w *Worker) create(ctx context.Context, id, team string, spec Spec, snapID 
 	s.mu.Unlock()
 	s.op.Lock()
 	defer s.op.Unlock()
+	return w.createLocked(ctx, s, snapID)
+}
+
+// createLocked does create's work; the caller holds s.op.
+func (w *Worker) createLocked(ctx context.Context, s *sbx, snapID string) (_ Info, err error) {
+	s.mu.Lock()
+	id, spec := s.rec.ID, s.rec.Spec
+	s.mu.Unlock()
 	if err := w.reserve(id, s, spec); err != nil {
 		return Info{}, err
 	}

@@ -1,0 +1,104 @@
+// Package chunkstore stores snapshot files as manifests of content-addressed
+// chunks, so a new snapshot stores only the chunks no earlier one did.
+//
+// # Model
+//
+// A snapshot of a VM is a few files: a memory file (hundreds of MiB to a
+// few GiB, mostly sparse), a device-state file, a sparse disk image. Put
+// cuts each file into chunks of ChunkSize (1 MiB) at fixed, aligned
+// offsets (the last chunk is shorter) and names each chunk by its digest,
+// the BLAKE3-256 hash of its content. Holes are never read: Put walks the
+// file with SEEK_DATA/SEEK_HOLE (reading everything where the file system
+// lacks them) and skips chunks that are wholly a hole; a chunk that reads
+// as all zeros is recorded as a hole too. Neither is stored.
+//
+// A manifest (JSON) lists a snapshot's files: name, size, permission bits,
+// and the chunk refs {offset, length, digest} of the chunks that are not
+// holes. Restore rebuilds a file from a manifest as a sparse file
+// (truncate, then WriteAt of each chunk) and checks every chunk against its
+// digest and length before writing it: a damaged chunk is ErrCorrupt, a
+// lost one ErrChunkMissing, never silently wrong data.
+//
+// A VMM with dirty-page tracking can pass PutOptions.Dirty: then only the
+// chunks overlapping the dirty ranges are read, and the others are taken
+// from PutOptions.Parent's manifest.
+//
+// # Vocabulary
+//
+//   - chunk: up to 1 MiB of a file, stored once at "chunks/<hh>/<digest>".
+//   - manifest: a snapshot's file list, at "manifests/<id>". A snapshot
+//     exists exactly when its manifest does; Put writes it last.
+//   - backend: the object store (Backend): a local directory
+//     (chunkstore/local) or an S3 bucket (chunkstore/s3).
+//   - lease: a writer's record, visible to GC, of the chunks it will
+//     reference, at "leases/<id>.<nonce>/<seq>.<expiry>".
+//   - GC marker: a GC run's announcement that it is running, at
+//     "gc/<nonce>.<expiry>".
+//   - expiry: Unix milliseconds in a lease part's or marker's key; the
+//     object is live until then (plus ClockSkew, for the other side).
+//
+// # Garbage collection
+//
+// GC deletes chunks no manifest refers to. Writers run at the same time,
+// in other processes, and share nothing but the backend, which offers no
+// locks or conditional writes. The danger is a writer that finds a chunk
+// already stored (say, one only a just-deleted snapshot used), decides not
+// to upload it, and writes a manifest naming it after GC deleted it. Two
+// records, each written before its owner reads the other's, rule that out.
+//
+// Writer (Put), for each batch of chunks:
+//
+//  1. write a lease part naming the batch's digests (this renews the lease);
+//  2. list the GC markers; while an unexpired one exists, wait (renewing
+//     the lease);
+//  3. only now Stat each chunk and upload the missing ones;
+//
+// then renew the lease once more, write the manifest, delete the lease.
+//
+// GC:
+//
+//  1. list the chunks: the candidates (a chunk stored later is none);
+//  2. write its marker;
+//  3. list and read the leases: chunks named by an unexpired lease are live;
+//  4. list and read the manifests: chunks they name are live;
+//  5. delete the candidates that are not live, renewing the marker between
+//     batches and stopping if it expired;
+//  6. delete expired leases and markers (crashed writers and runs), then
+//     its own marker.
+//
+// Why it is safe: take a chunk a writer relies on. The writer wrote its
+// lease part (W1) before listing markers (W2); GC wrote its marker (G2)
+// before listing leases (G3). If G3 ran after W1, GC sees the lease and
+// keeps the chunk. Otherwise W1 came after G3, so W2 came after G2 and
+// the writer sees the marker and waits until this run is over before it
+// looks at the chunk; if GC deleted it, the writer uploads it again. A GC
+// run that starts later sees the lease in its step 3. A writer deletes its
+// lease only after its manifest landed, and GC lists manifests after
+// leases, so one of the two always covers the chunk. Chunks that Dirty
+// takes from the parent are leased first, in one part, the same way; then
+// Put checks that the parent manifest still exists unchanged, so they are
+// still stored.
+//
+// Assumptions: the backend is strongly consistent for read-after-write
+// and list-after-write (local file systems, AWS S3 since 2020, MinIO,
+// SeaweedFS); the clocks of the processes sharing a backend differ by
+// less than Config.ClockSkew, and one backend request finishes within it;
+// a process that stalls longer than Config.LeaseTTL notices before it acts
+// (a writer's renewal fails with ErrLeaseExpired and it commits nothing; a
+// GC run whose marker expired stops without deleting more). Each side
+// honours the other's expiry ClockSkew longer than the owner does. The
+// manifest write itself is the one step not re-checked: it must finish
+// within LeaseTTL of the renewal before it. Config.GCGrace adds an
+// optional age margin (by the backend's ModTime) on top.
+//
+// Costs: a writer blocks while a GC run is deleting (GC lists chunks
+// before it writes its marker, so that part does not block writers).
+// NewBytes is exact unless two writers upload the same new chunk at once.
+//
+// # Concurrency
+//
+// A Store has no mutable state and no locks; its methods may be called
+// concurrently. One Put uploads, and Restore and GC fetch or delete, up to
+// Config.Concurrency objects at once from goroutines that end before the
+// call returns.
+package chunkstore

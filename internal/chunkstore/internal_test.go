@@ -1,0 +1,169 @@
+package chunkstore
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"space/internal/errkind"
+)
+
+func TestDataRanges(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "sparse")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	defer f.Close()
+	const blk = 64 << 10 // larger than any file system block
+	f.Truncate(10 * blk)
+	f.WriteAt(make([]byte, blk), 2*blk) // written zeros are data, not a hole
+	f.WriteAt([]byte("x"), 7*blk)
+	got, err := dataRanges(f, 10*blk)
+	if err != nil {
+		t.Fatalf("dataRanges = %v", err)
+	}
+	// File systems report data at block granularity, so check coverage.
+	// (Every Linux file system we run on has SEEK_DATA; where one lacks it,
+	// the whole file is data and this fails, as holes would be read.)
+	covered := func(off int64) bool {
+		for _, r := range got {
+			if r.Off <= off && off < r.Off+r.Len {
+				return true
+			}
+		}
+		return false
+	}
+	for _, off := range []int64{2 * blk, 3*blk - 1, 7 * blk} {
+		if !covered(off) {
+			t.Errorf("dataRanges = %v: offset %d (written) not covered", got, off)
+		}
+	}
+	for _, off := range []int64{0, blk, 5 * blk, 9 * blk} {
+		if covered(off) {
+			t.Errorf("dataRanges = %v: offset %d (hole) covered", got, off)
+		}
+	}
+	if got, err := dataRanges(f, 0); err != nil || len(got) != 0 {
+		t.Errorf("dataRanges(size 0) = %v, %v, want none", got, err)
+	}
+}
+
+func TestIntersect(t *testing.T) {
+	data := []Range{{0, 10}, {20, 10}, {100, 50}}
+	for _, tc := range []struct {
+		off, n int64
+		want   []Range
+	}{
+		{0, 5, []Range{{0, 5}}},
+		{5, 20, []Range{{5, 5}, {20, 5}}},
+		{10, 10, nil},
+		{30, 70, nil},
+		{0, 200, data},
+		{120, 100, []Range{{120, 30}}},
+		{150, 10, nil},
+	} {
+		if got := intersect(data, tc.off, tc.n); !cmp.Equal(got, tc.want) {
+			t.Errorf("intersect(%v, %d, %d) = %v, want %v", data, tc.off, tc.n, got, tc.want)
+		}
+	}
+}
+
+func TestCheckIDAndKey(t *testing.T) {
+	for _, id := range []string{"a", "snap-1", "A.b_c-9", strings.Repeat("x", 128)} {
+		if err := CheckID(id); err != nil {
+			t.Errorf("CheckID(%q) = %v, want nil", id, err)
+		}
+	}
+	for _, id := range []string{"", ".", "..", "a/b", "../a", ".a", "-a", "_a", "a b", "ä", strings.Repeat("x", 129)} {
+		if err := CheckID(id); !errors.Is(err, errkind.InvalidArgument) {
+			t.Errorf("CheckID(%q) = %v, want InvalidArgument", id, err)
+		}
+	}
+	for _, key := range []string{"a", "a/b", "chunks/ab/" + strings.Repeat("0", 64), "leases/s.1/0.123"} {
+		if err := CheckKey(key); err != nil {
+			t.Errorf("CheckKey(%q) = %v, want nil", key, err)
+		}
+	}
+	for _, key := range []string{"", "/", "/a", "a/", "a//b", "a/../b", "a/./b", ".tmp/x"} {
+		if err := CheckKey(key); !errors.Is(err, errkind.InvalidArgument) {
+			t.Errorf("CheckKey(%q) = %v, want InvalidArgument", key, err)
+		}
+	}
+}
+
+func TestDigestText(t *testing.T) {
+	d := Sum([]byte("hello"))
+	b, err := json.Marshal(d)
+	if err != nil {
+		t.Fatalf("Marshal = %v", err)
+	}
+	var back Digest
+	if err := json.Unmarshal(b, &back); err != nil || back != d {
+		t.Errorf("Unmarshal(%s) = %v, %v, want %v", b, back, err, d)
+	}
+	if got, ok := parseChunkKey(ChunkKey(d)); !ok || got != d {
+		t.Errorf("parseChunkKey(ChunkKey(d)) = %v, %v", got, ok)
+	}
+	for _, s := range []string{"", "abc", strings.Repeat("g", 64), strings.ToUpper(d.String())} {
+		if _, err := ParseDigest(s); !errors.Is(err, errkind.InvalidArgument) {
+			t.Errorf("ParseDigest(%q) = %v, want InvalidArgument", s, err)
+		}
+	}
+}
+
+func TestExpiryKeys(t *testing.T) {
+	exp := time.UnixMilli(1_800_000_000_123)
+	key := "leases/snap.abc/" + expiringName("3", exp)
+	if got, ok := parseExpiry(key); !ok || !got.Equal(exp) {
+		t.Errorf("parseExpiry(%q) = %v, %v, want %v", key, got, ok, exp)
+	}
+	if dir, ok := leaseDir(key); !ok || dir != "leases/snap.abc/" {
+		t.Errorf("leaseDir(%q) = %q, %v", key, dir, ok)
+	}
+	for _, bad := range []string{"leases/x/3", "leases/a.1/x", "gc/n.notanumber"} {
+		if _, ok := parseExpiry(bad); ok {
+			t.Errorf("parseExpiry(%q) ok, want not", bad)
+		}
+	}
+}
+
+func TestManifestValidate(t *testing.T) {
+	ok := func() Manifest {
+		return Manifest{Version: 1, ID: "s", ChunkSize: ChunkSize, Files: []FileEntry{{
+			Name: "f", Size: ChunkSize + 5,
+			Chunks: []ChunkRef{{Offset: 0, Length: ChunkSize}, {Offset: ChunkSize, Length: 5}},
+		}}}
+	}
+	if m := ok(); m.validate() != nil {
+		t.Fatalf("validate(good) = %v", m.validate())
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Manifest)
+	}{
+		{"version", func(m *Manifest) { m.Version = 2 }},
+		{"id", func(m *Manifest) { m.ID = "../s" }},
+		{"chunk size", func(m *Manifest) { m.ChunkSize = 4096 }},
+		{"duplicate file", func(m *Manifest) { m.Files = append(m.Files, m.Files[0]) }},
+		{"misaligned", func(m *Manifest) { m.Files[0].Chunks[1].Offset = 7 }},
+		{"short chunk", func(m *Manifest) { m.Files[0].Chunks[0].Length = 10 }},
+		{"past the end", func(m *Manifest) { m.Files[0].Size = ChunkSize }},
+		{"unsorted", func(m *Manifest) {
+			c := m.Files[0].Chunks
+			c[0], c[1] = c[1], c[0]
+		}},
+	} {
+		m := ok()
+		tc.edit(&m)
+		if err := m.validate(); err == nil {
+			t.Errorf("validate(%s) = nil, want an error", tc.name)
+		}
+	}
+}
