@@ -176,29 +176,22 @@ func newSandboxGetCmd(g *globals) *cobra.Command {
 }
 
 func newSandboxRemoveCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm ID...",
-		Aliases: []string{"delete"},
-		Short:   "Delete sandboxes",
-		Args:    cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			var errs []error
-			for _, id := range args {
-				if err := cl.DeleteSandbox(cmd.Context(), id); err != nil {
-					errs = append(errs, fmt.Errorf("rm %s: %w", id, err))
-				}
-			}
-			return errors.Join(errs...)
-		},
-	}
+	c := newEachCmd(g, "rm", "Delete sandboxes", (*client.Client).DeleteSandbox)
+	c.Aliases = []string{"delete"}
+	return c
 }
 
 // newSandboxStateCmd returns a verb that applies op to each sandbox named.
 func newSandboxStateCmd(g *globals, use, short string, op func(*client.Client, context.Context, string) (api.Sandbox, error)) *cobra.Command {
+	return newEachCmd(g, use, short, func(cl *client.Client, ctx context.Context, id string) error {
+		_, err := op(cl, ctx, id)
+		return err
+	})
+}
+
+// newEachCmd returns a verb `use ID...` that applies op to each ID named
+// and reports every failure.
+func newEachCmd(g *globals, use, short string, op func(*client.Client, context.Context, string) error) *cobra.Command {
 	return &cobra.Command{
 		Use:   use + " ID...",
 		Short: short,
@@ -210,7 +203,7 @@ func newSandboxStateCmd(g *globals, use, short string, op func(*client.Client, c
 			}
 			var errs []error
 			for _, id := range args {
-				if _, err := op(cl, cmd.Context(), id); err != nil {
+				if err := op(cl, cmd.Context(), id); err != nil {
 					errs = append(errs, fmt.Errorf("%s %s: %w", use, id, err))
 				}
 			}

@@ -17,9 +17,9 @@ import (
 // worker and the default template.
 func newServerCmd(g *globals) *cobra.Command {
 	var (
-		listen, agent, storeURL, workerID string
-		vcpus                             int
-		memory                            int64
+		listen, agent, storeURL, workerID, chunkDir string
+		vcpus                                       int
+		memory                                      int64
 	)
 	c := &cobra.Command{
 		Use:   "server",
@@ -47,7 +47,7 @@ server stops, and the next start re-adopts them.`,
 			}
 			return server.Run(cmd.Context(), server.Config{
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
-				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory,
+				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true,
 			})
@@ -57,6 +57,7 @@ server stops, and the next start re-adopts them.`,
 	f.StringVar(&listen, "listen", server.DefaultListen, "`address` the API listens on")
 	f.StringVar(&storeURL, "store", "", "PostgreSQL `URL` for the state (default: SQLite in the data dir; env SPACE_STORE_URL)")
 	f.StringVar(&workerID, "worker-id", "local", "`ID` of the embedded worker")
+	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers (default: 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
 	agentFlag(f, &agent)
@@ -67,9 +68,9 @@ server stops, and the next start re-adopts them.`,
 // with a control plane.
 func newWorkerCmd(g *globals) *cobra.Command {
 	var (
-		controlPlane, token, tokenFile, listen, advertise, agent, id string
-		vcpus                                                        int
-		memory                                                       int64
+		controlPlane, token, tokenFile, listen, advertise, agent, id, chunkDir string
+		vcpus                                                                  int
+		memory                                                                 int64
 	)
 	c := &cobra.Command{
 		Use:   "worker --control-plane URL --token T",
@@ -116,7 +117,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 			}
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
 				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
-				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory,
+				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(),
 			})
 		},
@@ -128,6 +129,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 	f.StringVar(&listen, "listen", server.DefaultWorkerListen, "`address` the worker API listens on")
 	f.StringVar(&advertise, "advertise", "", "`URL` the control plane reaches this worker at (default: http://LISTEN)")
 	f.StringVar(&id, "id", "", "worker `ID` (default: derived from the host name and data dir)")
+	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks); the server's to share its snapshots")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs offered (default: 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory offered (default: 80% of host RAM)")
 	agentFlag(f, &agent)

@@ -1,12 +1,12 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
 	"space/api"
+	"space/client"
 )
 
 func newSnapshotCmd(g *globals) *cobra.Command {
@@ -111,23 +111,7 @@ func newSnapshotGetCmd(g *globals) *cobra.Command {
 }
 
 func newSnapshotRemoveCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm SNAPSHOT...",
-		Aliases: []string{"delete"},
-		Short:   "Delete snapshots (sandboxes started from them keep running)",
-		Args:    cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			var errs []error
-			for _, ref := range args {
-				if err := cl.DeleteSnapshot(cmd.Context(), ref); err != nil {
-					errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
-				}
-			}
-			return errors.Join(errs...)
-		},
-	}
+	c := newEachCmd(g, "rm", "Delete snapshots by ID or name (sandboxes started from them keep running)", (*client.Client).DeleteSnapshot)
+	c.Aliases = []string{"delete"}
+	return c
 }

@@ -123,7 +123,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 			httpapi.WriteError(w, httpapi.Invalid("from_snapshot", "a sandbox from a snapshot has the snapshot's template, resources and environment"))
 			return
 		}
-		sn, wk, err := s.usable(ctx, c.team, *b.FromSnapshot)
+		sn, err := s.ready(ctx, c.team, *b.FromSnapshot)
 		if err != nil {
 			httpapi.WriteError(w, &httpapi.FieldError{Field: "from_snapshot", Err: err})
 			return
@@ -134,7 +134,10 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		sp.Spec = m.Spec
-		pl = placement{worker: wk, snapshot: sn.ID}
+		if pl, err = s.snapshotPlacement(sn); err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
 	}
 	sb, err := s.create(ctx, c.team, sp, b.Labels, pl)
 	if err != nil {

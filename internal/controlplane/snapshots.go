@@ -20,6 +20,9 @@ import (
 type snapshotMeta struct {
 	Spec     worker.Spec `json:"spec"`
 	PausedMS int64       `json:"paused_ms"`
+	// Chunked says the snapshot is in the chunk store the workers share,
+	// so any of them can restore it, not only the one that took it.
+	Chunked bool `json:"chunked,omitempty"`
 }
 
 func (s *Server) snapshotView(sn store.Snapshot) api.Snapshot {
@@ -96,8 +99,11 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 	if err != nil {
 		return sn, errors.Join(err, s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID))
 	}
-	meta, _ := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS})
+	meta, _ := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked})
 	sn.State, sn.LogicalBytes, sn.NewBytes, sn.Meta = store.SnapshotReady, info.LogicalBytes, info.StoredBytes, meta
+	if info.Chunked {
+		sn.NewBytes, sn.Manifest = info.NewBytes, sn.ID
+	}
 	sn, err = s.cfg.Store.UpdateSnapshot(ctx, sn)
 	if err != nil {
 		return sn, err
@@ -120,18 +126,14 @@ func (s *Server) findSnapshot(ctx context.Context, team, ref string) (store.Snap
 	return s.cfg.Store.SnapshotByName(ctx, team, ref)
 }
 
-// usable returns the snapshot ref if a sandbox may start from it, with
-// the worker that holds it.
-func (s *Server) usable(ctx context.Context, team, ref string) (store.Snapshot, Worker, error) {
+// ready returns the team's snapshot ref (ID or name) if sandboxes may
+// start from it.
+func (s *Server) ready(ctx context.Context, team, ref string) (store.Snapshot, error) {
 	sn, err := s.findSnapshot(ctx, team, ref)
-	if err != nil {
-		return sn, nil, err
+	if err == nil && sn.State != store.SnapshotReady {
+		err = fmt.Errorf("snapshot %s is %s: %w", sn.ID, sn.State, errkind.FailedPrecondition)
 	}
-	if sn.State != store.SnapshotReady {
-		return sn, nil, fmt.Errorf("snapshot %s is %s: %w", sn.ID, sn.State, errkind.FailedPrecondition)
-	}
-	wk, err := s.worker(sn.WorkerID)
-	return sn, wk, err
+	return sn, err
 }
 
 func (s *Server) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -185,12 +187,11 @@ func (s *Server) deleteSnapshot(ctx context.Context, sn store.Snapshot) error {
 			return err
 		}
 	}
-	if sn.WorkerID != "" {
-		wk, err := s.worker(sn.WorkerID)
-		if err != nil {
-			return err
-		}
-		if err := wk.DeleteSnapshot(ctx, sn.ID); err != nil && !errors.Is(err, errkind.NotFound) {
+	// Every worker may hold a copy (a chunked snapshot is cached where
+	// it was restored); the one that took it must answer.
+	for _, wk := range s.workerList() {
+		err := wk.DeleteSnapshot(ctx, sn.ID)
+		if err != nil && !errors.Is(err, errkind.NotFound) && (wk.ID() == sn.WorkerID || !errors.Is(err, errkind.Unavailable)) {
 			return err
 		}
 	}
@@ -216,12 +217,12 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
-	sn, _, err := s.usable(ctx, sb.TeamID, req.Snapshot)
+	sn, err := s.ready(ctx, sb.TeamID, req.Snapshot)
 	if err != nil {
 		httpapi.WriteError(w, &httpapi.FieldError{Field: "snapshot", Err: err})
 		return
 	}
-	if sn.WorkerID != sb.WorkerID {
+	if sn.WorkerID != sb.WorkerID && !chunked(sn) {
 		httpapi.WriteError(w, fmt.Errorf("snapshot %s is kept on worker %s, sandbox %s runs on %s: %w",
 			sn.ID, sn.WorkerID, sb.ID, sb.WorkerID, errkind.FailedPrecondition))
 		return
@@ -294,17 +295,36 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusCreated, out)
 }
 
-// createFrom creates a sandbox of team from snapshot sn, on the worker
-// that holds it, with the snapshot's resources.
+// createFrom creates a sandbox of team from snapshot sn with the
+// snapshot's resources.
 func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot, labels map[string]string) (store.Sandbox, error) {
 	var m snapshotMeta
 	if err := json.Unmarshal(sn.Meta, &m); err != nil {
 		return store.Sandbox{}, fmt.Errorf("snapshot %s: metadata: %v: %w", sn.ID, err, errkind.Internal)
 	}
-	wk, err := s.worker(sn.WorkerID)
+	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(s.cfg.Limits.DefaultTTL.Seconds())}
+	pl, err := s.snapshotPlacement(sn)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(s.cfg.Limits.DefaultTTL.Seconds())}
-	return s.create(ctx, team, sp, labels, placement{worker: wk, snapshot: sn.ID})
+	return s.create(ctx, team, sp, labels, pl)
+}
+
+// snapshotPlacement says where a sandbox from sn may start: on the worker
+// that took it, or, for a chunked snapshot, wherever there is room (the
+// worker fetches it from the chunk store).
+func (s *Server) snapshotPlacement(sn store.Snapshot) (placement, error) {
+	if chunked(sn) {
+		return placement{snapshot: sn.ID}, nil
+	}
+	wk, err := s.worker(sn.WorkerID)
+	if err != nil {
+		return placement{}, err
+	}
+	return placement{worker: wk, snapshot: sn.ID}, nil
+}
+
+func chunked(sn store.Snapshot) bool {
+	var m snapshotMeta
+	return json.Unmarshal(sn.Meta, &m) == nil && m.Chunked
 }

@@ -18,7 +18,8 @@ import (
 	"space/internal/testenv"
 )
 
-// startWorker runs a standalone worker registered with ts.
+// startWorker runs a standalone worker registered with ts, sharing its
+// chunk store.
 func startWorker(t *testing.T, ts *testServer, memoryMiB int64) *testServer {
 	t.Helper()
 	return restartWorker(t, ts, memoryMiB, &testServer{dataDir: t.TempDir(), workerID: newWorkerID(t)})
@@ -43,7 +44,8 @@ func restartWorker(t *testing.T, ts *testServer, memoryMiB int64, wt *testServer
 		done <- RunWorker(ctx, WorkerConfig{
 			ID: wt.workerID, DataDir: wt.dataDir, Listen: "127.0.0.1:0", ControlPlane: ts.url,
 			Token: strings.TrimSpace(string(token)), CacheBase: guesttest.CacheBase(), AgentPath: agent,
-			VCPUs: 8, MemoryMiB: memoryMiB, Ready: func(u string) { ready <- u },
+			ChunkDir: filepath.Join(ts.dataDir, "chunks"),
+			VCPUs:    8, MemoryMiB: memoryMiB, Ready: func(u string) { ready <- u },
 		})
 	}()
 	select {
@@ -145,4 +147,70 @@ func TestTwoWorkersPlacement(t *testing.T) {
 	}
 	assertNoLeftovers(t, a)
 	assertNoLeftovers(t, b)
+}
+
+// TestSnapshotOnAnotherWorker takes a snapshot on one worker and starts
+// sandboxes from it on another, which has never seen it: the worker
+// reassembles it from the shared chunk store (cold), then reuses its copy
+// (warm).
+func TestSnapshotOnAnotherWorker(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	ts := startServerWith(t, Config{VCPUs: 1, MemoryMiB: 64}) // takes nothing
+	ts.deleteAllOnCleanup(t)
+	a := startWorker(t, ts, 1024)
+	b := startWorker(t, ts, 1024)
+	ctx := t.Context()
+	c := ts.client
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		status, body := rawCall(t, ts, "GET", "/v1/workers", "")
+		return status == 200 && strings.Count(body, `"healthy":true`) == 3
+	})
+	src, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	execOut(t, c, src.ID, sh("echo carried > /root/f; sync"))
+	sn, err := c.CreateSnapshot(ctx, src.ID, "travel")
+	if err != nil {
+		t.Fatalf("CreateSnapshot = %v", err)
+	}
+	other := a.workerID
+	if src.Worker == a.workerID {
+		other = b.workerID
+	}
+	// The source sandbox keeps its worker busier, so copies go to the
+	// other one.
+	var took []time.Duration
+	for i := range 2 {
+		t0 := time.Now()
+		cp, err := c.CreateSandbox(ctx, api.CreateSandbox{FromSnapshot: "travel"})
+		took = append(took, time.Since(t0))
+		if err != nil {
+			t.Fatalf("CreateSandbox(from_snapshot) %d = %v", i, err)
+		}
+		if cp.Worker != other {
+			t.Errorf("copy %d placed on %s, want %s (the worker that did not take the snapshot)", i, cp.Worker, other)
+		}
+		if out, _, _ := execOut(t, c, cp.ID, sh("cat /root/f")); out != "carried\n" {
+			t.Errorf("copy %d on %s: /root/f = %q", i, cp.Worker, out)
+		}
+		if err := c.DeleteSandbox(ctx, cp.ID); err != nil {
+			t.Fatalf("DeleteSandbox = %v", err)
+		}
+	}
+	t.Logf("snapshot %s (%d MiB logical, %d MiB new): create from it on another worker: cold cache %v, warm cache %v",
+		sn.ID, sn.LogicalBytes>>20, sn.NewBytes>>20, took[0].Round(time.Millisecond), took[1].Round(time.Millisecond))
+	if err := c.DeleteSnapshot(ctx, "travel"); err != nil {
+		t.Fatalf("DeleteSnapshot = %v", err)
+	}
+	if err := c.DeleteSandbox(ctx, src.ID); err != nil { // before the workers stop
+		t.Fatalf("DeleteSandbox = %v", err)
+	}
+	for _, w := range []*testServer{a, b} {
+		if entries, _ := os.ReadDir(filepath.Join(w.dataDir, "worker", "snapshots")); len(entries) != 0 {
+			t.Errorf("worker %s keeps snapshot copies after delete: %v", w.workerID, entries)
+		}
+	}
 }

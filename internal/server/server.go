@@ -6,6 +6,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -26,6 +27,8 @@ import (
 
 	"space/internal/cachedir"
 	"space/internal/cgroup"
+	"space/internal/chunkstore"
+	"space/internal/chunkstore/local"
 	"space/internal/controlplane"
 	"space/internal/errkind"
 	"space/internal/imagebuild"
@@ -82,6 +85,10 @@ type Config struct {
 	CrashAt string
 	// ReconcileInterval is controlplane.Config.ReconcileInterval.
 	ReconcileInterval time.Duration
+	// ChunkDir is the chunk store's directory, where snapshots are kept;
+	// "" = DataDir/chunks. Standalone workers that share it (same host)
+	// can restore each other's snapshots.
+	ChunkDir string
 	// Prewarm captures the default template's warm snapshot for the
 	// default sandbox shape in the background at start, so the first
 	// sandbox is a restore too. Off by default: tests leave it off.
@@ -138,9 +145,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	fmt.Fprintf(progress, "space: default template ready in %s\n", time.Since(t0).Round(time.Millisecond))
 
+	chunks, err := openChunks(cmp.Or(cfg.ChunkDir, filepath.Join(cfg.DataDir, "chunks")))
+	if err != nil {
+		return err
+	}
 	w, err := newWorker(ctx, workerConfig{
 		ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 		Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB,
+		Chunks: chunks,
 	})
 	if err != nil {
 		return err
@@ -203,6 +215,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				}
 			})
 		}
+		wg.Go(func() { collectChunks(ctx, chunks, cfg.Log) })
 		err := cp.Run(ctx)
 		wg.Wait()
 		return err
@@ -266,6 +279,7 @@ type workerConfig struct {
 	Images                 *imagebuild.Artifacts
 	VCPUs                  int
 	MemoryMiB              int64
+	Chunks                 *chunkstore.Store
 	CrashAt                string
 	Log                    *slog.Logger
 }
@@ -312,7 +326,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	}
 	w, err := worker.New(worker.Config{
 		ID: wc.ID, DataDir: wc.DataDir, Driver: drv, Templates: templates{wc.Images}, BootTimeout: bootTimeout,
-		Cgroups: cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB,
+		Cgroups: cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
 	})
 	if err != nil {
 		return nil, err
@@ -380,4 +394,40 @@ func secretFile(path string) (string, error) {
 		return "", err
 	}
 	return secret, nil
+}
+
+// openChunks opens the chunk store in dir (a local directory backend).
+func openChunks(dir string) (*chunkstore.Store, error) {
+	b, err := local.New(dir)
+	if err != nil {
+		return nil, err
+	}
+	return chunkstore.New(chunkstore.Config{Backend: b})
+}
+
+// chunkGCInterval is how often the server frees chunks no snapshot uses.
+const chunkGCInterval = 10 * time.Minute
+
+// collectChunks runs the chunk store's garbage collection every
+// chunkGCInterval until ctx ends.
+func collectChunks(ctx context.Context, chunks *chunkstore.Store, log *slog.Logger) {
+	t := time.NewTicker(chunkGCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			st, err := chunks.GC(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					log.Warn("chunk garbage collection", "err", err)
+				}
+				continue
+			}
+			if st.ChunksDeleted > 0 {
+				log.Info("chunks collected", "deleted", st.ChunksDeleted, "bytes", st.BytesDeleted)
+			}
+		}
+	}
 }

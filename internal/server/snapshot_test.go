@@ -50,9 +50,29 @@ func TestSnapshotRestoreForkAPI(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return count(a.ID) > 3 })
 
+	chunks := filepath.Join(ts.dataDir, "chunks")
+	before := dirBytes(t, chunks)
 	sn, err := c.CreateSnapshot(ctx, a.ID, "before")
 	if err != nil || sn.State != "ready" || sn.LogicalBytes <= 0 || sn.NewBytes <= 0 || sn.Name != "before" {
 		t.Fatalf("CreateSnapshot = %+v, %v", sn, err)
+	}
+	if grew := dirBytes(t, chunks) - before; grew != sn.NewBytes {
+		t.Errorf("snapshot new_bytes = %d, the chunk store grew by %d", sn.NewBytes, grew)
+	}
+	// A second snapshot of an idle sandbox stores little: only what changed.
+	before = dirBytes(t, chunks)
+	again, err := c.CreateSnapshot(ctx, a.ID, "")
+	if err != nil {
+		t.Fatalf("second CreateSnapshot = %v", err)
+	}
+	// (A running counter and the guest kernel touch memory all the time,
+	// and a touched page costs its whole 1 MiB chunk.)
+	if grew := dirBytes(t, chunks) - before; grew != again.NewBytes || again.NewBytes*2 > sn.NewBytes {
+		t.Errorf("second snapshot new_bytes = %d (store grew %d), first %d: want a fraction", again.NewBytes, grew, sn.NewBytes)
+	}
+	t.Logf("second snapshot of the same sandbox: new %d KiB of %d MiB logical", again.NewBytes>>10, again.LogicalBytes>>20)
+	if err := c.DeleteSnapshot(ctx, again.ID); err != nil {
+		t.Fatalf("DeleteSnapshot = %v", err)
 	}
 	atSnap := count(a.ID)
 	t.Logf("snapshot %s: logical %d MiB, new %d MiB, paused %d ms", sn.ID, sn.LogicalBytes>>20, sn.NewBytes>>20, sn.PausedMS)
@@ -157,3 +177,18 @@ func mustSnapshots(t *testing.T, c *client.Client) []api.Snapshot {
 }
 
 func asClientError(err error, target **client.Error) bool { return errors.As(err, target) }
+
+// dirBytes sums the sizes of the files below dir.
+func dirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -48,6 +49,9 @@ type WorkerConfig struct {
 	// defaults.
 	VCPUs     int
 	MemoryMiB int64
+	// ChunkDir is the chunk store's directory; "" = DataDir/chunks. Give
+	// it the server's (same host) to share snapshots with it.
+	ChunkDir string
 	// CrashAt names a worker crash point; for tests.
 	CrashAt string
 	// Progress, Log and Ready are as in Config.
@@ -87,9 +91,13 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if err != nil {
 		return fmt.Errorf("default template: %w", err)
 	}
+	chunks, err := openChunks(cmp.Or(cfg.ChunkDir, filepath.Join(cfg.DataDir, "chunks")))
+	if err != nil {
+		return err
+	}
 	w, err := newWorker(ctx, workerConfig{
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
-		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log,
+		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks,
 	})
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"space/internal/chunkstore"
 	"space/internal/errkind"
 	"space/internal/sandbox"
 	"space/internal/vmm"
@@ -31,6 +32,10 @@ type SnapshotInfo struct {
 	StoredBytes int64 `json:"stored_bytes"`
 	// PausedMS is how long the guest was paused for the snapshot.
 	PausedMS int64 `json:"paused_ms"`
+	// NewBytes is what the snapshot added to the chunk store (0 without
+	// one); Chunked says it is there.
+	NewBytes int64 `json:"new_bytes,omitempty"`
+	Chunked  bool  `json:"chunked,omitempty"`
 }
 
 // snapshotInfoFile marks a complete snapshot directory: it is written
@@ -102,6 +107,10 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID, snapID string) (Snapsh
 	}
 	info := SnapshotInfo{ID: snapID, SandboxID: sandboxID, Spec: spec, Created: time.Now().UTC(), PausedMS: taken.Took.Milliseconds()}
 	info.LogicalBytes, info.StoredBytes, err = treeSize(filepath.Join(dir, "vm"))
+	if err == nil && w.cfg.Chunks != nil {
+		info.Chunked = true
+		info.NewBytes, err = w.putChunks(ctx, dir, info)
+	}
 	if err == nil {
 		err = writeJSONFile(dir, snapshotInfoFile, info)
 	}
@@ -110,6 +119,80 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID, snapID string) (Snapsh
 	}
 	w.log.Info("snapshot taken", "sandbox_id", sandboxID, "snapshot_id", snapID, "paused", taken.Took, "reflinked", taken.Reflinked)
 	return info, nil
+}
+
+// putChunks stores the snapshot's files and its info as manifest info.ID
+// in the chunk store, and returns the bytes that added.
+func (w *Worker) putChunks(ctx context.Context, dir string, info SnapshotInfo) (int64, error) {
+	staged := filepath.Join(dir, ".chunk-info.json")
+	if err := writeJSONFile(dir, ".chunk-info.json", info); err != nil {
+		return 0, err
+	}
+	defer os.Remove(staged)
+	files := []chunkstore.File{{Name: snapshotInfoFile, Path: staged}}
+	entries, err := os.ReadDir(filepath.Join(dir, "vm"))
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			files = append(files, chunkstore.File{Name: "vm." + e.Name(), Path: filepath.Join(dir, "vm", e.Name())})
+		}
+	}
+	_, st, err := w.cfg.Chunks.Put(ctx, info.ID, files, chunkstore.PutOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("store snapshot %s: %w", info.ID, err)
+	}
+	w.log.Info("snapshot stored", "snapshot_id", info.ID, "logical", st.LogicalBytes, "read", st.ReadBytes, "new", st.NewBytes, "reused_chunks", st.ReusedChunks)
+	return st.NewBytes, nil
+}
+
+// fetch makes sure the worker has snapshot id on its disk, reassembling it
+// from the chunk store into its snapshot cache when it has not (a snapshot
+// another worker took). It reports whether it had to.
+func (w *Worker) fetch(ctx context.Context, id string) (fetched bool, err error) {
+	if _, err := w.SnapshotInfo(id); !errors.Is(err, errkind.NotFound) {
+		return false, err
+	}
+	if w.cfg.Chunks == nil {
+		return false, fmt.Errorf("%s: %w", id, ErrSnapshotNotFound)
+	}
+	m, err := w.cfg.Chunks.Get(ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	if err := os.MkdirAll(w.snapshotsDir(), 0o700); err != nil {
+		return false, err
+	}
+	tmp, err := os.MkdirTemp(w.snapshotsDir(), ".fetch-")
+	if err != nil {
+		return false, err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Mkdir(filepath.Join(tmp, "vm"), 0o700); err != nil {
+		return false, err
+	}
+	t0 := time.Now()
+	for _, f := range m.Files {
+		dst := filepath.Join(tmp, snapshotInfoFile)
+		if name, ok := strings.CutPrefix(f.Name, "vm."); ok {
+			dst = filepath.Join(tmp, "vm", name)
+		} else if f.Name != snapshotInfoFile {
+			return false, fmt.Errorf("snapshot %s: unexpected file %q: %w", id, f.Name, errkind.Internal)
+		}
+		if err := w.cfg.Chunks.Restore(ctx, m, f.Name, dst); err != nil {
+			return false, fmt.Errorf("snapshot %s: %w", id, err)
+		}
+	}
+	dir, err := w.snapshotDir(id)
+	if err != nil {
+		return false, err
+	}
+	if err := os.Rename(tmp, dir); err != nil && !errors.Is(err, fs.ErrExist) && !strings.Contains(err.Error(), "not empty") {
+		return false, err
+	}
+	w.log.Info("snapshot fetched from the chunk store", "snapshot_id", id, "took", time.Since(t0))
+	return true, nil
 }
 
 // SnapshotInfo returns the worker's snapshot id, or ErrSnapshotNotFound.
@@ -140,6 +223,19 @@ func (w *Worker) DeleteSnapshot(id string) error {
 	if err != nil {
 		return err
 	}
+	if w.cfg.Chunks != nil {
+		// The manifest goes; the chunk store's GC frees chunks no other
+		// manifest uses.
+		err := w.cfg.Chunks.Delete(context.Background(), id)
+		if err != nil && !errors.Is(err, errkind.NotFound) {
+			return err
+		}
+		if err == nil {
+			if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+				return nil // stored, never cached here
+			}
+		}
+	}
 	// The info file goes first: a crash halfway leaves an incomplete
 	// snapshot, which Start removes, never a damaged complete one.
 	if err := os.Remove(filepath.Join(dir, snapshotInfoFile)); errors.Is(err, fs.ErrNotExist) {
@@ -157,6 +253,9 @@ func (w *Worker) DeleteSnapshot(id string) error {
 // writable disk, fresh entropy, clock and hostname. The spec is the
 // snapshot's.
 func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string) (Info, error) {
+	if _, err := w.fetch(ctx, snapID); err != nil {
+		return Info{}, err
+	}
 	info, err := w.SnapshotInfo(snapID)
 	if err != nil {
 		return Info{}, err
@@ -170,6 +269,9 @@ func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string
 // finishes it on the next start: the record names the snapshot until the
 // new VM answers.
 func (w *Worker) Restore(ctx context.Context, id, snapID string) (Info, error) {
+	if _, err := w.fetch(ctx, snapID); err != nil {
+		return Info{}, err
+	}
 	info, err := w.SnapshotInfo(snapID)
 	if err != nil {
 		return Info{}, err

@@ -16,6 +16,7 @@ import (
 	"space/api"
 	"space/internal/agent/client"
 	"space/internal/cgroup"
+	"space/internal/chunkstore"
 	"space/internal/errkind"
 	"space/internal/guestvm"
 	"space/internal/imagebuild"
@@ -48,6 +49,11 @@ type Config struct {
 	// Cgroups is the host's control group hierarchy, or nil to run VMMs
 	// without limits (reported by Status).
 	Cgroups *cgroup.Hierarchy
+	// Chunks stores snapshots as chunk manifests, shared by the workers
+	// that use the same store (a directory on one host, a bucket across
+	// hosts): a snapshot one worker took, another can restore. Nil keeps
+	// snapshots on this worker's disk only.
+	Chunks *chunkstore.Store
 	// VCPUs and MemoryMiB are the capacity offered to sandboxes; 0 = four
 	// vCPUs per host CPU, and 80% of the host's RAM.
 	VCPUs     int
