@@ -78,8 +78,12 @@ type Sandbox struct {
 	CreatedAt time.Time         `json:"created_at"`
 	UpdatedAt time.Time         `json:"updated_at"`
 	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
-	// VM describes the running VM; absent until the sandbox first ran.
+	// VM describes the running VM; absent until the sandbox first ran
+	// and while it is suspended.
 	VM *VMInfo `json:"vm,omitempty"`
+	// SuspendedSnapshot is the snapshot a suspended (stopped) sandbox
+	// resumes from.
+	SuspendedSnapshot string `json:"suspended_snapshot,omitempty"`
 }
 
 // VMInfo is how a sandbox's VM was started and runs.

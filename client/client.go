@@ -327,7 +327,14 @@ func (c *Client) PauseSandbox(ctx context.Context, id string) (api.Sandbox, erro
 	return sb, err
 }
 
-// ResumeSandbox continues a paused sandbox.
+// SuspendSandbox snapshots sandbox id to storage and stops its VM.
+func (c *Client) SuspendSandbox(ctx context.Context, id string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/suspend")}, &sb)
+	return sb, err
+}
+
+// ResumeSandbox continues a paused sandbox, or restores a suspended one.
 func (c *Client) ResumeSandbox(ctx context.Context, id string) (api.Sandbox, error) {
 	var sb api.Sandbox
 	err := c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/resume")}, &sb)

@@ -24,7 +24,8 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	return newGroupCmd("sandbox", "Create, list and remove sandboxes",
 		newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g),
 		newSandboxStateCmd(g, "pause", "Pause sandboxes (vCPUs stop; memory stays)", (*client.Client).PauseSandbox),
-		newSandboxStateCmd(g, "resume", "Resume paused sandboxes", (*client.Client).ResumeSandbox),
+		newSandboxStateCmd(g, "suspend", "Suspend sandboxes to storage (the VM stops; memory is freed)", (*client.Client).SuspendSandbox),
+		newSandboxStateCmd(g, "resume", "Resume paused or suspended sandboxes", (*client.Client).ResumeSandbox),
 		newSandboxRestoreCmd(g), newSandboxForkCmd(g))
 }
 

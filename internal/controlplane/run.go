@@ -42,6 +42,26 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 		return err
 	}
 	log := s.log.With("sandbox_id", rec.ID, "worker_id", wk.ID())
+	if snap := suspendedFrom(rec); snap != "" {
+		defer s.forgetUsage(rec.TeamID)
+		switch rec.State {
+		case sandbox.Stopping: // a suspend: its snapshot is safe; finish it
+			log.Info("finishing interrupted suspend")
+			_, err := s.finishSuspend(ctx, rec)
+			return err
+		case sandbox.Creating: // a resume
+			if !missing && inf.State == sandbox.Running {
+				log.Info("completing interrupted resume")
+				if _, err := s.transition(ctx, rec, sandbox.Running, func(sb *store.Sandbox) { setVM(sb, inf.VM) }); err != nil {
+					return err
+				}
+				s.dropSuspendSnapshot(ctx, rec.TeamID, snap)
+				return nil
+			}
+			log.Info("rolling back interrupted resume")
+			return s.unresume(ctx, wk, rec)
+		}
+	}
 	switch rec.State {
 	case sandbox.Creating:
 		if missing || inf.State != sandbox.Running {

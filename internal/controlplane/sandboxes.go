@@ -41,6 +41,21 @@ type spec struct {
 // stored is what the store keeps as a sandbox's Handle: how its VM runs.
 type stored struct {
 	VM *api.VMInfo `json:"vm,omitempty"`
+	// Suspended is the snapshot a suspended sandbox resumes from, set
+	// from the moment a suspend has taken it until a resume completes.
+	Suspended string `json:"suspended,omitempty"`
+}
+
+// suspendedFrom returns the snapshot sb is suspended to, or "".
+func suspendedFrom(sb store.Sandbox) string {
+	var st stored
+	json.Unmarshal(sb.Handle, &st)
+	return st.Suspended
+}
+
+func setSuspended(sb *store.Sandbox, snapID string) {
+	b, _ := json.Marshal(stored{Suspended: snapID})
+	sb.Handle = b
 }
 
 const (
@@ -164,14 +179,8 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 	}
 	wk := pl.worker
 	if wk == nil {
-		var healthy []Worker
-		for _, w := range s.workerList() {
-			if s.healthy(w) {
-				healthy = append(healthy, w)
-			}
-		}
 		var err error
-		if wk, err = place(ctx, healthy, sp.Spec); err != nil {
+		if wk, err = place(ctx, s.healthyWorkers(), sp.Spec); err != nil {
 			lock.Unlock()
 			return store.Sandbox{}, err
 		}
@@ -431,6 +440,7 @@ func (s *Server) view(sb store.Sandbox) api.Sandbox {
 	var st stored
 	if json.Unmarshal(sb.Handle, &st) == nil {
 		v.VM = st.VM
+		v.SuspendedSnapshot = st.Suspended
 	}
 	return v
 }
@@ -506,6 +516,21 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 	if sb.State == sandbox.Creating {
 		return fmt.Errorf("sandbox %s is still being created: %w", sb.ID, errkind.FailedPrecondition)
 	}
+	if sb.State == sandbox.Stopped {
+		// Suspended: no VM; its snapshot goes with it.
+		if snap := suspendedFrom(sb); snap != "" {
+			if sn, err := s.cfg.Store.Snapshot(ctx, sb.TeamID, snap); err == nil {
+				if err := s.deleteSnapshot(ctx, sn); err != nil {
+					return err
+				}
+			}
+		}
+		if err := s.cfg.Store.DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		s.log.Info("sandbox deleted", "sandbox_id", sb.ID)
+		return nil
+	}
 	if sb.State != sandbox.Stopping {
 		var err error
 		if sb, err = s.transition(ctx, sb, sandbox.Stopping, nil); err != nil {
@@ -527,6 +552,9 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 		return err
 	} else if err == nil {
 		s.adjustUsage(sb.TeamID, sb.Spec, -1)
+	}
+	if snap := suspendedFrom(sb); snap != "" { // deleted mid-suspend
+		s.dropSuspendSnapshot(ctx, sb.TeamID, snap)
 	}
 	s.log.Info("sandbox deleted", "sandbox_id", sb.ID)
 	return nil
@@ -562,8 +590,19 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 // maxUpload bounds one file upload.
 const maxUpload = 1 << 30
 
-func (s *Server) handlePause(w http.ResponseWriter, r *http.Request)  { s.setRunning(w, r, false) }
-func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) { s.setRunning(w, r, true) }
+func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) { s.setRunning(w, r, false) }
+func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.load(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if sb.State == sandbox.Stopped && suspendedFrom(sb) != "" {
+		s.resumeSuspended(w, r, sb)
+		return
+	}
+	s.setRunning(w, r, true)
+}
 
 // setRunning pauses or resumes a sandbox on its worker, then records the
 // state the worker reports.
@@ -606,4 +645,12 @@ func (s *Server) setRunning(w http.ResponseWriter, r *http.Request, run bool) {
 		}
 	}
 	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+}
+
+// jsonUnmarshal decodes a stored JSON value; a failure is internal.
+func jsonUnmarshal(b []byte, v any) error {
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("stored record: %v: %w", err, errkind.Internal)
+	}
+	return nil
 }

@@ -92,6 +92,8 @@ var CrashPoints = []string{
 	"api.create.recorded",    // store says creating; the worker was not asked
 	"api.create.worker-done", // the worker runs it; the store says creating
 	"api.delete.stopping-saved",
+	"api.suspend.stopping-saved", // snapshot taken, store says stopping; the VM runs
+	"api.resume.creating-saved",  // store says creating on a worker; it was not asked
 }
 
 // Server is the control plane.
@@ -280,6 +282,7 @@ func (s *Server) routes() []route {
 		{"GET", sb, s.handleGet, false},
 		{"DELETE", sb, s.handleDelete, false},
 		{"POST", sb + "/pause", s.handlePause, false},
+		{"POST", sb + "/suspend", s.handleSuspend, false},
 		{"POST", sb + "/snapshots", s.handleCreateSnapshot, false},
 		{"POST", sb + "/restore", s.handleRestore, false},
 		{"POST", sb + "/fork", s.handleFork, false},

@@ -173,8 +173,9 @@ func TestCrashAtEveryStep(t *testing.T) {
 			dataDir, workerID := t.TempDir(), newWorkerID(t)
 			deleting := strings.Contains(step, "delete")
 			restoring := strings.HasPrefix(step, "restore.")
+			suspending, resuming := strings.HasPrefix(step, "api.suspend."), strings.HasPrefix(step, "api.resume.")
 			var id string
-			if deleting || restoring {
+			if deleting || restoring || suspending || resuming {
 				c := startChild(t, dataDir, workerID, "")
 				sb, err := c.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 192})
 				if err != nil {
@@ -189,6 +190,11 @@ func TestCrashAtEveryStep(t *testing.T) {
 					}
 					c.client.Exec(t.Context(), id, sh("echo two > /root/f; sync"), &out, io.Discard)
 				}
+				if resuming {
+					if _, err := c.client.SuspendSandbox(t.Context(), id); err != nil {
+						t.Fatalf("SuspendSandbox = %v", err)
+					}
+				}
 				c.kill(t, syscall.SIGTERM)
 			}
 			c := startChild(t, dataDir, workerID, step)
@@ -200,6 +206,14 @@ func TestCrashAtEveryStep(t *testing.T) {
 			case restoring:
 				if _, err := c.client.RestoreSandbox(t.Context(), id, "s"); err == nil {
 					t.Fatalf("RestoreSandbox returned before the crash point %s", step)
+				}
+			case suspending:
+				if _, err := c.client.SuspendSandbox(t.Context(), id); err == nil {
+					t.Fatalf("SuspendSandbox returned before the crash point %s", step)
+				}
+			case resuming:
+				if _, err := c.client.ResumeSandbox(t.Context(), id); err == nil {
+					t.Fatalf("ResumeSandbox returned before the crash point %s", step)
 				}
 			default:
 				if sb, err := c.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 192}); err == nil {
@@ -215,6 +229,16 @@ func TestCrashAtEveryStep(t *testing.T) {
 			}
 			ts := &testServer{dataDir: dataDir, workerID: workerID}
 			switch {
+			case (suspending || resuming) && len(all) == 1 && all[0].State == "stopped" && all[0].SuspendedSnapshot != "":
+				// Suspended (the suspend finished, or the resume rolled
+				// back): it resumes, then goes.
+				t.Logf("%s: suspended", step)
+				if sb, err := c.client.ResumeSandbox(t.Context(), id); err != nil || sb.State != "running" {
+					t.Fatalf("ResumeSandbox after restart = %+v, %v", sb, err)
+				}
+				if err := c.client.DeleteSandbox(t.Context(), id); err != nil {
+					t.Fatalf("DeleteSandbox = %v", err)
+				}
 			case len(all) == 0:
 				t.Logf("%s: rolled back / finished", step)
 			case len(all) == 1 && !deleting && all[0].State == "running":

@@ -2,10 +2,12 @@ package server
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -147,6 +149,30 @@ func TestSnapshotRestoreForkAPI(t *testing.T) {
 		t.Errorf("RestoreSandbox(deleted snapshot) = %v, want not found", err)
 	}
 
+	// Suspend: the VM goes, the sandbox stays; resume brings it back as it was.
+	cur, _ := c.Sandbox(ctx, a.ID)
+	c0 := count(a.ID)
+	susp, err := c.SuspendSandbox(ctx, a.ID)
+	if err != nil || susp.State != "stopped" || susp.SuspendedSnapshot == "" || susp.VM != nil {
+		t.Fatalf("SuspendSandbox = %+v, %v", susp, err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return syscall.Kill(cur.VM.PID, 0) != nil })
+	var ce *client.Error
+	if _, err := c.Exec(ctx, a.ID, sh("true"), io.Discard, io.Discard); !asClientError(err, &ce) || ce.Status != 409 {
+		t.Errorf("Exec in a suspended sandbox = %v, want 409", err)
+	}
+	res, err := c.ResumeSandbox(ctx, a.ID)
+	if err != nil || res.State != "running" || res.VM == nil || res.VM.StartedBy != "restore" || res.SuspendedSnapshot != "" {
+		t.Fatalf("ResumeSandbox = %+v, %v", res, err)
+	}
+	if f := run(a.ID, "cat /root/f"); f != "one\n" {
+		t.Errorf("after resume /root/f = %q", f)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(a.ID) > c0 })
+	if sns := mustSnapshots(t, c); len(sns) != 0 {
+		t.Errorf("after resume snapshots = %+v, want the suspend snapshot gone", sns)
+	}
+
 	// A full snapshot quota refuses new snapshots.
 	if _, err := c.SetQuota(ctx, "", api.Quota{SnapshotMiB: 1}); err != nil {
 		t.Fatalf("SetQuota = %v", err)
@@ -154,7 +180,6 @@ func TestSnapshotRestoreForkAPI(t *testing.T) {
 	if _, err := c.CreateSnapshot(ctx, a.ID, ""); err != nil {
 		t.Fatalf("first snapshot under a 1 MiB quota = %v (the quota counts what is stored before)", err)
 	}
-	var ce *client.Error
 	if _, err := c.CreateSnapshot(ctx, a.ID, ""); err == nil || !asClientError(err, &ce) || ce.Status != 429 {
 		t.Errorf("snapshot over quota = %v, want 429", err)
 	}

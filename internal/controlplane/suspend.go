@@ -1,0 +1,148 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"space/internal/errkind"
+	"space/internal/httpapi"
+	"space/internal/sandbox"
+	"space/internal/store"
+	"space/internal/worker"
+)
+
+// handleSuspend snapshots a sandbox into the chunk store and stops its VM,
+// freeing the worker's memory; resume starts it again from the snapshot,
+// on any worker. Steps, each persisted before the next: snapshot taken;
+// record stopping with the snapshot named; VM destroyed; record stopped.
+func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request) {
+	sb, wk, err := s.running(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	ctx := context.WithoutCancel(r.Context())
+	defer s.claim(sb.ID)()
+	sn, err := s.snapshot(ctx, sb, wk, "")
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if !chunked(sn) {
+		httpapi.WriteError(w, errors.Join(
+			fmt.Errorf("suspend %s: its worker keeps snapshots only on its own disk: %w", sb.ID, errkind.FailedPrecondition),
+			s.deleteSnapshot(ctx, sn)))
+		return
+	}
+	if sb, err = s.transition(ctx, sb, sandbox.Stopping, func(rec *store.Sandbox) { setSuspended(rec, sn.ID) }); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	s.crash("api.suspend.stopping-saved")
+	if sb, err = s.finishSuspend(ctx, sb); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	s.log.Info("sandbox suspended", "sandbox_id", sb.ID, "snapshot_id", sn.ID)
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+}
+
+// finishSuspend destroys the VM of a sandbox whose suspend snapshot is
+// recorded, and records it stopped (no worker: it may resume anywhere).
+func (s *Server) finishSuspend(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	if sb.WorkerID != "" {
+		wk, err := s.worker(sb.WorkerID)
+		if err != nil {
+			return sb, err
+		}
+		if err := wk.Delete(ctx, sb.ID); err != nil && !errors.Is(err, errkind.NotFound) {
+			return sb, err
+		}
+	}
+	sb, err := s.transition(ctx, sb, sandbox.Stopped, func(rec *store.Sandbox) { rec.WorkerID = "" })
+	if err == nil {
+		s.adjustUsage(sb.TeamID, sb.Spec, -1)
+	}
+	return sb, err
+}
+
+// resumeSuspended starts a suspended sandbox from its snapshot, on the
+// worker with the most room, with its ID, and then drops the snapshot.
+func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb store.Sandbox) {
+	ctx := context.WithoutCancel(r.Context())
+	defer s.claim(sb.ID)()
+	snap := suspendedFrom(sb)
+	var sp spec
+	if err := jsonUnmarshal(sb.Spec, &sp); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	lock := s.teamLock(sb.TeamID)
+	lock.Lock()
+	err := s.checkQuota(ctx, sb.TeamID, sp)
+	var wk Worker
+	if err == nil {
+		wk, err = place(ctx, s.healthyWorkers(), sp.Spec)
+	}
+	if err == nil {
+		sb, err = s.transition(ctx, sb, sandbox.Creating, func(rec *store.Sandbox) { rec.WorkerID = wk.ID() })
+	}
+	if err == nil {
+		s.adjustUsage(sb.TeamID, sb.Spec, 1)
+	}
+	lock.Unlock()
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	s.crash("api.resume.creating-saved")
+	inf, err := wk.Create(ctx, worker.CreateRequest{ID: sb.ID, Team: sb.TeamID, FromSnapshot: snap})
+	if err != nil {
+		httpapi.WriteError(w, errors.Join(err, s.unresume(ctx, wk, sb)))
+		return
+	}
+	if sb, err = s.transition(ctx, sb, sandbox.Running, func(rec *store.Sandbox) { setVM(rec, inf.VM) }); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	s.dropSuspendSnapshot(ctx, sb.TeamID, snap)
+	s.log.Info("sandbox resumed", "sandbox_id", sb.ID, "worker_id", wk.ID())
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+}
+
+// unresume puts a sandbox whose resume failed back to suspended.
+func (s *Server) unresume(ctx context.Context, wk Worker, sb store.Sandbox) error {
+	if err := wk.Delete(ctx, sb.ID); err != nil && !errors.Is(err, errkind.NotFound) {
+		return err
+	}
+	sb, err := s.transition(ctx, sb, sandbox.Stopping, nil)
+	if err != nil {
+		return err
+	}
+	_, err = s.finishSuspend(ctx, sb)
+	return err
+}
+
+// dropSuspendSnapshot removes a resumed sandbox's suspend snapshot: the
+// sandbox owns copies of everything in it now.
+func (s *Server) dropSuspendSnapshot(ctx context.Context, team, snap string) {
+	sn, err := s.cfg.Store.Snapshot(ctx, team, snap)
+	if err == nil {
+		err = s.deleteSnapshot(ctx, sn)
+	}
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.log.Warn("remove suspend snapshot", "snapshot_id", snap, "err", err)
+	}
+}
+
+func (s *Server) healthyWorkers() []Worker {
+	var healthy []Worker
+	for _, w := range s.workerList() {
+		if s.healthy(w) {
+			healthy = append(healthy, w)
+		}
+	}
+	return healthy
+}
