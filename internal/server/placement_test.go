@@ -16,6 +16,7 @@ import (
 	"space/internal/agent/guesttest"
 	"space/internal/httpapi"
 	"space/internal/testenv"
+	"space/internal/worker"
 )
 
 // startWorker runs a standalone worker registered with ts, sharing its
@@ -105,7 +106,7 @@ func TestTwoWorkersPlacement(t *testing.T) {
 		}
 		on[sb.Worker]++
 		stdout, _, code := execOut(t, ts.client, sb.ID, sh("hostname"))
-		if code != 0 || stdout != "sandbox\n" {
+		if code != 0 || stdout != worker.Hostname(sb.ID)+"\n" {
 			t.Errorf("exec on %s = %q, %d", sb.Worker, stdout, code)
 		}
 		var got strings.Builder

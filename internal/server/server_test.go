@@ -24,6 +24,7 @@ import (
 	"space/internal/agent/guesttest"
 	"space/internal/cgroup"
 	"space/internal/testenv"
+	"space/internal/worker"
 )
 
 // testServer is a server process run in this test process.
@@ -586,7 +587,7 @@ func TestWarmCreate(t *testing.T) {
 	t.Logf("boot %d ms, warm %d ms, cold boot %d ms", first.VM.BootMS, second.VM.BootMS, third.VM.BootMS)
 	// The warm sandbox is a fresh one: nothing of the first sandbox's, a
 	// working exec and file system, and its own random stream.
-	if out, _, _ := execOut(t, c, second.ID, sh("cat /root/mine 2>/dev/null || echo absent; hostname")); out != "absent\nsandbox\n" {
+	if out, _, _ := execOut(t, c, second.ID, sh("cat /root/mine 2>/dev/null || echo absent; hostname")); out != "absent\n"+worker.Hostname(second.ID)+"\n" {
 		t.Errorf("warm sandbox = %q, want a fresh sandbox", out)
 	}
 	rnd := "head -c 16 /dev/urandom | od -An -tx1"

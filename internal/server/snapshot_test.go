@@ -15,6 +15,7 @@ import (
 	"space/client"
 	"space/internal/agent/guesttest"
 	"space/internal/testenv"
+	"space/internal/worker"
 )
 
 // TestSnapshotRestoreForkAPI runs the checkpoint story through the API: a
@@ -100,8 +101,8 @@ func TestSnapshotRestoreForkAPI(t *testing.T) {
 		if k.State != "running" || k.ID == a.ID {
 			t.Errorf("fork %d = %+v", i, k)
 		}
-		if f := run(k.ID, "cat /root/f"); f != "one\n" {
-			t.Errorf("fork %d: /root/f = %q, want one", i, f)
+		if f := run(k.ID, "cat /root/f; hostname"); f != "one\n"+worker.Hostname(k.ID)+"\n" {
+			t.Errorf("fork %d: /root/f and hostname = %q, want one and its own name", i, f)
 		}
 		testenv.Eventually(t, 30*time.Second, func() bool { return count(k.ID) > 0 })
 	}

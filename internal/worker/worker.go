@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -331,7 +332,7 @@ func (w *Worker) guestConfig(s *sbx, spec Spec, img *imagebuild.Artifacts) guest
 		VCPUs:     spec.VCPUs,
 		MemoryMiB: int(spec.MemoryMiB),
 		DiskGiB:   int((spec.DiskMiB + 1023) / 1024),
-		Hostname:  "sandbox",
+		Hostname:  Hostname(s.id()),
 	}
 }
 
@@ -380,3 +381,8 @@ func consoleHint(vm vmm.VM) string {
 	}
 	return "; console ends: " + string(b)
 }
+
+// Hostname is the guest hostname of sandbox id: the ID with '-' for '_'
+// (hostnames allow no '_'), so every sandbox, fork and restore included,
+// knows its own name.
+func Hostname(id string) string { return strings.ReplaceAll(id, "_", "-") }
