@@ -43,7 +43,22 @@ func startServer(t *testing.T, dataDir, workerID string) *testServer {
 	return startServerWith(t, Config{DataDir: dataDir, WorkerID: workerID})
 }
 
+// startServerB is startServer for benchmarks; sandboxes are deleted at
+// the end.
+func startServerB(b *testing.B) *testServer {
+	b.Helper()
+	ts := startServerTB(b, Config{})
+	ts.deleteAllOnCleanup(b)
+	return ts
+}
+
 func startServerWith(t *testing.T, cfg Config) *testServer {
+	t.Helper()
+	ts := startServerTB(t, cfg)
+	return ts
+}
+
+func startServerTB(t testing.TB, cfg Config) *testServer {
 	t.Helper()
 	dataDir, workerID := cfg.DataDir, cfg.WorkerID
 	guesttest.Images(t)
@@ -99,7 +114,7 @@ func startServerWith(t *testing.T, cfg Config) *testServer {
 
 // deleteAllOnCleanup deletes the sandboxes the admin key's team has when
 // the test ends, before the server stops.
-func (ts *testServer) deleteAllOnCleanup(t *testing.T) {
+func (ts *testServer) deleteAllOnCleanup(t testing.TB) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -116,7 +131,7 @@ func (ts *testServer) deleteAllOnCleanup(t *testing.T) {
 	})
 }
 
-func newWorkerID(t *testing.T) string {
+func newWorkerID(t testing.TB) string {
 	var b [4]byte
 	rand.Read(b[:])
 	id := "t" + hex.EncodeToString(b[:])

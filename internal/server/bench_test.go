@@ -1,0 +1,110 @@
+package server
+
+import (
+	"io"
+	"testing"
+	"time"
+
+	"space/api"
+	"space/client"
+	"space/internal/agent/guesttest"
+)
+
+// untilExec returns how long start took plus a first `exec true` in the
+// sandbox it returned.
+func untilExec(b *testing.B, c *client.Client, start func() (api.Sandbox, error)) (api.Sandbox, time.Duration) {
+	b.Helper()
+	t0 := time.Now()
+	sb, err := start()
+	if err != nil {
+		b.Fatalf("start: %v", err)
+	}
+	if exit, err := c.Exec(b.Context(), sb.ID, api.Exec{Command: []string{"true"}}, io.Discard, io.Discard); err != nil || exit.Code != 0 {
+		b.Fatalf("exec true: %+v, %v", exit, err)
+	}
+	return sb, time.Since(t0)
+}
+
+// BenchmarkSandboxLifecycle measures, in one run and through the API,
+// every latency until a first `exec true` has completed: create from a
+// warm template against a cold boot, a fork of a 2 GiB guest against a
+// 256 MiB one, and what a second snapshot stores against what the guest
+// dirtied between the two, with the snapshot call's duration.
+//
+//	go test -run '^$' -bench SandboxLifecycle -benchtime 1x ./internal/server
+func BenchmarkSandboxLifecycle(b *testing.B) {
+	release := guesttest.AcquireAllSlots(b)
+	defer release()
+	ts := startServerB(b)
+	c := ts.client
+	ctx := b.Context()
+	shape := api.CreateSandbox{MemoryMiB: 256, DiskMiB: 1024}
+	for b.Loop() {
+		// The first of a shape boots (and is captured); then warm vs cold.
+		untilExec(b, c, func() (api.Sandbox, error) { return c.CreateSandbox(ctx, shape) })
+		_, warm := untilExec(b, c, func() (api.Sandbox, error) { return c.CreateSandbox(ctx, shape) })
+		cold := shape
+		cold.ColdBoot = true
+		_, boot := untilExec(b, c, func() (api.Sandbox, error) { return c.CreateSandbox(ctx, cold) })
+		b.ReportMetric(float64(warm.Milliseconds()), "warm-create-ms")
+		b.ReportMetric(float64(boot.Milliseconds()), "cold-boot-ms")
+		b.ReportMetric(float64(warm)/float64(boot), "warm/cold")
+
+		fork := func(mem int64) time.Duration {
+			parent, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: mem, DiskMiB: 1024})
+			if err != nil {
+				b.Fatalf("create %d MiB: %v", mem, err)
+			}
+			// Touch a good part of the guest's memory so its size matters.
+			c.Exec(ctx, parent.ID, api.Exec{Shell: "head -c $(( $(awk '/MemFree/{print $2}' /proc/meminfo) / 2 ))k /dev/zero | tr '\\0' x > /dev/shm/fill"}, io.Discard, io.Discard)
+			_, took := untilExec(b, c, func() (api.Sandbox, error) {
+				kids, err := c.ForkSandbox(ctx, parent.ID, 1)
+				if err != nil {
+					return api.Sandbox{}, err
+				}
+				return kids[0], nil
+			})
+			return took
+		}
+		small, big := fork(256), fork(2048)
+		b.ReportMetric(float64(small.Milliseconds()), "fork-256MiB-ms")
+		b.ReportMetric(float64(big.Milliseconds()), "fork-2GiB-ms")
+		b.ReportMetric(float64(big)/float64(small), "fork-2GiB/256MiB")
+
+		sb, err := c.CreateSandbox(ctx, shape)
+		if err != nil {
+			b.Fatalf("create: %v", err)
+		}
+		snap := func() api.Snapshot {
+			t0 := time.Now()
+			sn, err := c.CreateSnapshot(ctx, sb.ID, "")
+			if err != nil {
+				b.Fatalf("snapshot: %v", err)
+			}
+			sn.PausedMS = time.Since(t0).Milliseconds() // the whole call, here
+			return sn
+		}
+		dirty := func(cmd string) {
+			if exit, err := c.Exec(ctx, sb.ID, api.Exec{Shell: cmd}, io.Discard, io.Discard); err != nil || exit.Code != 0 {
+				b.Fatalf("%s: %+v, %v", cmd, exit, err)
+			}
+		}
+		base := snap()
+		idle := snap()
+		dirty("head -c 16M /dev/urandom > /dev/shm/t16")
+		tmpfs := snap()
+		dirty("head -c 16M /dev/urandom > /root/d16; sync")
+		disk := snap()
+		dirty("head -c 64M /dev/urandom > /dev/shm/t64")
+		big64 := snap()
+		const m16 = 16 << 20
+		b.ReportMetric(float64(idle.NewBytes)/(1<<20), "idle-snapshot-new-MiB")
+		b.ReportMetric(float64(tmpfs.NewBytes)/m16, "new/dirtied-tmpfs-16MiB")
+		b.ReportMetric(float64(disk.NewBytes)/m16, "new/dirtied-disk-16MiB")
+		b.ReportMetric(float64(big64.NewBytes)/(64<<20), "new/dirtied-tmpfs-64MiB")
+		b.ReportMetric(float64(base.PausedMS), "snapshot-first-ms")
+		b.ReportMetric(float64(idle.PausedMS), "snapshot-idle-ms")
+		b.ReportMetric(float64(tmpfs.PausedMS), "snapshot-16MiB-ms")
+		b.ReportMetric(float64(big64.PausedMS), "snapshot-64MiB-ms")
+	}
+}
