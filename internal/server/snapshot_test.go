@@ -218,3 +218,64 @@ func dirBytes(t *testing.T, dir string) int64 {
 	})
 	return n
 }
+
+// TestCorruptChunkThroughAPI damages one stored chunk of a snapshot that
+// the worker has to reassemble: starting a sandbox from it fails with an
+// error that says so, and leaves nothing behind.
+func TestCorruptChunkThroughAPI(t *testing.T) {
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	c := ts.client
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192, DiskMiB: 1024})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	execOut(t, c, sb.ID, sh("head -c 4M /dev/urandom > /root/data; sync"))
+	sn, err := c.CreateSnapshot(ctx, sb.ID, "")
+	if err != nil {
+		t.Fatalf("CreateSnapshot = %v", err)
+	}
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatalf("DeleteSandbox = %v", err)
+	}
+	// The worker forgets its copy, as a worker that never saw it would
+	// not have one, and one stored chunk rots.
+	if err := os.RemoveAll(filepath.Join(ts.dataDir, "worker", "snapshots", sn.ID)); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	var chunk string
+	filepath.WalkDir(filepath.Join(ts.dataDir, "chunks", "chunks"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && chunk == "" {
+			chunk = p
+		}
+		return nil
+	})
+	if chunk == "" {
+		t.Fatalf("setup: no chunk stored")
+	}
+	f, err := os.OpenFile(chunk, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	b := make([]byte, 1)
+	f.ReadAt(b, 100)
+	b[0] ^= 0xff
+	f.WriteAt(b, 100)
+	f.Close()
+
+	_, err = c.CreateSandbox(ctx, api.CreateSandbox{FromSnapshot: sn.ID})
+	if err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("CreateSandbox from a snapshot with a damaged chunk = %v, want an error naming the corruption", err)
+	}
+	t.Logf("as expected: %v", err)
+	if all, err := c.Sandboxes(ctx, client.ListOptions{}); err != nil || len(all) != 0 {
+		t.Errorf("sandboxes after the failed create = %+v, %v; want none", all, err)
+	}
+	assertNoLeftovers(t, ts)
+	if entries, _ := os.ReadDir(filepath.Join(ts.dataDir, "worker", "snapshots")); len(entries) != 0 {
+		t.Errorf("a half-fetched snapshot is left: %v", entries)
+	}
+}
