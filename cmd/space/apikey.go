@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"space/api"
+	"space/client"
 )
 
 func newAPIKeyCmd(g *globals) *cobra.Command {
@@ -107,71 +108,42 @@ func newAPIKeyRemoveCmd(g *globals) *cobra.Command {
 }
 
 func newQuotaCmd(g *globals) *cobra.Command {
-	var output, team string
-	c := &cobra.Command{
+	var team string
+	c := withOutput(g, &cobra.Command{
 		Use:   "quota",
 		Short: "Show a team's limits and usage (yours unless --team, which needs an admin key)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
-				return err
-			}
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			q, err := cl.TeamQuota(cmd.Context(), team)
-			if err != nil {
-				return err
-			}
-			return g.printQuota(q, output)
-		},
-	}
+	}, func(cmd *cobra.Command, cl *client.Client, _ []string) (api.QuotaUsage, error) {
+		return cl.TeamQuota(cmd.Context(), team)
+	}, g.printQuota)
 	c.Flags().StringVar(&team, "team", "", "the `team` (admin key)")
-	outputFlag(c.Flags(), &output)
 	c.AddCommand(newQuotaSetCmd(g))
 	return c
 }
 
 func newQuotaSetCmd(g *globals) *cobra.Command {
 	var (
-		output, team string
-		q            api.Quota
+		team string
+		q    api.Quota
 	)
-	c := &cobra.Command{
+	c := withOutput(g, &cobra.Command{
 		Use:   "set [--team T] [--sandboxes N] [--vcpus N] [--memory MiB] [--snapshots MiB]",
 		Short: "Set a team's limits (admin key); 0 or an omitted flag means unlimited",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
-				return err
-			}
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			res, err := cl.SetQuota(cmd.Context(), team, q)
-			if err != nil {
-				return err
-			}
-			return g.printQuota(res, output)
-		},
-	}
+	}, func(cmd *cobra.Command, cl *client.Client, _ []string) (api.QuotaUsage, error) {
+		return cl.SetQuota(cmd.Context(), team, q)
+	}, g.printQuota)
 	f := c.Flags()
 	f.StringVar(&team, "team", "", "the `team` (default: yours)")
 	f.IntVar(&q.Sandboxes, "sandboxes", 0, "sandboxes at once")
 	f.IntVar(&q.VCPUs, "vcpus", 0, "vCPUs over all sandboxes")
 	f.Int64Var(&q.MemoryMiB, "memory", 0, "`MiB` of guest memory over all sandboxes")
 	f.Int64Var(&q.SnapshotMiB, "snapshots", 0, "`MiB` of snapshot storage")
-	outputFlag(f, &output)
 	return c
 }
 
-// printQuota prints limits and usage as a table or JSON.
-func (g *globals) printQuota(q api.QuotaUsage, output string) error {
-	if output == "json" {
-		return g.printJSON(q)
-	}
+// printQuota prints limits and usage as a table.
+func (g *globals) printQuota(q api.QuotaUsage) error {
 	limit := func(n int64) string {
 		if n == 0 {
 			return "unlimited"

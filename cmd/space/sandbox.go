@@ -349,38 +349,22 @@ func newSandboxRestoreCmd(g *globals) *cobra.Command {
 }
 
 func newSandboxForkCmd(g *globals) *cobra.Command {
-	var (
-		count  int
-		output string
-	)
-	c := &cobra.Command{
+	var count int
+	c := withOutput(g, &cobra.Command{
 		Use:   "fork ID [--count N]",
 		Short: "Make running copies of a live sandbox; prints their IDs",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
+	}, func(cmd *cobra.Command, cl *client.Client, args []string) (api.SandboxList, error) {
+		sbs, err := cl.ForkSandbox(cmd.Context(), args[0], count)
+		return api.SandboxList{Sandboxes: sbs}, err
+	}, func(l api.SandboxList) error {
+		for _, sb := range l.Sandboxes {
+			if _, err := fmt.Fprintln(g.stdout, sb.ID); err != nil {
 				return err
 			}
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			sbs, err := cl.ForkSandbox(cmd.Context(), args[0], count)
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return g.printJSON(api.SandboxList{Sandboxes: sbs})
-			}
-			for _, sb := range sbs {
-				if _, err := fmt.Fprintln(g.stdout, sb.ID); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-	}
+		}
+		return nil
+	})
 	c.Flags().IntVar(&count, "count", 1, "how many copies (1 to 16)")
-	outputFlag(c.Flags(), &output)
 	return c
 }

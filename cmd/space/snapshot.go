@@ -15,99 +15,56 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 }
 
 func newSnapshotCreateCmd(g *globals) *cobra.Command {
-	var name, output string
-	c := &cobra.Command{
+	var name string
+	c := withOutput(g, &cobra.Command{
 		Use:   "create SANDBOX [--name N]",
 		Short: "Take a live snapshot of a sandbox; prints its ID",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
-				return err
-			}
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			sn, err := cl.CreateSnapshot(cmd.Context(), args[0], name)
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return g.printJSON(sn)
-			}
-			_, err = fmt.Fprintln(g.stdout, sn.ID)
-			return err
-		},
-	}
+	}, func(cmd *cobra.Command, cl *client.Client, args []string) (api.Snapshot, error) {
+		return cl.CreateSnapshot(cmd.Context(), args[0], name)
+	}, func(sn api.Snapshot) error {
+		_, err := fmt.Fprintln(g.stdout, sn.ID)
+		return err
+	})
 	c.Flags().StringVar(&name, "name", "", "a `name` for the snapshot, unique in your team")
-	outputFlag(c.Flags(), &output)
 	return c
 }
 
 func newSnapshotListCmd(g *globals) *cobra.Command {
-	var sandbox, output string
-	c := &cobra.Command{
+	var sandbox string
+	c := withOutput(g, &cobra.Command{
 		Use:     "ls [--sandbox ID]",
 		Aliases: []string{"list"},
 		Short:   "List snapshots",
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
-				return err
+	}, func(cmd *cobra.Command, cl *client.Client, _ []string) (api.SnapshotList, error) {
+		sns, err := cl.Snapshots(cmd.Context(), sandbox)
+		return api.SnapshotList{Snapshots: sns}, err
+	}, func(l api.SnapshotList) error {
+		return g.printTable([]string{"ID", "NAME", "SANDBOX", "STATE", "LOGICAL", "NEW", "CREATED"}, func(row func(...any)) {
+			for _, sn := range l.Snapshots {
+				row(sn.ID, sn.Name, sn.SandboxID, sn.State, mib(sn.LogicalBytes), mib(sn.NewBytes), g.ago(sn.CreatedAt))
 			}
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			sns, err := cl.Snapshots(cmd.Context(), sandbox)
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return g.printJSON(api.SnapshotList{Snapshots: sns})
-			}
-			return g.printTable([]string{"ID", "NAME", "SANDBOX", "STATE", "LOGICAL", "NEW", "CREATED"}, func(row func(...any)) {
-				for _, sn := range sns {
-					row(sn.ID, sn.Name, sn.SandboxID, sn.State, mib(sn.LogicalBytes), mib(sn.NewBytes), g.ago(sn.CreatedAt))
-				}
-			})
-		},
-	}
+		})
+	})
 	c.Flags().StringVar(&sandbox, "sandbox", "", "only snapshots of this sandbox `ID`")
-	outputFlag(c.Flags(), &output)
 	return c
 }
 
 func mib(n int64) string { return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)) }
 
 func newSnapshotGetCmd(g *globals) *cobra.Command {
-	var output string
-	c := &cobra.Command{
+	return withOutput(g, &cobra.Command{
 		Use:   "get SNAPSHOT",
 		Short: "Describe a snapshot (by ID or name)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
-				return err
-			}
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			sn, err := cl.Snapshot(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return g.printJSON(sn)
-			}
-			return g.printFields("id", sn.ID, "name", sn.Name, "sandbox", sn.SandboxID, "state", sn.State,
-				"worker", sn.Worker, "logical", mib(sn.LogicalBytes), "new", mib(sn.NewBytes),
-				"paused", fmt.Sprintf("%d ms", sn.PausedMS), "created", g.ago(sn.CreatedAt))
-		},
-	}
-	outputFlag(c.Flags(), &output)
-	return c
+	}, func(cmd *cobra.Command, cl *client.Client, args []string) (api.Snapshot, error) {
+		return cl.Snapshot(cmd.Context(), args[0])
+	}, func(sn api.Snapshot) error {
+		return g.printFields("id", sn.ID, "name", sn.Name, "sandbox", sn.SandboxID, "state", sn.State,
+			"worker", sn.Worker, "logical", mib(sn.LogicalBytes), "new", mib(sn.NewBytes),
+			"paused", fmt.Sprintf("%d ms", sn.PausedMS), "created", g.ago(sn.CreatedAt))
+	})
 }
 
 func newSnapshotRemoveCmd(g *globals) *cobra.Command {
