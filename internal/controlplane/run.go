@@ -32,6 +32,33 @@ func (s *Server) Reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	return errors.Join(append(errs, s.reconcileSnapshots(ctx))...)
+}
+
+// reconcileSnapshots settles the snapshots a crash left being created or
+// deleted. A creating one is rolled back: its caller never had an answer,
+// and until it is ready nothing may start from it. A deleting one is
+// deleted. Either way every worker's copy and the chunk store's manifest
+// go before the record, so no half-written snapshot is ever listed ready.
+// A snapshot whose worker has not registered yet waits for it.
+func (s *Server) reconcileSnapshots(ctx context.Context) error {
+	pending, err := s.cfg.Store.UnsettledSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, sn := range pending {
+		if s.isBusy(sn.ID) {
+			continue
+		}
+		if _, err := s.worker(sn.WorkerID); err != nil {
+			continue
+		}
+		s.log.Info("settling interrupted snapshot", "snapshot_id", sn.ID, "state", sn.State)
+		if err := s.deleteSnapshot(ctx, sn); err != nil && !errors.Is(err, store.ErrVersionConflict) && !errors.Is(err, store.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("settle snapshot %s: %w", sn.ID, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -94,6 +94,7 @@ var CrashPoints = []string{
 	"api.delete.stopping-saved",
 	"api.suspend.stopping-saved", // snapshot taken, store says stopping; the VM runs
 	"api.resume.creating-saved",  // store says creating on a worker; it was not asked
+	"api.snapshot.worker-done",   // the worker holds the snapshot; the store says creating
 }
 
 // Server is the control plane.

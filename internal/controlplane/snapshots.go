@@ -88,8 +88,12 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 			return store.Snapshot{}, fmt.Errorf("team %s quota: %d of %d MiB of snapshots in use: %w", sb.TeamID, used>>20, q.SnapshotMiB, errkind.ResourceExhausted)
 		}
 	}
+	// Claimed before it is recorded: Reconcile leaves a creating snapshot
+	// alone while this process works on it.
+	id := store.NewSnapshotID()
+	defer s.claim(id)()
 	sn, err := s.cfg.Store.CreateSnapshot(ctx, store.Snapshot{
-		ID: store.NewSnapshotID(), TeamID: sb.TeamID, SandboxID: sb.ID, Name: name,
+		ID: id, TeamID: sb.TeamID, SandboxID: sb.ID, Name: name,
 		State: store.SnapshotCreating, WorkerID: wk.ID(),
 	})
 	if err != nil {
@@ -99,6 +103,7 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 	if err != nil {
 		return sn, errors.Join(err, s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID))
 	}
+	s.crash("api.snapshot.worker-done")
 	meta, _ := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked})
 	sn.State, sn.LogicalBytes, sn.NewBytes, sn.Meta = store.SnapshotReady, info.LogicalBytes, info.StoredBytes, meta
 	if info.Chunked {

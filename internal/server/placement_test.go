@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -203,6 +204,60 @@ func TestSnapshotOnAnotherWorker(t *testing.T) {
 	}
 	t.Logf("snapshot %s (%d MiB logical, %d MiB new): create from it on another worker: cold cache %v, warm cache %v",
 		sn.ID, sn.LogicalBytes>>20, sn.NewBytes>>20, took[0].Round(time.Millisecond), took[1].Round(time.Millisecond))
+
+	// Suspend, then resume on the other worker: the guest's memory,
+	// processes and files travel through the chunk store. Fillers that
+	// take a whole worker leave the resume no other choice.
+	counter, err := c.StartDetached(ctx, src.ID, api.Exec{Detach: true,
+		Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"})
+	if err != nil {
+		t.Fatalf("StartDetached = %v", err)
+	}
+	count := func(id string) int {
+		out, _, _ := execOut(t, c, id, sh("cat /tmp/count 2>/dev/null || echo 0"))
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		return n
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(src.ID) > 0 })
+	whole := api.CreateSandbox{MemoryMiB: 1024}
+	fillOther, err := c.CreateSandbox(ctx, whole) // only the other worker has room
+	if err != nil || fillOther.Worker != other {
+		t.Fatalf("CreateSandbox(1 GiB) = %+v, %v; want it on %s", fillOther, err, other)
+	}
+	if _, err := c.SuspendSandbox(ctx, src.ID); err != nil {
+		t.Fatalf("SuspendSandbox = %v", err)
+	}
+	fillSrc, err := c.CreateSandbox(ctx, whole) // only the suspended one's worker has room
+	if err != nil || fillSrc.Worker != src.Worker {
+		t.Fatalf("CreateSandbox(1 GiB) = %+v, %v; want it on %s", fillSrc, err, src.Worker)
+	}
+	if _, err := c.ReadFile(ctx, src.ID, "/tmp/count", io.Discard); err == nil {
+		t.Errorf("ReadFile of a suspended sandbox succeeded")
+	}
+	if err := c.DeleteSandbox(ctx, fillOther.ID); err != nil {
+		t.Fatalf("DeleteSandbox = %v", err)
+	}
+	t0 := time.Now()
+	resumed, err := c.ResumeSandbox(ctx, src.ID)
+	if err != nil || resumed.Worker != other {
+		t.Fatalf("ResumeSandbox = %+v, %v; want it running on %s", resumed, err, other)
+	}
+	resumeTook := time.Since(t0)
+	at := count(src.ID)
+	if at == 0 {
+		t.Errorf("after resume on %s the counter reads 0, want its value at the suspend", other)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(src.ID) > at })
+	if p, err := c.Process(ctx, src.ID, counter.ID); err != nil || !p.Running {
+		t.Errorf("counter after resume on %s = %+v, %v; want running", other, p, err)
+	}
+	if out, _, _ := execOut(t, c, src.ID, sh("cat /root/f")); out != "carried\n" {
+		t.Errorf("after resume on %s /root/f = %q", other, out)
+	}
+	t.Logf("suspended on %s, resumed on %s in %v with the counter at %d", src.Worker, other, resumeTook.Round(time.Millisecond), at)
+	if err := c.DeleteSandbox(ctx, fillSrc.ID); err != nil {
+		t.Fatalf("DeleteSandbox = %v", err)
+	}
 	if err := c.DeleteSnapshot(ctx, "travel"); err != nil {
 		t.Fatalf("DeleteSnapshot = %v", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -78,6 +79,9 @@ func startServerTB(t testing.TB, cfg Config) *testServer {
 	go func() {
 		cfg.DataDir, cfg.WorkerID, cfg.Listen, cfg.CacheBase, cfg.AgentPath = dataDir, workerID, "127.0.0.1:0", guesttest.CacheBase(), agent
 		cfg.Version, cfg.Ready = "test", func(u string) { ready <- u }
+		if os.Getenv("SPACE_TEST_LOG") != "" && cfg.Log == nil { // the server's events on stderr
+			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		}
 		done <- Run(ctx, cfg)
 	}()
 	var url string

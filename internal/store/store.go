@@ -141,6 +141,10 @@ type SnapshotIndex interface {
 	// of every team, in every state: the chunk store's live set. Each
 	// appears once; the order is bytewise ascending.
 	AllSnapshotManifests(ctx context.Context) ([]string, error)
+	// UnsettledSnapshots returns the snapshots of every team that are
+	// being created or deleted, oldest first: what a crash may have left
+	// half done.
+	UnsettledSnapshots(ctx context.Context) ([]Snapshot, error)
 }
 
 // Workers records the hosts that run sandboxes.

@@ -161,6 +161,10 @@ type SnapshotOptions struct {
 	// Diff asks for a snapshot holding only memory dirtied since the
 	// previous one, where the driver supports it; others take a full one.
 	Diff bool
+	// Paused, when set, is called once the guest is paused and its device
+	// state is written, before memory and disks are copied: where a crash
+	// hurts most (the worker's crash tests stop there).
+	Paused func()
 }
 
 // Snapshot describes a snapshot directory: device state, memory and the

@@ -10,6 +10,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/guestvm"
 	"space/internal/sandbox"
+	"space/internal/vmm"
 )
 
 // Start prepares the worker's directories and recovers what an earlier
@@ -89,6 +90,10 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 		s.vm = vm
 		s.mu.Unlock()
 		if rec.State != sandbox.Creating {
+			if err := settleVCPUs(ctx, vm, rec.State); err != nil {
+				log.Warn("sandbox vm does not answer", "err", err)
+				return w.fail(ctx, s, fmt.Sprintf("vm does not answer after the worker restarted: %v", err))
+			}
 			log.Info("re-adopted sandbox", "vm_pid", rec.Handle.PID, "state", rec.State)
 			w.watch(s, vm)
 			return nil
@@ -123,6 +128,21 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 	}
 	log.Warn("removing sandbox in unexpected state", "state", rec.State)
 	return w.forget(ctx, s)
+}
+
+// settleVCPUs makes a re-adopted VM's vCPUs match its record: a worker
+// that died while a snapshot had the guest paused leaves it paused, and a
+// running sandbox must not stay frozen. Both calls are no-ops when the VM
+// is already in that state.
+func settleVCPUs(ctx context.Context, vm vmm.VM, state sandbox.State) error {
+	p, ok := vm.(vmm.Pauser)
+	if !ok {
+		return nil
+	}
+	if state == sandbox.Paused {
+		return p.Pause(ctx)
+	}
+	return p.Resume(ctx)
 }
 
 // forget destroys the sandbox and drops it from the worker.

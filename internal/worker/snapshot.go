@@ -101,15 +101,17 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID, snapID string) (Snapsh
 		}
 		return SnapshotInfo{}, err
 	}
-	taken, err := sn.Snapshot(ctx, filepath.Join(dir, "vm"), vmm.SnapshotOptions{})
+	taken, err := sn.Snapshot(ctx, filepath.Join(dir, "vm"), vmm.SnapshotOptions{Paused: func() { w.crash("snapshot.vm-paused") }})
 	if err != nil {
 		return SnapshotInfo{}, errors.Join(err, os.RemoveAll(dir))
 	}
+	w.crash("snapshot.vm-saved")
 	info := SnapshotInfo{ID: snapID, SandboxID: sandboxID, Spec: spec, Created: time.Now().UTC(), PausedMS: taken.Took.Milliseconds()}
 	info.LogicalBytes, info.StoredBytes, err = treeSize(filepath.Join(dir, "vm"))
 	if err == nil && w.cfg.Chunks != nil {
 		info.Chunked = true
 		info.NewBytes, err = w.putChunks(ctx, dir, info)
+		w.crash("snapshot.chunks-stored")
 	}
 	if err == nil {
 		err = writeJSONFile(dir, snapshotInfoFile, info)

@@ -589,6 +589,20 @@ func (s *Store) AllSnapshotManifests(ctx context.Context) ([]string, error) {
 	return ms, nil
 }
 
+// UnsettledSnapshots implements [store.SnapshotIndex].
+func (s *Store) UnsettledSnapshots(ctx context.Context) ([]store.Snapshot, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE state IN ($1, $2) ORDER BY created, id`,
+		string(store.SnapshotCreating), string(store.SnapshotDeleting))
+	if err != nil {
+		return nil, fmt.Errorf("unsettled snapshots: %w", err)
+	}
+	sns, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Snapshot, error) { return scanSnapshot(r) })
+	if err != nil {
+		return nil, fmt.Errorf("unsettled snapshots: %w", err)
+	}
+	return sns, nil
+}
+
 // UpsertWorker implements [store.Workers].
 func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
 	if err := w.Validate(); err != nil {

@@ -724,6 +724,28 @@ func (s *Store) AllSnapshotManifests(ctx context.Context) ([]string, error) {
 	return ms, nil
 }
 
+// UnsettledSnapshots implements [store.SnapshotIndex].
+func (s *Store) UnsettledSnapshots(ctx context.Context) ([]store.Snapshot, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots WHERE state IN (?, ?) ORDER BY created_us, id`,
+		store.SnapshotCreating, store.SnapshotDeleting)
+	if err != nil {
+		return nil, fmt.Errorf("unsettled snapshots: %w", err)
+	}
+	defer rows.Close()
+	var sns []store.Snapshot
+	for rows.Next() {
+		sn, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, fmt.Errorf("unsettled snapshots: %w", err)
+		}
+		sns = append(sns, sn)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("unsettled snapshots: %w", err)
+	}
+	return sns, nil
+}
+
 // UpsertWorker implements [store.Workers].
 func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
 	if err := w.Validate(); err != nil {

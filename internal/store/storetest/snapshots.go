@@ -449,6 +449,20 @@ func testSnapshotManifests(t *testing.T, h Harness) {
 	}
 	// Bytewise order: upper case first.
 	check("after create", []string{"Zulu", "alpha", "zeta"})
+	unsettled, err := s.UnsettledSnapshots(ctx)
+	if err != nil {
+		t.Fatalf("UnsettledSnapshots() = %v", err)
+	}
+	var states []store.SnapshotState
+	for _, sn := range unsettled {
+		states = append(states, sn.State)
+	}
+	if diff := cmp.Diff([]store.SnapshotState{store.SnapshotCreating, store.SnapshotDeleting, store.SnapshotCreating}, states); diff != "" {
+		t.Errorf("UnsettledSnapshots() states, oldest first (-want +got):\n%s", diff)
+	}
+	if len(unsettled) == 3 && unsettled[2].ID != creating.ID {
+		t.Errorf("UnsettledSnapshots()[2] = %s, want %s", unsettled[2].ID, creating.ID)
+	}
 
 	creating.Manifest = "mid"
 	if _, err := s.UpdateSnapshot(ctx, creating); err != nil {

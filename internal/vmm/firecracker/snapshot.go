@@ -155,7 +155,7 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 			}
 		}()
 	}
-	md, err := v.snapshotPaused(wctx, dir, kind, taken)
+	md, err := v.snapshotPaused(wctx, dir, kind, taken, opts.Paused)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +169,7 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 
 // snapshotPaused writes the snapshot of the paused VM: Firecracker's files,
 // the disk copies, then the metadata.
-func (v *VM) snapshotPaused(ctx context.Context, dir string, kind fcapi.SnapshotType, taken int) (*Metadata, error) {
+func (v *VM) snapshotPaused(ctx context.Context, dir string, kind fcapi.SnapshotType, taken int, paused func()) (*Metadata, error) {
 	dstState, dstMem := filepath.Join(dir, vmstateFile), filepath.Join(dir, memoryFile)
 	// Jailed, Firecracker writes inside its root; the files move out after.
 	fcState, fcMem := dstState, dstMem
@@ -185,6 +185,9 @@ func (v *VM) snapshotPaused(ctx context.Context, dir string, kind fcapi.Snapshot
 	}
 	if err := v.api.CreateSnapshot(ctx, fcapi.SnapshotCreate{SnapshotType: kind, SnapshotPath: fcState, MemFilePath: fcMem}); err != nil {
 		return nil, err
+	}
+	if paused != nil {
+		paused()
 	}
 	if j := v.st.Jail; j != nil {
 		if err := moveOut(filepath.Join(v.st.Root, jailVMState), dstState, j.UID, j.GID); err != nil {

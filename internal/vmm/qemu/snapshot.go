@@ -104,6 +104,9 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	if err := v.saveState(ctx, filepath.Join(dir, snapState)); err != nil {
 		return nil, err
 	}
+	if opts.Paused != nil {
+		opts.Paused()
+	}
 	meta, err := v.meta()
 	if err != nil {
 		return nil, err
