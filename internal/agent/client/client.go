@@ -47,6 +47,12 @@ func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
 	return c, nil
 }
 
+// helloEvery is how often the hello is repeated until the agent answers.
+// A restored guest drops the first ones while it ends the session its
+// snapshot was taken in, and each repeat is one short line, so it is
+// frequent: the wait shows in every restore.
+const helloEvery = 40 * time.Millisecond
+
 func dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
 	var nb [16]byte
 	rand.Read(nb[:])
@@ -62,7 +68,7 @@ func dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
 	// Repeat the hello until the reply: one sent while the guest was still
 	// busy with an earlier session may be lost.
 	hello := proto.Hello{Version: proto.Version, Nonce: nonce}.Line()
-	tick := time.NewTicker(250 * time.Millisecond)
+	tick := time.NewTicker(helloEvery)
 	defer tick.Stop()
 	for waiting := true; waiting; {
 		if _, err := conn.Write(hello); err != nil {
