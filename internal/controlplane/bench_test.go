@@ -36,8 +36,8 @@ func (w *instantWorker) Create(_ context.Context, req worker.CreateRequest) (wor
 		VM: &api.VMInfo{VMM: "none", StartedBy: "boot"}}, nil
 }
 func (w *instantWorker) Delete(context.Context, string) error { return nil }
-func (w *instantWorker) Snapshot(_ context.Context, id, snapID string) (worker.SnapshotInfo, error) {
-	return worker.SnapshotInfo{ID: snapID, SandboxID: id}, nil
+func (w *instantWorker) Snapshot(_ context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error) {
+	return worker.SnapshotInfo{ID: req.SnapshotID, SandboxID: id}, nil
 }
 func (w *instantWorker) Restore(_ context.Context, id, _ string) (worker.Info, error) {
 	return worker.Info{ID: id, State: sandbox.Running}, nil

@@ -64,7 +64,7 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	sn, err := s.snapshot(context.WithoutCancel(r.Context()), sb, wk, req.Name)
+	sn, err := s.snapshot(context.WithoutCancel(r.Context()), sb, wk, req.Name, false)
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -73,8 +73,8 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 // snapshot records a snapshot of sb, has its worker take it, and records
-// it ready.
-func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name string) (store.Snapshot, error) {
+// it ready. A local one stays on the worker's disk, out of the chunk store.
+func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name string, local bool) (store.Snapshot, error) {
 	q, err := s.quota(ctx, sb.TeamID)
 	if err != nil {
 		return store.Snapshot{}, err
@@ -99,7 +99,7 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 	if err != nil {
 		return sn, err
 	}
-	info, err := wk.Snapshot(ctx, sb.ID, sn.ID)
+	info, err := wk.Snapshot(ctx, sb.ID, worker.SnapshotRequest{SnapshotID: sn.ID, Local: local})
 	if err != nil {
 		return sn, errors.Join(err, s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID))
 	}
@@ -276,7 +276,11 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
-	sn, err := s.snapshot(ctx, sb, wk, "")
+	// Children start where the parent runs when it has room for all of
+	// them: the snapshot is then copied on that disk (a reflink where the
+	// file system can), never read into the chunk store. Otherwise they
+	// go wherever there is room, through the chunk store.
+	sn, err := s.snapshot(ctx, sb, wk, "", hasRoom(ctx, wk, sb.Spec, req.Count))
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -327,6 +331,18 @@ func (s *Server) snapshotPlacement(sn store.Snapshot) (placement, error) {
 		return placement{}, err
 	}
 	return placement{worker: wk, snapshot: sn.ID}, nil
+}
+
+// hasRoom reports whether wk can take n more sandboxes of specJSON now.
+func hasRoom(ctx context.Context, wk Worker, specJSON []byte, n int) bool {
+	var sp spec
+	if err := json.Unmarshal(specJSON, &sp); err != nil {
+		return false
+	}
+	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	st, err := wk.Status(sctx)
+	return err == nil && st.VCPUs-st.UsedVCPUs >= n*sp.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= int64(n)*sp.MemoryMiB
 }
 
 func chunked(sn store.Snapshot) bool {

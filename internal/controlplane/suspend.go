@@ -25,7 +25,7 @@ func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := context.WithoutCancel(r.Context())
 	defer s.claim(sb.ID)()
-	sn, err := s.snapshot(ctx, sb, wk, "")
+	sn, err := s.snapshot(ctx, sb, wk, "", false)
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return

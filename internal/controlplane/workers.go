@@ -24,7 +24,7 @@ type Worker interface {
 	Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error)
 	Delete(ctx context.Context, id string) error
 	Pause(ctx context.Context, id string) (worker.Info, error)
-	Snapshot(ctx context.Context, id, snapID string) (worker.SnapshotInfo, error)
+	Snapshot(ctx context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error)
 	Restore(ctx context.Context, id, snapID string) (worker.Info, error)
 	DeleteSnapshot(ctx context.Context, snapID string) error
 	Resume(ctx context.Context, id string) (worker.Info, error)
@@ -50,8 +50,8 @@ func (l *Local) Create(ctx context.Context, req worker.CreateRequest) (worker.In
 	}
 	return l.W.Create(ctx, req.ID, req.Team, req.Spec)
 }
-func (l *Local) Snapshot(ctx context.Context, id, snapID string) (worker.SnapshotInfo, error) {
-	return l.W.Snapshot(ctx, id, snapID)
+func (l *Local) Snapshot(ctx context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error) {
+	return l.W.Snapshot(ctx, id, req)
 }
 func (l *Local) Restore(ctx context.Context, id, snapID string) (worker.Info, error) {
 	return l.W.Restore(ctx, id, snapID)
@@ -149,9 +149,9 @@ func (rm *Remote) Create(ctx context.Context, req worker.CreateRequest) (worker.
 func (rm *Remote) Delete(ctx context.Context, id string) error {
 	return rm.call(ctx, http.MethodDelete, "/sandboxes/"+id, nil, nil)
 }
-func (rm *Remote) Snapshot(ctx context.Context, id, snapID string) (worker.SnapshotInfo, error) {
+func (rm *Remote) Snapshot(ctx context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error) {
 	var info worker.SnapshotInfo
-	return info, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/snapshots", worker.SnapshotRequest{SnapshotID: snapID}, &info)
+	return info, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/snapshots", req, &info)
 }
 func (rm *Remote) Restore(ctx context.Context, id, snapID string) (worker.Info, error) {
 	var inf worker.Info

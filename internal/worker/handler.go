@@ -34,6 +34,9 @@ type CreateRequest struct {
 // SnapshotRequest is the body of the worker's snapshot and restore routes.
 type SnapshotRequest struct {
 	SnapshotID string `json:"snapshot_id"`
+	// Local keeps a new snapshot on the worker's disk only, out of the
+	// chunk store: for one that lives only as long as a fork takes.
+	Local bool `json:"local,omitempty"`
 }
 
 // Handler returns the worker's HTTP API. When token is not empty every
@@ -79,7 +82,7 @@ func (w *Worker) Handler(token string) http.Handler {
 			httpapi.WriteError(rw, err)
 			return
 		}
-		info, err := w.Snapshot(r.Context(), r.PathValue("id"), req.SnapshotID)
+		info, err := w.Snapshot(r.Context(), r.PathValue("id"), req)
 		if err != nil {
 			httpapi.WriteError(rw, err)
 			return

@@ -68,10 +68,12 @@ func validSnapshotID(id string) bool {
 // ErrSnapshotNotFound is returned for a snapshot the worker does not hold.
 var ErrSnapshotNotFound = fmt.Errorf("snapshot not found on this worker: %w", errkind.NotFound)
 
-// Snapshot takes a live snapshot of sandbox sandboxID as snapshot snapID:
-// memory, device state and writable disk at one instant. The sandbox keeps
-// running (it is paused only while its state is saved).
-func (w *Worker) Snapshot(ctx context.Context, sandboxID, snapID string) (SnapshotInfo, error) {
+// Snapshot takes a live snapshot of sandbox sandboxID as snapshot
+// req.SnapshotID: memory, device state and writable disk at one instant.
+// The sandbox keeps running (it is paused only while its state is saved).
+// With a chunk store the snapshot goes there too, unless req.Local.
+func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotRequest) (SnapshotInfo, error) {
+	snapID := req.SnapshotID
 	dir, err := w.snapshotDir(snapID)
 	if err != nil {
 		return SnapshotInfo{}, err
@@ -108,7 +110,7 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID, snapID string) (Snapsh
 	w.crash("snapshot.vm-saved")
 	info := SnapshotInfo{ID: snapID, SandboxID: sandboxID, Spec: spec, Created: time.Now().UTC(), PausedMS: taken.Took.Milliseconds()}
 	info.LogicalBytes, info.StoredBytes, err = treeSize(filepath.Join(dir, "vm"))
-	if err == nil && w.cfg.Chunks != nil {
+	if err == nil && w.cfg.Chunks != nil && !req.Local {
 		info.Chunked = true
 		info.NewBytes, err = w.putChunks(ctx, dir, info)
 		w.crash("snapshot.chunks-stored")

@@ -100,13 +100,13 @@ func TestSnapshotRestoreFork(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return count(a) > 5 })
 
 	t0 := time.Now()
-	snap, err := w.Snapshot(ctx, a, "snap_one")
+	snap, err := w.Snapshot(ctx, a, SnapshotRequest{SnapshotID: "snap_one"})
 	if err != nil {
 		t.Fatalf("Snapshot = %v", err)
 	}
 	atSnap := count(a)
 	t.Logf("snapshot: %d MiB logical, guest paused %d ms, call %v", snap.LogicalBytes>>20, snap.PausedMS, time.Since(t0))
-	if _, err := w.Snapshot(ctx, a, "snap_one"); err == nil {
+	if _, err := w.Snapshot(ctx, a, SnapshotRequest{SnapshotID: "snap_one"}); err == nil {
 		t.Errorf("second Snapshot with the same id = nil error")
 	}
 
