@@ -333,6 +333,10 @@ type Snapshot struct {
 	NewBytes     int64 `json:"new_bytes"`
 	// PausedMS is how long the sandbox was paused while it was taken.
 	PausedMS int64 `json:"paused_ms"`
+	// ReadBytes is what was read to store it in the chunk store: on
+	// reflink storage, after an earlier stored snapshot of the same
+	// sandbox, only what changed since (its dirty log).
+	ReadBytes int64 `json:"read_bytes,omitempty"`
 }
 
 // SnapshotList is the reply of GET /v1/snapshots.

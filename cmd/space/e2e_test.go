@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"space/internal/agent/guesttest"
 	"space/internal/cgroup"
 	"space/internal/server"
+	"space/internal/storage"
 )
 
 // TestCLIAgainstRealServer runs the client verbs against a real server
@@ -32,6 +34,7 @@ func TestCLIAgainstRealServer(t *testing.T) {
 		if h, err := cgroup.Detect(); err == nil {
 			h.Destroy(context.Background(), "space-"+workerID)
 		}
+		storage.Unmount(context.Background(), filepath.Join(dataDir, "worker"))
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)

@@ -23,6 +23,8 @@ type snapshotMeta struct {
 	// Chunked says the snapshot is in the chunk store the workers share,
 	// so any of them can restore it, not only the one that took it.
 	Chunked bool `json:"chunked,omitempty"`
+	// ReadBytes is what storing it in the chunk store read.
+	ReadBytes int64 `json:"read_bytes,omitempty"`
 }
 
 func (s *Server) snapshotView(sn store.Snapshot) api.Snapshot {
@@ -31,7 +33,7 @@ func (s *Server) snapshotView(sn store.Snapshot) api.Snapshot {
 	return api.Snapshot{
 		ID: sn.ID, Name: sn.Name, Team: sn.TeamID, SandboxID: sn.SandboxID, State: sn.State.String(),
 		Worker: sn.WorkerID, CreatedAt: sn.Created, LogicalBytes: sn.LogicalBytes, NewBytes: sn.NewBytes,
-		PausedMS: m.PausedMS,
+		PausedMS: m.PausedMS, ReadBytes: m.ReadBytes,
 	}
 }
 
@@ -104,7 +106,7 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 		return sn, errors.Join(err, s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID))
 	}
 	s.crash("api.snapshot.worker-done")
-	meta, _ := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked})
+	meta, _ := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes})
 	sn.State, sn.LogicalBytes, sn.NewBytes, sn.Meta = store.SnapshotReady, info.LogicalBytes, info.StoredBytes, meta
 	if info.Chunked {
 		sn.NewBytes, sn.Manifest = info.NewBytes, sn.ID

@@ -29,13 +29,18 @@ type Config struct {
 	Images *imagebuild.Artifacts
 	// Driver boots the VM. Required.
 	Driver vmm.Driver
-	// RunDir holds the VM's sockets and memory file; it should be on tmpfs
-	// (guest RAM is a shared mapping of a file there) and short (unix
-	// socket paths). Created, and removed by Close. Required.
+	// RunDir holds the VM's sockets, and its memory file unless
+	// MemoryInDataDir; it should be on tmpfs (guest RAM is a shared
+	// mapping of a file there) and short (unix socket paths). Created, and
+	// removed by Close. Required.
 	RunDir string
 	// DataDir holds the writable layer. Created, and removed by Close.
 	// Required.
 	DataDir string
+	// MemoryInDataDir puts the guest's memory file in DataDir, next to
+	// the writable layer: on reflink-capable storage snapshots and
+	// restores then share its extents rather than copy it.
+	MemoryInDataDir bool
 	// VCPUs is the number of vCPUs; 0 = 1.
 	VCPUs int
 	// MemoryMiB is the guest RAM; 0 = 512.
@@ -84,21 +89,30 @@ func Boot(ctx context.Context, cfg Config) (*VM, error) {
 		}
 		params := guestinit.Params{RW: "/dev/vdb", Hostname: cfg.Hostname}
 		return cfg.Driver.Boot(ctx, vmm.Spec{
-			RunDir:    filepath.Join(cfg.RunDir, "vm"),
-			Kernel:    cfg.Images.Kernel.Vmlinux,
-			Initrd:    cfg.Images.Initramfs,
-			Cmdline:   kernel.Cmdline(params.Args()...),
-			VCPUs:     cfg.VCPUs,
-			MemoryMiB: cfg.MemoryMiB,
-			Disks:     []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: rw}},
-			NIC:       cfg.NIC,
-			Placer:    cfg.Placer,
+			RunDir:     filepath.Join(cfg.RunDir, "vm"),
+			Kernel:     cfg.Images.Kernel.Vmlinux,
+			Initrd:     cfg.Images.Initramfs,
+			Cmdline:    kernel.Cmdline(params.Args()...),
+			VCPUs:      cfg.VCPUs,
+			MemoryMiB:  cfg.MemoryMiB,
+			Disks:      []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: rw}},
+			NIC:        cfg.NIC,
+			Placer:     cfg.Placer,
+			MemoryPath: cfg.memoryPath(),
 		})
 	})
 }
 
 // start runs launch (a boot or a restore) with the directories in place,
 // then connects to the agent. On error it undoes everything.
+// memoryPath is vmm.Spec.MemoryPath for cfg.
+func (cfg Config) memoryPath() string {
+	if cfg.MemoryInDataDir {
+		return filepath.Join(cfg.DataDir, "memory")
+	}
+	return ""
+}
+
 func start(ctx context.Context, cfg Config, launch func(context.Context) (vmm.VM, error)) (_ *VM, err error) {
 	if cfg.Images == nil || cfg.Driver == nil || cfg.RunDir == "" || cfg.DataDir == "" {
 		return nil, fmt.Errorf("guestvm: images, driver, run dir and data dir are required: %w", errkind.InvalidArgument)
@@ -233,12 +247,13 @@ func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 	t0 := time.Now()
 	v, err := start(ctx, cfg, func(ctx context.Context) (vmm.VM, error) {
 		return r.Restore(ctx, snapDir, vmm.Spec{
-			RunDir: filepath.Join(cfg.RunDir, "vm"),
-			Kernel: cfg.Images.Kernel.Vmlinux,
-			Initrd: cfg.Images.Initramfs,
-			Disks:  []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: filepath.Join(cfg.DataDir, "rw.img")}},
-			NIC:    cfg.NIC,
-			Placer: cfg.Placer,
+			RunDir:     filepath.Join(cfg.RunDir, "vm"),
+			Kernel:     cfg.Images.Kernel.Vmlinux,
+			Initrd:     cfg.Images.Initramfs,
+			Disks:      []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: filepath.Join(cfg.DataDir, "rw.img")}},
+			NIC:        cfg.NIC,
+			Placer:     cfg.Placer,
+			MemoryPath: cfg.memoryPath(),
 		})
 	})
 	if err != nil {

@@ -174,7 +174,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 	}
 	for _, step := range steps {
 		t.Run(step, func(t *testing.T) {
-			dataDir, workerID := t.TempDir(), newWorkerID(t)
+			dataDir, workerID := newDataDir(t), newWorkerID(t)
 			deleting := strings.Contains(step, "delete")
 			restoring := strings.HasPrefix(step, "restore.")
 			suspending, resuming := strings.HasPrefix(step, "api.suspend."), strings.HasPrefix(step, "api.resume.")
@@ -286,7 +286,7 @@ func TestCrashDuringSnapshot(t *testing.T) {
 	testenv.RequireSlow(t)
 	release := guesttest.AcquireSlot(t)
 	defer release()
-	dataDir, workerID := t.TempDir(), newWorkerID(t)
+	dataDir, workerID := newDataDir(t), newWorkerID(t)
 	ctx := t.Context()
 	c := startChild(t, dataDir, workerID, "")
 	sb, err := c.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192})
@@ -384,7 +384,7 @@ func TestReadoptAfterRestart(t *testing.T) {
 	testenv.RequireSlow(t)
 	release := guesttest.AcquireSlot(t)
 	defer release()
-	dataDir, workerID := t.TempDir(), newWorkerID(t)
+	dataDir, workerID := newDataDir(t), newWorkerID(t)
 	c := startChild(t, dataDir, workerID, "")
 	ctx := t.Context()
 	sb, err := c.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192})

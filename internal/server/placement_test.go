@@ -24,7 +24,7 @@ import (
 // chunk store.
 func startWorker(t *testing.T, ts *testServer, memoryMiB int64) *testServer {
 	t.Helper()
-	return restartWorker(t, ts, memoryMiB, &testServer{dataDir: t.TempDir(), workerID: newWorkerID(t)})
+	return restartWorker(t, ts, memoryMiB, &testServer{dataDir: newDataDir(t), workerID: newWorkerID(t)})
 }
 
 // restartWorker runs the standalone worker wt (its ID and data dir); stop

@@ -32,6 +32,7 @@ import (
 	"space/internal/controlplane"
 	"space/internal/errkind"
 	"space/internal/imagebuild"
+	"space/internal/storage"
 	"space/internal/store"
 	"space/internal/store/postgres"
 	"space/internal/store/sqlite"
@@ -324,8 +325,15 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	if accel == "kvm" {
 		bootTimeout = 30 * time.Second
 	}
+	// The worker's directory reflinks where it can: a loop-mounted XFS
+	// image on file systems that do not (ext4), when root.
+	st, err := storage.Prepare(ctx, storage.Config{DataDir: filepath.Dir(wc.DataDir), Dir: wc.DataDir, Log: wc.Log})
+	if err != nil {
+		return nil, err
+	}
+	wc.Log.Info("worker storage", "dir", st.Dir, "mode", st.Mode)
 	w, err := worker.New(worker.Config{
-		ID: wc.ID, DataDir: wc.DataDir, Driver: drv, Templates: templates{wc.Images}, BootTimeout: bootTimeout,
+		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, Templates: templates{wc.Images}, BootTimeout: bootTimeout,
 		Cgroups: cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
 	})
 	if err != nil {

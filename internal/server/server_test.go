@@ -24,6 +24,7 @@ import (
 	"space/client"
 	"space/internal/agent/guesttest"
 	"space/internal/cgroup"
+	"space/internal/storage"
 	"space/internal/testenv"
 	"space/internal/worker"
 )
@@ -68,7 +69,7 @@ func startServerTB(t testing.TB, cfg Config) *testServer {
 		t.Fatalf("setup: %v", err)
 	}
 	if dataDir == "" {
-		dataDir = t.TempDir()
+		dataDir = newDataDir(t)
 	}
 	if workerID == "" {
 		workerID = newWorkerID(t)
@@ -133,6 +134,21 @@ func (ts *testServer) deleteAllOnCleanup(t testing.TB) {
 			}
 		}
 	})
+}
+
+// newDataDir returns a data directory for a server or worker, and
+// unmounts the worker storage a server mounts in it (a loop-mounted XFS
+// image on this host) once the test is over: after the cleanups
+// registered later, newWorkerID's killing of leftover VMs among them. One
+// still running would keep it busy: it is then detached lazily.
+func newDataDir(t testing.TB) string {
+	dataDir := t.TempDir()
+	t.Cleanup(func() {
+		if err := storage.Unmount(context.Background(), filepath.Join(dataDir, "worker")); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+	})
+	return dataDir
 }
 
 func newWorkerID(t testing.TB) string {

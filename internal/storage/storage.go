@@ -11,6 +11,7 @@ package storage
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,8 +38,13 @@ const (
 
 // Config configures Prepare.
 type Config struct {
-	// DataDir is the worker's data directory. Required.
+	// DataDir holds the XFS image (reflink.xfs). Required.
 	DataDir string
+	// Dir is the directory made reflink-capable: the image's mount point
+	// when one is needed. "" = DataDir/reflink. An existing directory
+	// that holds files and is not a mount point is never mounted over
+	// (that would hide them): the storage then copies.
+	Dir string
 	// NoLoop forbids creating and mounting an XFS image.
 	NoLoop bool
 	// LoopSize is the XFS image's size (sparse: it costs what is stored);
@@ -49,18 +55,21 @@ type Config struct {
 }
 
 // Store is prepared storage: Dir is where memory files, disks and snapshots
-// go.
+// go, in every mode.
 type Store struct {
 	Dir  string
 	Mode Mode
 }
+
+// Reflinked reports whether copies in the store share extents.
+func (s *Store) Reflinked() bool { return s.Mode != ModeCopy }
 
 const (
 	loopImage = "reflink.xfs"
 	loopMount = "reflink"
 )
 
-// Prepare returns the storage under cfg.DataDir, mounting the XFS image if
+// Prepare returns the storage at cfg.Dir, mounting the XFS image there if
 // it is needed and allowed (and not mounted already: a restarted worker
 // finds its mount in place). It never unmounts anything; VMs outlive the
 // worker.
@@ -75,17 +84,20 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
 	}
-	mnt := filepath.Join(cfg.DataDir, loopMount)
+	mnt := cmp.Or(cfg.Dir, filepath.Join(cfg.DataDir, loopMount))
 	if mounted, err := isMountPoint(mnt); err != nil {
 		return nil, err
 	} else if mounted {
 		return &Store{Dir: mnt, Mode: ModeReflinkLoop}, nil
 	}
-	if ok, err := Reflinks(cfg.DataDir); err != nil {
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		return nil, fmt.Errorf("storage: %w", err)
+	}
+	if ok, err := Reflinks(mnt); err != nil {
 		return nil, err
 	} else if ok {
-		log.Info("storage reflinks natively", "dir", cfg.DataDir)
-		return &Store{Dir: cfg.DataDir, Mode: ModeReflink}, nil
+		log.Info("storage reflinks natively", "dir", mnt)
+		return &Store{Dir: mnt, Mode: ModeReflink}, nil
 	}
 	why := ""
 	switch {
@@ -93,6 +105,8 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 		why = "loop mount disabled"
 	case os.Geteuid() != 0:
 		why = "loop mount needs root"
+	case !emptyDir(mnt):
+		why = "the directory holds files from before reflink storage; not mounting over them"
 	default:
 		if err := mountLoop(ctx, cfg, mnt); err != nil {
 			why = err.Error()
@@ -101,8 +115,20 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 			return &Store{Dir: mnt, Mode: ModeReflinkLoop}, nil
 		}
 	}
-	log.Warn("storage cannot reflink: snapshots and clones make full copies", "dir", cfg.DataDir, "why", why)
-	return &Store{Dir: cfg.DataDir, Mode: ModeCopy}, nil
+	log.Warn("storage cannot reflink: snapshots and clones make full copies", "dir", mnt, "why", why)
+	return &Store{Dir: mnt, Mode: ModeCopy}, nil
+}
+
+// emptyDir reports whether dir has no entries (a probe file Reflinks left
+// would not count: it removes its own).
+func emptyDir(dir string) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(1)
+	return len(names) == 0
 }
 
 // Reflinks reports whether files in dir can be reflinked, by trying it.
@@ -168,14 +194,18 @@ func mountLoop(ctx context.Context, cfg Config, mnt string) error {
 	return nil
 }
 
-// Unmount unmounts the loop-mounted image of a data dir, if mounted (for
-// tests and uninstall; a running worker never calls it).
-func Unmount(ctx context.Context, dataDir string) error {
-	mnt := filepath.Join(dataDir, loopMount)
-	if mounted, err := isMountPoint(mnt); err != nil || !mounted {
+// Unmount unmounts the image mounted at dir, if one is (for tests and
+// uninstall; a running worker never calls it). When something still uses
+// the mount it is detached lazily, and the error says what was busy.
+func Unmount(ctx context.Context, dir string) error {
+	if mounted, err := isMountPoint(dir); err != nil || !mounted {
 		return err
 	}
-	return run(ctx, "umount", mnt) // the loop device detaches with it (autoclear)
+	err := run(ctx, "umount", dir) // the loop device detaches with it (autoclear)
+	if err != nil && run(ctx, "umount", "-l", dir) == nil {
+		return fmt.Errorf("storage %s was busy, detached lazily: %w", dir, err)
+	}
+	return err
 }
 
 func run(ctx context.Context, name string, args ...string) error {

@@ -18,7 +18,11 @@ func TestPrepareLoop(t *testing.T) {
 	testenv.RequireTool(t, testenv.TierUnit, "mkfs.xfs", "xfsprogs")
 	dir := t.TempDir()
 	ctx := t.Context()
-	t.Cleanup(func() { Unmount(context.Background(), dir) })
+	t.Cleanup(func() {
+		if err := Unmount(context.Background(), filepath.Join(dir, "reflink")); err != nil {
+			t.Errorf("Unmount = %v", err)
+		}
+	})
 	s, err := Prepare(ctx, Config{DataDir: dir, LoopSize: 2 << 30})
 	if err != nil {
 		t.Fatalf("Prepare = %v", err)
@@ -69,5 +73,38 @@ func TestPrepareNoLoop(t *testing.T) {
 func TestUnescape(t *testing.T) {
 	if got := unescape(`/a\040b\134c`); got != `/a b\c` {
 		t.Errorf("unescape = %q", got)
+	}
+}
+
+// TestPrepareKeepsFilesFromBefore checks that a directory holding files
+// is never mounted over, and that an empty one named by Config.Dir is.
+func TestPrepareKeepsFilesFromBefore(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	testenv.RequireTool(t, testenv.TierUnit, "mkfs.xfs", "xfsprogs")
+	data := t.TempDir()
+	ctx := t.Context()
+	used := filepath.Join(data, "used")
+	if err := os.MkdirAll(used, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(used, "record.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Prepare(ctx, Config{DataDir: data, Dir: used, LoopSize: 1 << 30})
+	if err != nil || s.Mode != ModeCopy || s.Dir != used {
+		t.Fatalf("Prepare(dir with files) = %+v, %v; want copy mode at %s", s, err, used)
+	}
+	if _, err := os.Stat(filepath.Join(used, "record.json")); err != nil {
+		t.Errorf("the file from before: %v", err)
+	}
+	fresh := filepath.Join(data, "fresh")
+	t.Cleanup(func() {
+		if err := Unmount(context.Background(), fresh); err != nil {
+			t.Errorf("Unmount = %v", err)
+		}
+	})
+	s, err = Prepare(ctx, Config{DataDir: data, Dir: fresh, LoopSize: 1 << 30})
+	if err != nil || !s.Reflinked() || s.Dir != fresh {
+		t.Fatalf("Prepare(fresh dir) = %+v, %v; want reflink storage at %s", s, err, fresh)
 	}
 }

@@ -61,6 +61,11 @@ type Spec struct {
 	// Placer puts the VMM process into its control group as it starts,
 	// or nil to leave it in the caller's.
 	Placer Placer
+	// MemoryPath is where a driver that backs guest RAM with a file puts
+	// it, "" = inside RunDir. Reflink-capable storage makes snapshots,
+	// restores and forks share the file's extents instead of copying it.
+	// The file must not exist; Stop removes it.
+	MemoryPath string
 }
 
 // Placer places a process in a control group (cgroup.Group implements

@@ -54,7 +54,14 @@ func (w *Worker) Start(ctx context.Context) error {
 			return fmt.Errorf("worker: recover %s: %w", rec.ID, err)
 		}
 	}
-	return w.removeStrays(ctx)
+	if err := w.removeStrays(ctx); err != nil {
+		return err
+	}
+	if w.cfg.ReflinkStorage {
+		w.watchers.Add(1)
+		go w.writeback()
+	}
+	return nil
 }
 
 // recover brings one sandbox found on disk back into service, or finishes

@@ -14,6 +14,7 @@ import (
 
 	"space/internal/chunkstore"
 	"space/internal/errkind"
+	"space/internal/reflink"
 	"space/internal/sandbox"
 	"space/internal/vmm"
 )
@@ -36,6 +37,8 @@ type SnapshotInfo struct {
 	// one); Chunked says it is there.
 	NewBytes int64 `json:"new_bytes,omitempty"`
 	Chunked  bool  `json:"chunked,omitempty"`
+	// ReadBytes is what storing it in the chunk store read of its files.
+	ReadBytes int64 `json:"read_bytes,omitempty"`
 }
 
 // snapshotInfoFile marks a complete snapshot directory: it is written
@@ -112,7 +115,7 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 	info.LogicalBytes, info.StoredBytes, err = treeSize(filepath.Join(dir, "vm"))
 	if err == nil && w.cfg.Chunks != nil && !req.Local {
 		info.Chunked = true
-		info.NewBytes, err = w.putChunks(ctx, dir, info)
+		info.NewBytes, info.ReadBytes, err = w.putChunks(ctx, dir, info, taken.Reflinked)
 		w.crash("snapshot.chunks-stored")
 	}
 	if err == nil {
@@ -126,29 +129,116 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 }
 
 // putChunks stores the snapshot's files and its info as manifest info.ID
-// in the chunk store, and returns the bytes that added.
-func (w *Worker) putChunks(ctx context.Context, dir string, info SnapshotInfo) (int64, error) {
+// in the chunk store, and returns the bytes that added. Files reflinked
+// from the guest's (reflinked) are compared by extents with the sandbox's
+// previous stored snapshot: only ranges that changed since are read.
+func (w *Worker) putChunks(ctx context.Context, dir string, info SnapshotInfo, reflinked bool) (newBytes, readBytes int64, err error) {
 	staged := filepath.Join(dir, ".chunk-info.json")
 	if err := writeJSONFile(dir, ".chunk-info.json", info); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer os.Remove(staged)
 	files := []chunkstore.File{{Name: snapshotInfoFile, Path: staged}}
 	entries, err := os.ReadDir(filepath.Join(dir, "vm"))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for _, e := range entries {
 		if e.Type().IsRegular() {
 			files = append(files, chunkstore.File{Name: "vm." + e.Name(), Path: filepath.Join(dir, "vm", e.Name())})
 		}
 	}
-	_, st, err := w.cfg.Chunks.Put(ctx, info.ID, files, chunkstore.PutOptions{})
-	if err != nil {
-		return 0, fmt.Errorf("store snapshot %s: %w", info.ID, err)
+	var opts chunkstore.PutOptions
+	if reflinked {
+		opts = w.dirtySince(ctx, info, files[1:])
 	}
-	w.log.Info("snapshot stored", "snapshot_id", info.ID, "logical", st.LogicalBytes, "read", st.ReadBytes, "new", st.NewBytes, "reused_chunks", st.ReusedChunks)
-	return st.NewBytes, nil
+	_, st, err := w.cfg.Chunks.Put(ctx, info.ID, files, opts)
+	if err != nil && opts.Parent != nil && ctx.Err() == nil {
+		// The parent went (deleted meanwhile): nothing was committed, so
+		// store the snapshot on its own.
+		w.log.Info("storing snapshot without its parent", "snapshot_id", info.ID, "parent", opts.Parent.ID, "err", err)
+		opts = chunkstore.PutOptions{}
+		_, st, err = w.cfg.Chunks.Put(ctx, info.ID, files, opts)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("store snapshot %s: %w", info.ID, err)
+	}
+	parent, dirty := "", int64(0)
+	if opts.Parent != nil {
+		parent = opts.Parent.ID
+		for _, rs := range opts.Dirty {
+			for _, r := range rs {
+				dirty += r.Len
+			}
+		}
+	}
+	w.log.Info("snapshot stored", "snapshot_id", info.ID, "parent", parent, "dirty", dirty, "logical", st.LogicalBytes,
+		"read", st.ReadBytes, "new", st.NewBytes, "reused_chunks", st.ReusedChunks)
+	return st.NewBytes, st.ReadBytes, nil
+}
+
+// dirtySince returns Put options that take from the sandbox's latest
+// stored snapshot on this disk whatever its extent maps prove unchanged
+// (reflink.Changed): the dirty log of a guest on reflink storage. Without
+// such a snapshot, or where extents cannot be compared, files are read
+// in full.
+func (w *Worker) dirtySince(ctx context.Context, info SnapshotInfo, files []chunkstore.File) chunkstore.PutOptions {
+	prev, ok := w.latestStored(info.SandboxID, info.ID)
+	if !ok {
+		return chunkstore.PutOptions{}
+	}
+	m, err := w.cfg.Chunks.Get(ctx, prev.ID)
+	if err != nil {
+		return chunkstore.PutOptions{}
+	}
+	prevDir, err := w.snapshotDir(prev.ID)
+	if err != nil {
+		return chunkstore.PutOptions{}
+	}
+	dirty := map[string][]chunkstore.Range{}
+	for _, f := range files {
+		if _, ok := m.File(f.Name); !ok {
+			continue
+		}
+		name, _ := strings.CutPrefix(f.Name, "vm.")
+		changed, err := reflink.Changed(filepath.Join(prevDir, "vm", name), f.Path)
+		if err != nil {
+			w.log.Debug("reading snapshot file in full", "file", f.Path, "err", err)
+			continue
+		}
+		rs := make([]chunkstore.Range, 0, len(changed))
+		for _, r := range changed {
+			rs = append(rs, chunkstore.Range{Off: r.Off, Len: r.Len})
+		}
+		dirty[f.Name] = rs
+	}
+	if len(dirty) == 0 {
+		return chunkstore.PutOptions{}
+	}
+	return chunkstore.PutOptions{Parent: &m, Dirty: dirty}
+}
+
+// latestStored returns the newest complete snapshot of sandboxID on this
+// disk that is also in the chunk store, other than except.
+func (w *Worker) latestStored(sandboxID, except string) (SnapshotInfo, bool) {
+	entries, err := os.ReadDir(w.snapshotsDir())
+	if err != nil {
+		return SnapshotInfo{}, false
+	}
+	var best SnapshotInfo
+	for _, e := range entries {
+		if e.Name() == except || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		si, err := w.SnapshotInfo(e.Name())
+		if err != nil || !si.Chunked || si.SandboxID != sandboxID {
+			continue
+		}
+		if si.Created.After(best.Created) {
+			best = si
+		}
+	}
+	return best, best.ID != ""
 }
 
 // fetch makes sure the worker has snapshot id on its disk, reassembling it

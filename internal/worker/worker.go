@@ -38,8 +38,14 @@ type Config struct {
 	// ID names the worker; everything it creates on the host carries it.
 	// Required; see store.ValidID.
 	ID string
-	// DataDir holds sandbox records and writable disk layers. Required.
+	// DataDir holds sandbox records, writable disk layers, snapshots and
+	// warm templates. Required.
 	DataDir string
+	// ReflinkStorage says DataDir reflinks (see package storage): guest
+	// memory files then live there too, next to the writable layers, so
+	// a snapshot, a restore, a fork or a warm start shares their extents
+	// instead of copying guest RAM. Without it memory stays on tmpfs.
+	ReflinkStorage bool
 	// RunRoot holds the VMs' run directories (sockets, memory files); it
 	// belongs on tmpfs. "" = /dev/shm/space-<ID>.
 	RunRoot string
@@ -333,6 +339,8 @@ func (w *Worker) guestConfig(s *sbx, spec Spec, img *imagebuild.Artifacts) guest
 		MemoryMiB: int(spec.MemoryMiB),
 		DiskGiB:   int((spec.DiskMiB + 1023) / 1024),
 		Hostname:  Hostname(s.id()),
+		// On reflink storage the memory file lives with the disk.
+		MemoryInDataDir: w.cfg.ReflinkStorage,
 	}
 }
 

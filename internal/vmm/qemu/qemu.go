@@ -148,13 +148,13 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 		return nil, err
 	}
 	if spec.MemoryFrom != "" {
-		if err := adoptMemory(ctx, spec.MemoryFrom, spec.path(memoryFile)); err != nil {
+		if err := adoptMemory(ctx, spec.MemoryFrom, spec.memoryPath()); err != nil {
 			return nil, err
 		}
-	} else if err := createMemory(spec.path(memoryFile), int64(spec.MemoryMiB)<<20); err != nil {
+	} else if err := createMemory(spec.memoryPath(), int64(spec.MemoryMiB)<<20); err != nil {
 		return nil, err
 	}
-	undo.push(func() error { return removeIfExists(spec.path(memoryFile)) })
+	undo.push(func() error { return removeIfExists(spec.memoryPath()) })
 
 	var listeners []*os.File // in ExtraFiles order: qmpFD, serialFD, agentFD
 	closeListeners := func() {
@@ -483,7 +483,7 @@ func (d *Driver) userFiles(spec Spec, first int) (files []*os.File, paths map[st
 			return nil, nil, err
 		}
 	}
-	if err := add(spec.path(memoryFile), true); err != nil {
+	if err := add(spec.memoryPath(), true); err != nil {
 		return nil, nil, err
 	}
 	return files, paths, nil

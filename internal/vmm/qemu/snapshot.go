@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"space/internal/errkind"
 	"space/internal/reflink"
 	"space/internal/vmm"
@@ -86,6 +88,14 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	if err := v.qmp.Execute(ctx, "query-status", nil, &status); err != nil {
 		return nil, err
 	}
+	if status.Running {
+		// Write back what the guest dirtied while it still runs: the
+		// reflink below must write back the rest with the guest paused.
+		// (A no-op on tmpfs.)
+		if err := writeBack(v.spec.memoryPath()); err != nil {
+			return nil, err
+		}
+	}
 	start := time.Now()
 	if status.Running {
 		if err := v.qmp.Execute(ctx, "stop", nil, nil); err != nil {
@@ -111,7 +121,7 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	if err != nil {
 		return nil, err
 	}
-	meta.Reflinked, err = reflink.CopyReport(ctx, v.spec.path(memoryFile), filepath.Join(dir, snapMemory))
+	meta.Reflinked, err = reflink.CopyReport(ctx, v.spec.memoryPath(), filepath.Join(dir, snapMemory))
 	if err != nil {
 		return nil, err
 	}
@@ -224,6 +234,19 @@ func (v *VM) meta() (*snapshotMeta, error) {
 	return m, nil
 }
 
+// writeBack writes the file's dirty pages to its storage and waits.
+func writeBack(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		return fmt.Errorf("write back %s: %w", path, err)
+	}
+	return nil
+}
+
 func writeSynced(path string, b []byte) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -254,7 +277,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM,
 	spec := Spec{
 		Dir: s.RunDir, Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: m.Cmdline, VCPUs: m.VCPUs,
 		MemoryMiB: m.MemoryMiB, Accel: m.Accel, Paused: true, Incoming: true,
-		MemoryFrom: filepath.Join(dir, snapMemory), Placer: s.Placer,
+		MemoryFrom: filepath.Join(dir, snapMemory), MemoryPath: s.MemoryPath, Placer: s.Placer,
 	}
 	var placed []string
 	defer func() {

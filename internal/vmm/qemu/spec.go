@@ -78,8 +78,10 @@ type Spec struct {
 	// nil.
 	Placer vmm.Placer `json:"-"`
 	// MemoryFrom is a memory file to start from (a snapshot's); it is
-	// copied (reflinked where possible) to Dir/memory. "" = fresh RAM.
+	// copied (reflinked where possible) to the memory path. "" = fresh RAM.
 	MemoryFrom string
+	// MemoryPath is the guest RAM's file, mapped shared; "" = Dir/memory.
+	MemoryPath string
 }
 
 // NIC is a virtio-net interface on an open tap descriptor. Start hands the
@@ -120,6 +122,11 @@ func (s Spec) normalize() (Spec, error) {
 		return s, invalid("dir: %v", err)
 	}
 	s.Dir = dir
+	if s.MemoryPath != "" {
+		if s.MemoryPath, err = filepath.Abs(s.MemoryPath); err != nil {
+			return s, invalid("memory path: %v", err)
+		}
+	}
 	if n := len(filepath.Join(dir, serialSocket)); n > maxSocketPath {
 		return s, invalid("dir %s too long for unix sockets (%d bytes, limit %d)", dir, n, maxSocketPath)
 	}
@@ -191,6 +198,14 @@ func checkFile(what, path string) error {
 
 func (s Spec) path(name string) string { return filepath.Join(s.Dir, name) }
 
+// memoryPath is where the guest's RAM file is.
+func (s Spec) memoryPath() string {
+	if s.MemoryPath != "" {
+		return s.MemoryPath
+	}
+	return s.path(memoryFile)
+}
+
 // sandboxArg confines QEMU with seccomp. spawn=deny rules out the exec:
 // migration transport; snapshots pass a descriptor with getfd instead.
 const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
@@ -244,7 +259,7 @@ func (s Spec) argsWith(sandbox bool, paths map[string]string) []string {
 		"-cpu", "max",
 		"-smp", strconv.Itoa(s.VCPUs),
 		"-m", mem,
-		"-object", "memory-backend-file,id=mem,size="+mem+",mem-path="+optEscape(p(s.path(memoryFile)))+",share=on",
+		"-object", "memory-backend-file,id=mem,size="+mem+",mem-path="+optEscape(p(s.memoryPath()))+",share=on",
 		// -kernel, -initrd and -append take their value verbatim.
 		"-kernel", p(s.Kernel),
 	)

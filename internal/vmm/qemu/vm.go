@@ -187,9 +187,10 @@ func (v *VM) stop(ctx context.Context) error {
 	if v.stderr != nil {
 		errs = append(errs, v.stderr.Close())
 	}
-	for _, name := range []string{qmpSocket, serialSocket, agentSocket, memoryFile} {
+	for _, name := range []string{qmpSocket, serialSocket, agentSocket} {
 		errs = append(errs, removeIfExists(v.spec.path(name)))
 	}
+	errs = append(errs, removeIfExists(v.spec.memoryPath()))
 	v.log.Info("vm stopped", "exit", v.exitErr)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("stop vm %d: %w", v.Pid(), err)
