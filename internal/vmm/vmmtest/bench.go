@@ -36,7 +36,10 @@ func Bench(b *testing.B, newDriver NewBenchDriver) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { storage.Unmount(context.Background(), filepath.Join(dataDir, "reflink")); os.RemoveAll(dataDir) })
+		b.Cleanup(func() {
+			storage.Unmount(context.Background(), filepath.Join(dataDir, "reflink"))
+			os.RemoveAll(dataDir)
+		})
 		st, err := storage.Prepare(b.Context(), storage.Config{DataDir: dataDir, LoopSize: 16 << 30})
 		if err != nil {
 			b.Fatal(err)
