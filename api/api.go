@@ -61,6 +61,10 @@ type CreateSandbox struct {
 	// ColdBoot boots the VM instead of restoring the template's warm
 	// snapshot (VMInfo.StartedBy says which happened).
 	ColdBoot bool `json:"cold_boot,omitempty"`
+	// OnTimeout is what TimeoutSeconds does: "delete" ("" too; it is a
+	// lifetime) or "suspend" (it is an idle time, after which the sandbox
+	// is suspended rather than deleted).
+	OnTimeout string `json:"on_timeout,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -78,6 +82,7 @@ type Sandbox struct {
 	CreatedAt time.Time         `json:"created_at"`
 	UpdatedAt time.Time         `json:"updated_at"`
 	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
+	OnTimeout string            `json:"on_timeout,omitempty"` // what its timeout does: delete or suspend
 	// VM describes the running VM; absent until the sandbox first ran
 	// and while it is suspended.
 	VM *VMInfo `json:"vm,omitempty"`

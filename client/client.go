@@ -97,6 +97,10 @@ func IsConflict(err error) bool {
 	return hasCode(err, api.CodeConflict) || hasCode(err, api.CodeFailedPrecondition)
 }
 
+// IsInvalid reports whether err is an *Error saying that the request is
+// malformed or a value is out of bounds (Error.Field names it).
+func IsInvalid(err error) bool { return hasCode(err, api.CodeInvalidArgument) }
+
 // IsUnauthenticated reports whether err is an *Error saying that the API
 // key is missing or not valid.
 func IsUnauthenticated(err error) bool { return hasCode(err, api.CodeUnauthenticated) }

@@ -12,9 +12,26 @@ import (
 	"space/internal/errkind"
 )
 
-// ChunkSize is the size of every chunk but a file's last one. Chunks are
-// aligned to file offsets: chunk i covers [i*ChunkSize, (i+1)*ChunkSize).
-const ChunkSize = 1 << 20
+// Chunk sizes. A store cuts files into chunks of its Config.ChunkSize,
+// every chunk but a file's last one that long, aligned to file offsets:
+// chunk i covers [i*size, (i+1)*size). Each manifest records the size its
+// files were cut at, and readers go by that, so stores with different
+// sizes share a backend.
+//
+// A snapshot stores whole chunks, so a guest's scattered 4 KiB page writes
+// cost a chunk each: with 1 MiB chunks one dirtied page stores 1 MiB.
+// Smaller chunks make what a snapshot stores follow what the guest
+// dirtied, at the price of more objects, requests and manifest entries
+// per byte.
+const (
+	// DefaultChunkSize is the chunk size of a Config that sets none.
+	DefaultChunkSize = 64 << 10
+	// MinChunkSize is a page: guests dirty whole pages, so smaller chunks
+	// would store no less and only add per-object overhead.
+	MinChunkSize = 4 << 10
+	// MaxChunkSize bounds the memory a Put or Restore holds per chunk.
+	MaxChunkSize = 4 << 20
+)
 
 // maxIDLen bounds snapshot IDs and file names.
 const maxIDLen = 128
@@ -45,6 +62,12 @@ var (
 type Config struct {
 	// Backend holds the objects. Required.
 	Backend Backend
+	// ChunkSize is the size Put cuts files at (see DefaultChunkSize): a
+	// power of two in [MinChunkSize, MaxChunkSize]. It applies to the
+	// snapshots this Store writes; it reads snapshots of any chunk size.
+	// Chunks of different sizes never deduplicate against each other.
+	// 0 = DefaultChunkSize.
+	ChunkSize int64
 	// LeaseTTL is how long a writer's lease, and a GC run's marker, stay
 	// valid without renewal. Writers and GC renew well before it ends; it
 	// bounds how long a crashed writer's chunks stay protected and how long
@@ -75,6 +98,7 @@ type Config struct {
 // on the same Backend.
 type Store struct {
 	b           Backend
+	chunkSize   int64
 	leaseTTL    time.Duration
 	skew        time.Duration
 	grace       time.Duration
@@ -91,8 +115,14 @@ func New(cfg Config) (*Store, error) {
 	if cfg.LeaseTTL < 0 || cfg.ClockSkew < 0 || cfg.GCGrace < 0 || cfg.GCPoll < 0 || cfg.Concurrency < 0 {
 		return nil, fmt.Errorf("chunkstore: negative duration or concurrency in config: %w", errkind.InvalidArgument)
 	}
+	chunkSize := cmpOr(cfg.ChunkSize, DefaultChunkSize)
+	if !validChunkSize(chunkSize) {
+		return nil, fmt.Errorf("chunkstore: chunk size %d: want a power of two from %d to %d: %w",
+			chunkSize, MinChunkSize, MaxChunkSize, errkind.InvalidArgument)
+	}
 	s := &Store{
 		b:           cfg.Backend,
+		chunkSize:   chunkSize,
 		leaseTTL:    cmpOr(cfg.LeaseTTL, 10*time.Minute),
 		skew:        cmpOr(cfg.ClockSkew, time.Minute),
 		grace:       cfg.GCGrace,
@@ -104,6 +134,16 @@ func New(cfg Config) (*Store, error) {
 		s.now = time.Now
 	}
 	return s, nil
+}
+
+// ChunkSize returns the size this Store cuts files at (Config.ChunkSize,
+// or DefaultChunkSize).
+func (s *Store) ChunkSize() int64 { return s.chunkSize }
+
+// validChunkSize reports whether n is a chunk size a manifest may record
+// and a Store may be configured with.
+func validChunkSize(n int64) bool {
+	return MinChunkSize <= n && n <= MaxChunkSize && n&(n-1) == 0
 }
 
 func cmpOr[T comparable](v, def T) T {
@@ -171,7 +211,11 @@ type File struct {
 // region of every file.
 type PutOptions struct {
 	// Parent is the snapshot this one was derived from, or nil. Required
-	// when Dirty is set.
+	// when Dirty is set. A parent whose ChunkSize differs from the Store's
+	// cut its files elsewhere, so it has no chunks to give: Put then
+	// ignores Dirty and reads every file in full (recording Parent's ID
+	// all the same). It does not fail, so a store whose chunk size was
+	// changed keeps taking snapshots of VMs restored from older ones.
 	Parent *Manifest
 	// Dirty, if non-nil, lists per file name the only byte ranges that may
 	// differ from Parent's file of the same name (a VMM's dirty page log).

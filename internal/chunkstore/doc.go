@@ -5,27 +5,44 @@
 //
 // A snapshot of a VM is a few files: a memory file (hundreds of MiB to a
 // few GiB, mostly sparse), a device-state file, a sparse disk image. Put
-// cuts each file into chunks of ChunkSize (1 MiB) at fixed, aligned
-// offsets (the last chunk is shorter) and names each chunk by its digest,
-// the BLAKE3-256 hash of its content. Holes are never read: Put walks the
-// file with SEEK_DATA/SEEK_HOLE (reading everything where the file system
-// lacks them) and skips chunks that are wholly a hole; a chunk that reads
-// as all zeros is recorded as a hole too. Neither is stored.
+// cuts each file into chunks of the Store's chunk size (Config.ChunkSize,
+// 64 KiB unless set) at fixed, aligned offsets (the last chunk is shorter)
+// and names each chunk by its digest, the BLAKE3-256 hash of its content.
+// Holes are never read: Put walks the file with SEEK_DATA/SEEK_HOLE
+// (reading everything where the file system lacks them) and skips chunks
+// that are wholly a hole; a chunk that reads as all zeros is recorded as a
+// hole too. Neither is stored.
 //
-// A manifest (JSON) lists a snapshot's files: name, size, permission bits,
-// and the chunk refs {offset, length, digest} of the chunks that are not
-// holes. Restore rebuilds a file from a manifest as a sparse file
-// (truncate, then WriteAt of each chunk) and checks every chunk against its
-// digest and length before writing it: a damaged chunk is ErrCorrupt, a
-// lost one ErrChunkMissing, never silently wrong data.
+// A manifest (JSON) records the chunk size and lists a snapshot's files:
+// name, size, permission bits, and the chunk refs {offset, length, digest}
+// of the chunks that are not holes. Restore rebuilds a file from a
+// manifest as a sparse file (truncate, then WriteAt of each chunk) and
+// checks every chunk against its digest and length before writing it: a
+// damaged chunk is ErrCorrupt, a lost one ErrChunkMissing, never silently
+// wrong data.
 //
 // A VMM with dirty-page tracking can pass PutOptions.Dirty: then only the
 // chunks overlapping the dirty ranges are read, and the others are taken
 // from PutOptions.Parent's manifest.
 //
+// # Chunk size
+//
+// A snapshot stores whole chunks, so a guest's scattered 4 KiB page writes
+// cost a chunk each; small chunks make what a snapshot stores follow what
+// the guest dirtied, large ones cost fewer objects, requests and manifest
+// entries. The size is a per-store setting, a power of two from
+// MinChunkSize (4 KiB) to MaxChunkSize (4 MiB), recorded in every
+// manifest: Restore, Get and GC go by the manifest's size, so stores with
+// different sizes share a backend and read each other's snapshots
+// (manifests written when the size was fixed at 1 MiB say 1 MiB). Only
+// two things do not cross sizes: chunks of different sizes do not
+// deduplicate, and a parent cut at another size lends no chunks (Put
+// reads every file in full instead).
+//
 // # Vocabulary
 //
-//   - chunk: up to 1 MiB of a file, stored once at "chunks/<hh>/<digest>".
+//   - chunk: up to the chunk size of a file, stored once at
+//     "chunks/<hh>/<digest>".
 //   - manifest: a snapshot's file list, at "manifests/<id>". A snapshot
 //     exists exactly when its manifest does; Put writes it last.
 //   - backend: the object store (Backend): a local directory

@@ -135,35 +135,84 @@ func TestExpiryKeys(t *testing.T) {
 }
 
 func TestManifestValidate(t *testing.T) {
-	ok := func() Manifest {
-		return Manifest{Version: 1, ID: "s", ChunkSize: ChunkSize, Files: []FileEntry{{
-			Name: "f", Size: ChunkSize + 5,
-			Chunks: []ChunkRef{{Offset: 0, Length: ChunkSize}, {Offset: ChunkSize, Length: 5}},
+	// ok is a manifest cut at cs: one whole chunk and a 5-byte tail.
+	ok := func(cs int64) Manifest {
+		return Manifest{Version: 1, ID: "s", ChunkSize: cs, Files: []FileEntry{{
+			Name: "f", Size: cs + 5,
+			Chunks: []ChunkRef{{Offset: 0, Length: cs}, {Offset: cs, Length: 5}},
 		}}}
 	}
-	if m := ok(); m.validate() != nil {
-		t.Fatalf("validate(good) = %v", m.validate())
+	// Every valid size, including the 1 MiB of manifests written before
+	// the size was configurable.
+	for _, cs := range []int64{MinChunkSize, 16 << 10, DefaultChunkSize, 1 << 20, MaxChunkSize} {
+		if m := ok(cs); m.validate() != nil {
+			t.Errorf("validate(good, chunk size %d) = %v", cs, m.validate())
+		}
 	}
+	const cs = DefaultChunkSize
 	for _, tc := range []struct {
 		name string
 		edit func(*Manifest)
 	}{
 		{"version", func(m *Manifest) { m.Version = 2 }},
 		{"id", func(m *Manifest) { m.ID = "../s" }},
-		{"chunk size", func(m *Manifest) { m.ChunkSize = 4096 }},
+		{"no chunk size", func(m *Manifest) { m.ChunkSize = 0 }},
+		{"negative chunk size", func(m *Manifest) { m.ChunkSize = -cs }},
+		{"chunk size below min", func(m *Manifest) { m.ChunkSize = MinChunkSize / 2 }},
+		{"chunk size above max", func(m *Manifest) { m.ChunkSize = MaxChunkSize * 2 }},
+		{"chunk size not a power of two", func(m *Manifest) { m.ChunkSize = 3 * MinChunkSize }},
+		// Valid sizes, but not the one the chunks were cut at.
+		{"chunks longer than chunk size", func(m *Manifest) { m.ChunkSize = cs / 2 }},
+		{"chunks shorter than chunk size", func(m *Manifest) { m.ChunkSize = cs * 2 }},
 		{"duplicate file", func(m *Manifest) { m.Files = append(m.Files, m.Files[0]) }},
 		{"misaligned", func(m *Manifest) { m.Files[0].Chunks[1].Offset = 7 }},
 		{"short chunk", func(m *Manifest) { m.Files[0].Chunks[0].Length = 10 }},
-		{"past the end", func(m *Manifest) { m.Files[0].Size = ChunkSize }},
+		{"past the end", func(m *Manifest) { m.Files[0].Size = cs }},
 		{"unsorted", func(m *Manifest) {
 			c := m.Files[0].Chunks
 			c[0], c[1] = c[1], c[0]
 		}},
 	} {
-		m := ok()
+		m := ok(cs)
 		tc.edit(&m)
 		if err := m.validate(); err == nil {
 			t.Errorf("validate(%s) = nil, want an error", tc.name)
+		}
+	}
+}
+
+func TestPlanFile(t *testing.T) {
+	const cs = MinChunkSize
+	d := func(b byte) Digest { return Digest{b} }
+	// The parent: 4 chunks and a 100-byte tail, chunk 2 a hole.
+	parent := FileEntry{Name: "f", Size: 4*cs + 100, Chunks: []ChunkRef{
+		{0, cs, d(0)}, {cs, cs, d(1)}, {3 * cs, cs, d(3)}, {4 * cs, 100, d(4)},
+	}}
+	// The file grew by one chunk; a byte of chunk 1 is dirty.
+	p := planFile(5*cs+100, cs, parent, []Range{{Off: cs + 7, Len: 1}})
+	// Chunk 4 changed extent (100 bytes in the parent, cs now); chunk 5 is
+	// new.
+	if want := []bool{true, false, true, true, false, false}; !cmp.Equal(p.clean, want) {
+		t.Errorf("planFile: clean = %v, want %v", p.clean, want)
+	}
+	want := map[int64]ChunkRef{0: parent.Chunks[0], 3 * cs: parent.Chunks[2]}
+	if !cmp.Equal(p.parentRefs, want) {
+		t.Errorf("planFile: parentRefs = %v, want %v", p.parentRefs, want)
+	}
+}
+
+func TestBatchChunks(t *testing.T) {
+	for _, tc := range []struct {
+		chunkSize int64
+		want      int
+	}{
+		{MinChunkSize, 4096},
+		{DefaultChunkSize, 256},
+		{1 << 20, 16},
+		{MaxChunkSize, 4},
+	} {
+		if got := batchChunks(tc.chunkSize); got != tc.want || int64(got)*tc.chunkSize != batchBytes {
+			t.Errorf("batchChunks(%d) = %d, want %d (16 MiB)", tc.chunkSize, got, tc.want)
 		}
 	}
 }

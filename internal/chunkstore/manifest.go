@@ -19,8 +19,10 @@ import (
 // reads.
 const manifestVersion = 1
 
-// maxManifestBytes bounds what Get reads (a 1 TiB file is about 128 MiB of
-// JSON; our files are a few GiB).
+// maxManifestBytes bounds what Get reads. A chunk ref is about 140 bytes of
+// JSON, so this holds nearly 2 million stored chunks: over 100 GiB of data
+// at the default chunk size, 7 GiB at MinChunkSize (holes take no refs;
+// our files are a few GiB, mostly sparse).
 const maxManifestBytes = 256 << 20
 
 // Manifest lists a snapshot's files and the chunks they are made of. It is
@@ -30,8 +32,11 @@ type Manifest struct {
 	ID      string `json:"id"`
 	// Parent is the ID of the snapshot given as PutOptions.Parent, or "".
 	// It is informational: the manifest refers to its chunks directly.
-	Parent    string      `json:"parent,omitempty"`
-	Created   time.Time   `json:"created"`
+	Parent  string    `json:"parent,omitempty"`
+	Created time.Time `json:"created"`
+	// ChunkSize is the size the files were cut at, the writing Store's:
+	// a power of two in [MinChunkSize, MaxChunkSize]. Restore and
+	// validation go by it, so any Store reads the manifest.
 	ChunkSize int64       `json:"chunk_size"`
 	Files     []FileEntry `json:"files"`
 }
@@ -72,8 +77,9 @@ func (m *Manifest) validate() error {
 	if err := CheckID(m.ID); err != nil {
 		return err
 	}
-	if m.ChunkSize != ChunkSize {
-		return fmt.Errorf("manifest chunk size %d, want %d", m.ChunkSize, ChunkSize)
+	cs := m.ChunkSize
+	if !validChunkSize(cs) {
+		return fmt.Errorf("manifest chunk size %d, want a power of two from %d to %d", cs, MinChunkSize, MaxChunkSize)
 	}
 	seen := make(map[string]bool, len(m.Files))
 	for _, f := range m.Files {
@@ -89,7 +95,7 @@ func (m *Manifest) validate() error {
 		}
 		next := int64(0)
 		for _, c := range f.Chunks {
-			if c.Offset < next || c.Offset%ChunkSize != 0 || c.Offset >= f.Size || c.Length != min(ChunkSize, f.Size-c.Offset) {
+			if c.Offset < next || c.Offset%cs != 0 || c.Offset >= f.Size || c.Length != min(cs, f.Size-c.Offset) {
 				return fmt.Errorf("file %s: bad chunk at offset %d length %d", f.Name, c.Offset, c.Length)
 			}
 			next = c.Offset + c.Length

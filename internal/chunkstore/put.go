@@ -15,12 +15,17 @@ import (
 	"space/internal/errkind"
 )
 
-// batchChunks is how many chunks Put reads (and holds in memory) before it
-// leases and uploads them: 16 MiB per Put, and one lease part per batch.
-const batchChunks = 16
+// batchBytes is how much Put reads (and holds in memory) before it leases
+// and uploads the chunks read: one lease part, and one wait for GC, per
+// batch. It is a byte budget rather than a chunk count so that small
+// chunks do not multiply those round trips.
+const batchBytes = 16 << 20
 
-// zeros is compared against to find all-zero chunks.
-var zeros = make([]byte, ChunkSize)
+// batchChunks is how many chunks of chunkSize make a batch.
+func batchChunks(chunkSize int64) int { return int(batchBytes / chunkSize) }
+
+// zeros is compared against to find all-zero chunks of any size.
+var zeros = make([]byte, MaxChunkSize)
 
 // Put stores files as snapshot id and returns its manifest. It reads only
 // data regions (holes are skipped via SEEK_DATA/SEEK_HOLE where the file
@@ -87,15 +92,16 @@ func (s *Store) Put(ctx context.Context, id string, files []File, opts PutOption
 		Version:   manifestVersion,
 		ID:        id,
 		Created:   s.now().UTC().Truncate(time.Millisecond),
-		ChunkSize: ChunkSize,
+		ChunkSize: s.chunkSize,
 		Files:     make([]FileEntry, 0, len(files)),
 	}
 	plans := make([]filePlan, len(files))
 	var fromParent []Digest
+	usable := s.usableDirty(opts)
 	for i, f := range files {
-		if dirty, ok := opts.Dirty[f.Name]; ok {
+		if dirty, ok := usable[f.Name]; ok {
 			pf, _ := opts.Parent.File(f.Name) // checkPut made sure it exists
-			plans[i] = planFile(infos[i].Size(), pf, dirty)
+			plans[i] = planFile(infos[i].Size(), s.chunkSize, pf, dirty)
 			for _, r := range plans[i].parentRefs {
 				fromParent = append(fromParent, r.Digest)
 			}
@@ -122,7 +128,7 @@ func (s *Store) Put(ctx context.Context, id string, files []File, opts PutOption
 	for i, f := range files {
 		size := infos[i].Size()
 		stats.LogicalBytes += size
-		refs, err := w.putFile(ctx, opened[i], size, plans[i])
+		refs, err := w.putFile(ctx, opened[i], size, s.chunkSize, plans[i])
 		if err != nil {
 			return fail(fmt.Errorf("file %s: %w", f.Name, err))
 		}
@@ -144,6 +150,16 @@ func (s *Store) Put(ctx context.Context, id string, files []File, opts PutOption
 	stats.ManifestBytes = int64(len(b))
 	stats.NewBytes += stats.ManifestBytes
 	return m, stats, nil
+}
+
+// usableDirty returns the dirty ranges Put may plan with: none if the
+// parent's chunks are cut at another size than this Store's, since then
+// not one of them covers the extent a chunk of ours does.
+func (s *Store) usableDirty(opts PutOptions) map[string][]Range {
+	if opts.Parent == nil || opts.Parent.ChunkSize != s.chunkSize {
+		return nil
+	}
+	return opts.Dirty
 }
 
 func checkPut(id string, files []File, opts PutOptions) error {
@@ -195,7 +211,7 @@ type putWriter struct {
 	// stored holds chunks known to be stored and leased by this Put.
 	stored  map[Digest]bool
 	pending []*pendingChunk
-	bufs    [][]byte // batchChunks buffers of ChunkSize, made lazily
+	bufs    [][]byte // a batch's chunk buffers, made lazily
 }
 
 type pendingChunk struct {
@@ -211,40 +227,43 @@ type filePlan struct {
 	parentRefs map[int64]ChunkRef // the parent's stored clean chunks by offset
 }
 
-// planFile marks the chunks of a file of size that overlap no dirty range
-// and have the same extent in the parent's entry.
-func planFile(size int64, parent FileEntry, dirty []Range) filePlan {
-	n := (size + ChunkSize - 1) / ChunkSize
+// planFile marks the chunks of a file of size, cut at chunkSize, that
+// overlap no dirty range and have the same extent in the parent's entry.
+// The parent must be cut at chunkSize too.
+func planFile(size, chunkSize int64, parent FileEntry, dirty []Range) filePlan {
+	n := (size + chunkSize - 1) / chunkSize
 	p := filePlan{clean: make([]bool, n), parentRefs: map[int64]ChunkRef{}}
 	for i := range p.clean {
-		off := int64(i) * ChunkSize
-		p.clean[i] = off < parent.Size && min(off+ChunkSize, parent.Size) == min(off+ChunkSize, size)
+		off := int64(i) * chunkSize
+		p.clean[i] = off < parent.Size && min(off+chunkSize, parent.Size) == min(off+chunkSize, size)
 	}
 	for _, r := range dirty {
-		for i := r.Off / ChunkSize; i < n && i <= (r.Off+r.Len-1)/ChunkSize; i++ {
+		for i := r.Off / chunkSize; i < n && i <= (r.Off+r.Len-1)/chunkSize; i++ {
 			p.clean[i] = false
 		}
 	}
 	for _, c := range parent.Chunks {
-		if i := c.Offset / ChunkSize; i < n && p.clean[i] {
+		if i := c.Offset / chunkSize; i < n && p.clean[i] {
 			p.parentRefs[c.Offset] = c
 		}
 	}
 	return p
 }
 
-// putFile returns a file's chunk refs, reading the chunks plan does not
-// take from the parent (whose chunks Put has leased already).
-func (w *putWriter) putFile(ctx context.Context, f *os.File, size int64, plan filePlan) ([]ChunkRef, error) {
+// putFile returns the chunk refs of a file cut at chunkSize, reading the
+// chunks plan does not take from the parent (whose chunks Put has leased
+// already).
+func (w *putWriter) putFile(ctx context.Context, f *os.File, size, chunkSize int64, plan filePlan) ([]ChunkRef, error) {
 	data, err := dataRanges(f, size)
 	if err != nil {
 		return nil, err
 	}
-	n := int((size + ChunkSize - 1) / ChunkSize)
+	n := int((size + chunkSize - 1) / chunkSize)
+	batch := batchChunks(chunkSize)
 	refs := make([]*ChunkRef, 0, n)
 	for i := range n {
-		off := int64(i) * ChunkSize
-		length := min(ChunkSize, size-off)
+		off := int64(i) * chunkSize
+		length := min(chunkSize, size-off)
 		if plan.clean != nil && plan.clean[i] {
 			if r, ok := plan.parentRefs[off]; ok {
 				refs = append(refs, &r)
@@ -259,7 +278,7 @@ func (w *putWriter) putFile(ctx context.Context, f *os.File, size int64, plan fi
 			w.stats.HoleChunks++
 			continue
 		}
-		buf := w.buffer(len(w.pending))[:length]
+		buf := w.buffer(len(w.pending), chunkSize)[:length]
 		clear(buf)
 		for _, p := range parts {
 			dst := buf[p.Off-off : p.Off-off+p.Len]
@@ -278,7 +297,7 @@ func (w *putWriter) putFile(ctx context.Context, f *os.File, size int64, plan fi
 		ref := &ChunkRef{Offset: off, Length: length}
 		refs = append(refs, ref)
 		w.pending = append(w.pending, &pendingChunk{data: buf, ref: ref})
-		if len(w.pending) == batchChunks {
+		if len(w.pending) == batch {
 			if err := w.flush(ctx); err != nil {
 				return nil, err
 			}
@@ -295,9 +314,11 @@ func (w *putWriter) putFile(ctx context.Context, f *os.File, size int64, plan fi
 	return out, nil
 }
 
-func (w *putWriter) buffer(i int) []byte {
+// buffer returns the i-th chunk buffer of a batch (one Put uses one
+// chunkSize).
+func (w *putWriter) buffer(i int, chunkSize int64) []byte {
 	for len(w.bufs) <= i {
-		w.bufs = append(w.bufs, make([]byte, ChunkSize))
+		w.bufs = append(w.bufs, make([]byte, chunkSize))
 	}
 	return w.bufs[i]
 }
@@ -315,10 +336,12 @@ func (w *putWriter) lease(ctx context.Context, ds []Digest) error {
 // pending chunks the backend lacks.
 func (w *putWriter) flush(ctx context.Context) error {
 	var lease []Digest
+	inLease := make(map[Digest]bool) // a batch of small chunks is thousands
 	for _, p := range w.pending {
 		p.digest = Sum(p.data)
 		p.ref.Digest = p.digest
-		if !w.stored[p.digest] && !slices.Contains(lease, p.digest) {
+		if !w.stored[p.digest] && !inLease[p.digest] {
+			inLease[p.digest] = true
 			lease = append(lease, p.digest)
 		}
 	}

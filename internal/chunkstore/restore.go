@@ -50,9 +50,11 @@ func (s *Store) Restore(ctx context.Context, m Manifest, name, dstPath string) (
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(s.concurrency)
+	// Sized by the manifest, not this Store: it may have been written by
+	// a store with another chunk size.
 	bufs := make(chan []byte, s.concurrency) // at most concurrency in use
 	for range min(s.concurrency, len(fe.Chunks)) {
-		bufs <- make([]byte, ChunkSize+1)
+		bufs <- make([]byte, m.ChunkSize+1)
 	}
 	for _, c := range fe.Chunks {
 		g.Go(func() error {

@@ -140,16 +140,22 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 }
 
-// reapExpired deletes every sandbox whose TTL has passed.
+// reapExpired deletes every sandbox whose TTL has passed, and suspends
+// those that suspend on an idle timeout.
 func (s *Server) reapExpired(ctx context.Context) {
 	expired, err := s.cfg.Store.ExpiredSandboxes(ctx, s.now())
 	if err != nil {
 		s.log.Error("list expired sandboxes", "err", err)
 		return
 	}
+	s.forgetActivity(s.now().Add(-s.cfg.Limits.MaxTTL))
 	for _, sb := range expired {
 		if sb.State == sandbox.Creating {
 			continue // its create is still under way
+		}
+		if sp := specOf(sb); sp.OnTimeout == onTimeoutSuspend && sb.State != sandbox.Failed {
+			s.idleTimeout(ctx, sb, time.Duration(sp.TimeoutSeconds)*time.Second)
+			continue
 		}
 		if err := s.delete(ctx, sb); err != nil {
 			s.log.Error("remove expired sandbox", "sandbox_id", sb.ID, "err", err)
@@ -157,4 +163,41 @@ func (s *Server) reapExpired(ctx context.Context) {
 		}
 		s.log.Info("removed expired sandbox", "sandbox_id", sb.ID, "expired", sb.Expires.Format(time.RFC3339))
 	}
+}
+
+// idleTimeout handles a sandbox that suspends once idle for timeout and
+// whose expiry passed: if the data plane used it since, its expiry moves
+// to timeout after that use; otherwise it is suspended (and then does not
+// expire until a resume).
+func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time.Duration) {
+	if sb.State != sandbox.Running && sb.State != sandbox.Paused {
+		return // stopped (suspended already) or on its way somewhere
+	}
+	if s.isBusy(sb.ID) {
+		return // a create, delete or suspend of this process works on it
+	}
+	now := s.now()
+	last, inUse := s.idleSince(sb.ID)
+	if inUse || last.Add(timeout).After(now) {
+		sb.Expires = last.Add(timeout)
+		if inUse {
+			sb.Expires = now.Add(timeout)
+		}
+		if _, err := s.cfg.Store.UpdateSandbox(ctx, sb); err != nil && !errors.Is(err, store.ErrVersionConflict) {
+			s.log.Error("extend idle sandbox", "sandbox_id", sb.ID, "err", err)
+		}
+		return
+	}
+	wk, err := s.worker(sb.WorkerID)
+	if err == nil {
+		defer s.claim(sb.ID)()
+		_, err = s.suspend(ctx, sb, wk)
+	}
+	if err != nil {
+		// It keeps running: deleting it would lose the work the caller
+		// asked to keep. The next round tries again.
+		s.log.Error("suspend idle sandbox", "sandbox_id", sb.ID, "err", err)
+		return
+	}
+	s.log.Info("suspended idle sandbox", "sandbox_id", sb.ID, "idle_for", timeout)
 }

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,12 +31,29 @@ type createBody struct {
 	Labels         map[string]string `json:"labels"`
 	FromSnapshot   *string           `json:"from_snapshot"`
 	ColdBoot       bool              `json:"cold_boot"`
+	OnTimeout      *string           `json:"on_timeout"`
 }
 
 // spec is what the store keeps as a sandbox's Spec.
 type spec struct {
 	worker.Spec
 	TimeoutSeconds int64 `json:"timeout_seconds"`
+	// OnTimeout is what its timeout does: onTimeoutDelete ("" too) or
+	// onTimeoutSuspend.
+	OnTimeout string `json:"on_timeout,omitempty"`
+}
+
+// What a sandbox's timeout does (api.CreateSandbox.OnTimeout).
+const (
+	onTimeoutDelete  = "delete"  // the timeout is a lifetime: the sandbox is deleted
+	onTimeoutSuspend = "suspend" // the timeout is an idle time: the sandbox is suspended
+)
+
+// specOf returns sb's spec (zero if the record's does not parse).
+func specOf(sb store.Sandbox) spec {
+	var sp spec
+	json.Unmarshal(sb.Spec, &sp)
+	return sp
 }
 
 // stored is what the store keeps as a sandbox's Handle: how its VM runs.
@@ -114,6 +132,14 @@ func (s *Server) validate(b createBody) (spec, error) {
 	}
 	sp.Env = b.Env
 	sp.ColdBoot = b.ColdBoot
+	if b.OnTimeout != nil {
+		if *b.OnTimeout != onTimeoutDelete && *b.OnTimeout != onTimeoutSuspend {
+			return sp, httpapi.Invalid("on_timeout", "%.64q is neither %s nor %s", *b.OnTimeout, onTimeoutDelete, onTimeoutSuspend)
+		}
+		if *b.OnTimeout == onTimeoutSuspend {
+			sp.OnTimeout = onTimeoutSuspend
+		}
+	}
 	return sp, nil
 }
 
@@ -431,7 +457,7 @@ func (s *Server) view(sb store.Sandbox) api.Sandbox {
 	v := api.Sandbox{
 		ID: sb.ID, Team: sb.TeamID, Template: sb.Template, State: sb.State.String(), Worker: sb.WorkerID,
 		VCPUs: sp.VCPUs, MemoryMiB: sp.MemoryMiB, DiskMiB: sp.DiskMiB, Env: sp.Env, Labels: sb.Labels,
-		CreatedAt: sb.Created, UpdatedAt: sb.Updated,
+		CreatedAt: sb.Created, UpdatedAt: sb.Updated, OnTimeout: cmp.Or(sp.OnTimeout, onTimeoutDelete),
 	}
 	if !sb.Expires.IsZero() {
 		e := sb.Expires
@@ -576,6 +602,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
+	defer s.use(sb.ID)() // an exec or attach keeps it in use until it ends
 	rest := strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"+sb.ID)
 	r2 := r.Clone(r.Context())
 	r2.URL.Path = worker.PathPrefix + "/sandboxes/" + sb.ID + rest

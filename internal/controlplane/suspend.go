@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"space/internal/errkind"
 	"space/internal/httpapi"
@@ -25,28 +26,34 @@ func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := context.WithoutCancel(r.Context())
 	defer s.claim(sb.ID)()
+	if sb, err = s.suspend(ctx, sb, wk); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+}
+
+// suspend snapshots sb to the chunk store and stops its VM. The caller
+// claims sb.
+func (s *Server) suspend(ctx context.Context, sb store.Sandbox, wk Worker) (store.Sandbox, error) {
 	sn, err := s.snapshot(ctx, sb, wk, "", false)
 	if err != nil {
-		httpapi.WriteError(w, err)
-		return
+		return sb, err
 	}
 	if !chunked(sn) {
-		httpapi.WriteError(w, errors.Join(
+		return sb, errors.Join(
 			fmt.Errorf("suspend %s: its worker keeps snapshots only on its own disk: %w", sb.ID, errkind.FailedPrecondition),
-			s.deleteSnapshot(ctx, sn)))
-		return
+			s.deleteSnapshot(ctx, sn))
 	}
 	if sb, err = s.transition(ctx, sb, sandbox.Stopping, func(rec *store.Sandbox) { setSuspended(rec, sn.ID) }); err != nil {
-		httpapi.WriteError(w, err)
-		return
+		return sb, err
 	}
 	s.crash("api.suspend.stopping-saved")
 	if sb, err = s.finishSuspend(ctx, sb); err != nil {
-		httpapi.WriteError(w, err)
-		return
+		return sb, err
 	}
 	s.log.Info("sandbox suspended", "sandbox_id", sb.ID, "snapshot_id", sn.ID)
-	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+	return sb, nil
 }
 
 // finishSuspend destroys the VM of a sandbox whose suspend snapshot is
@@ -61,7 +68,13 @@ func (s *Server) finishSuspend(ctx context.Context, sb store.Sandbox) (store.San
 			return sb, err
 		}
 	}
-	sb, err := s.transition(ctx, sb, sandbox.Stopped, func(rec *store.Sandbox) { rec.WorkerID = "" })
+	suspends := specOf(sb).OnTimeout == onTimeoutSuspend
+	sb, err := s.transition(ctx, sb, sandbox.Stopped, func(rec *store.Sandbox) {
+		rec.WorkerID = ""
+		if suspends {
+			rec.Expires = time.Time{} // it waits, suspended, for a resume
+		}
+	})
 	if err == nil {
 		s.adjustUsage(sb.TeamID, sb.Spec, -1)
 	}
@@ -87,7 +100,12 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 		wk, err = place(ctx, s.healthyWorkers(), sp.Spec)
 	}
 	if err == nil {
-		sb, err = s.transition(ctx, sb, sandbox.Creating, func(rec *store.Sandbox) { rec.WorkerID = wk.ID() })
+		sb, err = s.transition(ctx, sb, sandbox.Creating, func(rec *store.Sandbox) {
+			rec.WorkerID = wk.ID()
+			if sp.OnTimeout == onTimeoutSuspend {
+				rec.Expires = s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second) // idle from now
+			}
+		})
 	}
 	if err == nil {
 		s.adjustUsage(sb.TeamID, sb.Spec, 1)

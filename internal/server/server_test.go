@@ -636,3 +636,46 @@ func TestWarmCreate(t *testing.T) {
 		t.Errorf("two warm sandboxes read the same random bytes %q", r2)
 	}
 }
+
+// TestIdleSuspend checks a sandbox whose timeout suspends it: it keeps
+// running while used past its timeout, is suspended once idle (and then
+// does not expire), and resumes with its files and a fresh timeout.
+func TestIdleSuspend(t *testing.T) {
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	c := ts.client
+	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{OnTimeout: "later"}); !client.IsInvalid(err) {
+		t.Errorf("CreateSandbox(on_timeout later) = %v, want invalid", err)
+	}
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192, TimeoutSeconds: 3, OnTimeout: "suspend"})
+	if err != nil || sb.OnTimeout != "suspend" {
+		t.Fatalf("CreateSandbox = %+v, %v", sb, err)
+	}
+	execOut(t, c, sb.ID, sh("echo kept > /root/f"))
+	// Used every second, it outlives its 3 s timeout (the reaper looks
+	// every 5 s).
+	for until := time.Now().Add(12 * time.Second); time.Now().Before(until); time.Sleep(time.Second) {
+		execOut(t, c, sb.ID, sh("true"))
+	}
+	if got, err := c.Sandbox(ctx, sb.ID); err != nil || got.State != "running" {
+		t.Fatalf("Sandbox while in use = %+v, %v; want running", got, err)
+	}
+	var got api.Sandbox
+	testenv.Eventually(t, time.Minute, func() bool {
+		got, err = c.Sandbox(ctx, sb.ID)
+		return err == nil && got.State == "stopped" && got.SuspendedSnapshot != ""
+	})
+	if got.ExpiresAt != nil {
+		t.Errorf("a sandbox suspended on its idle timeout expires at %v, want never", got.ExpiresAt)
+	}
+	resumed, err := c.ResumeSandbox(ctx, sb.ID)
+	if err != nil || resumed.State != "running" || resumed.ExpiresAt == nil || !resumed.ExpiresAt.After(time.Now()) {
+		t.Fatalf("ResumeSandbox = %+v, %v; want running with a fresh timeout", resumed, err)
+	}
+	if out, _, _ := execOut(t, c, sb.ID, sh("cat /root/f")); out != "kept\n" {
+		t.Errorf("after resume /root/f = %q, want kept", out)
+	}
+}

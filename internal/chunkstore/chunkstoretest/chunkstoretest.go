@@ -28,7 +28,9 @@ import (
 type NewBackend func(t *testing.T) chunkstore.Backend
 
 const (
-	mib      = chunkstore.ChunkSize
+	// mib is the chunk size of the suite's stores: its files are laid out
+	// in 1 MiB chunks (the size was fixed at that once).
+	mib      = 1 << 20
 	leaseTTL = time.Minute
 	skew     = 5 * time.Second
 )
@@ -77,6 +79,7 @@ func newStore(t *testing.T, b chunkstore.Backend, clock *Clock) *chunkstore.Stor
 	t.Helper()
 	s, err := chunkstore.New(chunkstore.Config{
 		Backend:   b,
+		ChunkSize: mib,
 		LeaseTTL:  leaseTTL,
 		ClockSkew: skew,
 		GCPoll:    5 * time.Millisecond,
