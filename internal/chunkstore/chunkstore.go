@@ -87,7 +87,10 @@ type Config struct {
 	// whether it has ended. 0 = 1 second.
 	GCPoll time.Duration
 	// Concurrency is how many backend requests one Put, Restore or GC runs
-	// at once. 0 = 4.
+	// at once. 0 = 16: small chunks make many small requests, whose
+	// latency (an fsync each on a local disk, a round trip to object
+	// storage) overlaps (60 MB in 64 KiB chunks to a local ext4 directory:
+	// 0.96 s at 4, 0.62 s at 16).
 	Concurrency int
 	// Now is the clock for lease and marker expiry. nil = time.Now.
 	Now func() time.Time
@@ -127,7 +130,7 @@ func New(cfg Config) (*Store, error) {
 		skew:        cmpOr(cfg.ClockSkew, time.Minute),
 		grace:       cfg.GCGrace,
 		gcPoll:      cmpOr(cfg.GCPoll, time.Second),
-		concurrency: cmpOr(cfg.Concurrency, 4),
+		concurrency: cmpOr(cfg.Concurrency, 16),
 		now:         cfg.Now,
 	}
 	if s.now == nil {
