@@ -18,7 +18,7 @@ import (
 func newServerCmd(g *globals) *cobra.Command {
 	var (
 		listen, agent, storeURL, workerID, chunkDir string
-		vcpus                                       int
+		vcpus, pool                                 int
 		memory                                      int64
 	)
 	c := &cobra.Command{
@@ -49,7 +49,7 @@ server stops, and the next start re-adopts them.`,
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
-				Progress: g.stderr, Log: g.logger(), Prewarm: true,
+				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool,
 			})
 		},
 	}
@@ -58,6 +58,7 @@ server stops, and the next start re-adopts them.`,
 	f.StringVar(&storeURL, "store", "", "PostgreSQL `URL` for the state (default: SQLite in the data dir; env SPACE_STORE_URL)")
 	f.StringVar(&workerID, "worker-id", "local", "`ID` of the embedded worker")
 	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks)")
+	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers (default: 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
 	agentFlag(f, &agent)

@@ -94,6 +94,10 @@ type Config struct {
 	// default sandbox shape in the background at start, so the first
 	// sandbox is a restore too. Off by default: tests leave it off.
 	Prewarm bool
+	// Pool is how many sandboxes of the default shape the worker keeps
+	// restored and ready once prewarmed, so a create takes one at once;
+	// 0 = none.
+	Pool int
 	// Version is reported by the health route.
 	Version string
 	// Progress receives human-readable progress lines; nil = discard.
@@ -211,8 +215,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			wg.Go(func() {
 				l := controlplane.DefaultLimits
 				spec := worker.Spec{Template: "default", VCPUs: l.DefaultVCPUs, MemoryMiB: l.DefaultMemoryMiB, DiskMiB: l.DefaultDiskMiB}
-				if err := w.Warm(ctx, spec); err != nil && ctx.Err() == nil {
-					cfg.Log.Warn("prewarm the default template", "err", err)
+				if err := w.Warm(ctx, spec); err != nil {
+					if ctx.Err() == nil {
+						cfg.Log.Warn("prewarm the default template", "err", err)
+					}
+					return
+				}
+				if err := w.KeepPool(spec, cfg.Pool); err != nil {
+					cfg.Log.Warn("pool of the default template", "err", err)
 				}
 			})
 		}

@@ -47,9 +47,9 @@ func startServer(t *testing.T, dataDir, workerID string) *testServer {
 
 // startServerB is startServer for benchmarks; sandboxes are deleted at
 // the end.
-func startServerB(b *testing.B) *testServer {
+func startServerB(b *testing.B, cfg Config) *testServer {
 	b.Helper()
-	ts := startServerTB(b, Config{})
+	ts := startServerTB(b, cfg)
 	ts.deleteAllOnCleanup(b)
 	return ts
 }
@@ -115,6 +115,19 @@ func startServerTB(t testing.TB, cfg Config) *testServer {
 	}
 	t.Cleanup(ts.stop)
 	return ts
+}
+
+// poolReady reports whether the server's worker has a pool member ready.
+func (ts *testServer) poolReady() bool {
+	sandboxes := filepath.Join(ts.dataDir, "worker", "sandboxes")
+	entries, _ := os.ReadDir(sandboxes)
+	for _, e := range entries {
+		b, _ := os.ReadFile(filepath.Join(sandboxes, e.Name(), "record.json"))
+		if strings.Contains(string(b), `"pool": "`) && strings.Contains(string(b), `"state": "running"`) {
+			return true
+		}
+	}
+	return false
 }
 
 // deleteAllOnCleanup deletes the sandboxes the admin key's team has when
@@ -678,4 +691,62 @@ func TestIdleSuspend(t *testing.T) {
 	if out, _, _ := execOut(t, c, sb.ID, sh("cat /root/f")); out != "kept\n" {
 		t.Errorf("after resume /root/f = %q, want kept", out)
 	}
+}
+
+// TestPoolCreate checks the worker's pool of ready sandboxes: a create of
+// the pooled shape takes a member (started_by "pool") and gets its own
+// identity and random stream; a refilled member serves the next; a
+// restart re-adopts a taken member (which keeps its directories) and
+// drops the untaken one; nothing is left once they are deleted.
+func TestPoolCreate(t *testing.T) {
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	ts := startServerWith(t, Config{Prewarm: true, Pool: 1})
+	ctx := t.Context()
+	c := ts.client
+	sandboxes := filepath.Join(ts.dataDir, "worker", "sandboxes")
+	poolReady := func() bool { return ts.poolReady() }
+	testenv.Eventually(t, 3*time.Minute, poolReady)
+	t0 := time.Now()
+	first, err := c.CreateSandbox(ctx, api.CreateSandbox{})
+	took := time.Since(t0)
+	if err != nil || first.VM == nil || first.VM.StartedBy != "pool" {
+		t.Fatalf("CreateSandbox = %+v, %v; want one from the pool", first, err)
+	}
+	if _, err := os.Stat(filepath.Join(sandboxes, first.ID)); err == nil {
+		t.Errorf("a pool member handed to %s was expected to keep its own directory", first.ID)
+	}
+	testenv.Eventually(t, 3*time.Minute, poolReady)
+	second, err := c.CreateSandbox(ctx, api.CreateSandbox{})
+	if err != nil || second.VM == nil || second.VM.StartedBy != "pool" {
+		t.Fatalf("second CreateSandbox = %+v, %v; want one from the refilled pool", second, err)
+	}
+	rnd := sh("head -c 16 /dev/urandom | od -An -tx1; hostname")
+	o1, _, _ := execOut(t, c, first.ID, rnd)
+	o2, _, _ := execOut(t, c, second.ID, rnd)
+	if o1 == o2 || !strings.HasSuffix(o1, worker.Hostname(first.ID)+"\n") || !strings.HasSuffix(o2, worker.Hostname(second.ID)+"\n") {
+		t.Errorf("pooled sandboxes: %q and %q; want their own random bytes and hostnames", o1, o2)
+	}
+	t.Logf("create from the pool: %v until the API answered", took.Round(time.Millisecond))
+
+	// A restart (VMs keep running) re-adopts both; the refilled member,
+	// being the worker's own, goes.
+	testenv.Eventually(t, 3*time.Minute, poolReady)
+	ts.stop()
+	ts = startServerWith(t, Config{DataDir: ts.dataDir, WorkerID: ts.workerID})
+	ts.deleteAllOnCleanup(t)
+	c = ts.client
+	for _, sb := range []api.Sandbox{first, second} {
+		got, err := c.Sandbox(ctx, sb.ID)
+		if err != nil || got.State != "running" || got.VM == nil || got.VM.PID != sb.VM.PID {
+			t.Fatalf("after restart Sandbox(%s) = %+v, %v; want it running on pid %d", sb.ID, got, err, sb.VM.PID)
+		}
+		if out, _, _ := execOut(t, c, sb.ID, sh("echo alive")); out != "alive\n" {
+			t.Errorf("after restart exec in %s = %q", sb.ID, out)
+		}
+		if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+			t.Fatalf("DeleteSandbox = %v", err)
+		}
+	}
+	assertNoLeftovers(t, ts)
 }

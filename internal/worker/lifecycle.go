@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -65,12 +66,21 @@ var ErrNotRunning = fmt.Errorf("sandbox is not running: %w", errkind.FailedPreco
 // answers. On error nothing of it remains. The record is durable before
 // Create returns.
 func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, error) {
-	return w.create(ctx, id, team, spec, "", false)
+	if inf, ok := w.fromPool(ctx, id, team, spec); ok {
+		return inf, nil
+	}
+	return w.create(ctx, id, team, spec, createOpts{})
 }
 
-// create makes sandbox id by booting (snapID "") or by restoring snapshot
-// snapID.
-func (w *Worker) create(ctx context.Context, id, team string, spec Spec, snapID string, internal bool) (Info, error) {
+// createOpts are create's variants.
+type createOpts struct {
+	snapID   string // restore this snapshot; "" boots (or restores the warm template)
+	internal bool   // the worker's own sandbox (see record.Internal)
+	pool     string // a member of this pool (see record.Pool)
+}
+
+// create makes sandbox id by booting or by restoring a snapshot.
+func (w *Worker) create(ctx context.Context, id, team string, spec Spec, opts createOpts) (Info, error) {
 	if !store.ValidSandboxID(id) {
 		return Info{}, fmt.Errorf("sandbox id %q: %w", id, errkind.InvalidArgument)
 	}
@@ -88,19 +98,24 @@ func (w *Worker) create(ctx context.Context, id, team string, spec Spec, snapID 
 		runDir: filepath.Join(w.cfg.RunRoot, id),
 	}
 	s.mu.Lock()
-	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC(), RestoreFrom: snapID, Internal: internal}
+	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC(), RestoreFrom: opts.snapID,
+		Internal: opts.internal, Pool: opts.pool}
 	s.mu.Unlock()
 	s.op.Lock()
 	defer s.op.Unlock()
-	return w.createLocked(ctx, s, snapID)
+	return w.createLocked(ctx, s, opts.snapID)
 }
 
 // createLocked does create's work; the caller holds s.op.
 func (w *Worker) createLocked(ctx context.Context, s *sbx, snapID string) (_ Info, err error) {
 	s.mu.Lock()
-	id, spec := s.rec.ID, s.rec.Spec
+	id, spec, member := s.rec.ID, s.rec.Spec, s.rec.Pool != ""
 	s.mu.Unlock()
-	if err := w.reserve(id, s, spec); err != nil {
+	err = w.reserve(id, s, spec)
+	if errors.Is(err, ErrNoCapacity) && !member && w.evictMember(ctx) {
+		err = w.reserve(id, s, spec) // a pool member made room
+	}
+	if err != nil {
 		return Info{}, err
 	}
 	defer func() {
@@ -275,6 +290,13 @@ func (s *sbx) save() error {
 
 func (w *Worker) cgroupName(id string) string { return w.cgroupParent() + "/" + id }
 
+// cgroupOf returns the control group s's VMM runs in (or would).
+func (w *Worker) cgroupOf(s *sbx) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return cmp.Or(s.rec.Cgroup, w.cgroupName(s.rec.slot()))
+}
+
 // vmmOverheadMiB is what a VMM process needs beyond guest RAM (QEMU's
 // own heap and, under TCG, its translation cache).
 const vmmOverheadMiB = 384
@@ -344,7 +366,7 @@ func (w *Worker) destroy(ctx context.Context, s *sbx) error {
 		errs = append(errs, vm.Stop(ctx))
 	}
 	w.crash("delete.vm-stopped")
-	if err := w.removeCgroupNamed(ctx, w.cgroupName(s.id())); err != nil {
+	if err := w.removeCgroupNamed(ctx, w.cgroupOf(s)); err != nil {
 		errs = append(errs, err)
 	}
 	errs = append(errs, os.RemoveAll(s.runDir), os.RemoveAll(s.diskDir()))

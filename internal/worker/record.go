@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -32,9 +33,19 @@ type record struct {
 	// starts the VM from, until the VM runs; "" for a boot.
 	RestoreFrom string `json:"restore_from,omitempty"`
 	// Internal marks a sandbox the worker made for itself (to capture a
-	// warm template); a restart removes it.
+	// warm template, or kept ready in a pool); a restart removes it.
 	Internal bool `json:"internal,omitempty"`
+	// Pool is the shape key of a pool member (internal, restored and
+	// ready to be handed to a create of that shape).
+	Pool string `json:"pool,omitempty"`
+	// Slot names the sandbox's directories and control group when it
+	// was made under another ID: a pool member handed to a create keeps
+	// its own. "" = ID.
+	Slot string `json:"slot,omitempty"`
 }
+
+// slot is the name of the sandbox's directories.
+func (r record) slot() string { return cmp.Or(r.Slot, r.ID) }
 
 // writeRecord persists r in dir atomically and durably: a crash leaves the
 // old record or the new one, never a mix.
@@ -84,8 +95,8 @@ func readRecord(dir string) (record, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return r, fmt.Errorf("record %s: %w", dir, err)
 	}
-	if r.ID != filepath.Base(dir) || !r.State.Valid() {
-		return r, fmt.Errorf("record %s: id %q or state %q does not fit", dir, r.ID, r.State)
+	if r.slot() != filepath.Base(dir) || !r.State.Valid() {
+		return r, fmt.Errorf("record %s: id %q (slot %q) or state %q does not fit", dir, r.ID, r.Slot, r.State)
 	}
 	return r, nil
 }

@@ -42,7 +42,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			}
 			continue
 		}
-		s := &sbx{dir: dir, runDir: filepath.Join(w.cfg.RunRoot, rec.ID)}
+		s := &sbx{dir: dir, runDir: filepath.Join(w.cfg.RunRoot, rec.slot())}
 		s.rec = rec
 		w.mu.Lock()
 		w.sandboxes[rec.ID] = s
@@ -61,6 +61,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.watchers.Add(1)
 		go w.writeback()
 	}
+	w.watchers.Add(1)
+	go w.poolLoop()
 	return nil
 }
 
@@ -176,7 +178,7 @@ func (w *Worker) forget(ctx context.Context, s *sbx) error {
 // the sandbox's control group, or its handle when cgroups are off.
 func (w *Worker) killStray(ctx context.Context, s *sbx) error {
 	if w.cfg.Cgroups != nil {
-		return w.removeCgroupNamed(ctx, w.cgroupName(s.id()))
+		return w.removeCgroupNamed(ctx, w.cgroupOf(s))
 	}
 	s.mu.Lock()
 	h := s.rec.Handle
@@ -217,12 +219,18 @@ func (w *Worker) fail(ctx context.Context, s *sbx, why string) error {
 // removeStrays removes control groups and run directories of this worker
 // that no record points to.
 func (w *Worker) removeStrays(ctx context.Context) error {
-	known := func(id string) bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		_, ok := w.sandboxes[id]
-		return ok
+	names := map[string]bool{} // run directories and control groups in use
+	w.mu.Lock()
+	all := make([]*sbx, 0, len(w.sandboxes))
+	for _, s := range w.sandboxes {
+		all = append(all, s)
 	}
+	w.mu.Unlock()
+	for _, s := range all {
+		names[filepath.Base(s.runDir)] = true
+		names[filepath.Base(w.cgroupOf(s))] = true
+	}
+	known := func(name string) bool { return names[name] }
 	var errs []error
 	if w.cfg.Cgroups != nil {
 		names, err := w.cfg.Cgroups.List(w.cgroupParent())

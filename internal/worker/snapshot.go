@@ -354,7 +354,7 @@ func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string
 	if err != nil {
 		return Info{}, err
 	}
-	return w.create(ctx, id, team, info.Spec, snapID, false)
+	return w.create(ctx, id, team, info.Spec, createOpts{snapID: snapID})
 }
 
 // Restore rolls sandbox id back to snapshot snapID in place: its VM is
@@ -415,7 +415,7 @@ func (w *Worker) restoreLocked(ctx context.Context, s *sbx) (Info, error) {
 	if vm != nil {
 		errs = append(errs, vm.Stop(ctx))
 	}
-	errs = append(errs, w.removeCgroupNamed(ctx, w.cgroupName(id)), os.RemoveAll(s.runDir), os.RemoveAll(s.diskDir()))
+	errs = append(errs, w.removeCgroupNamed(ctx, w.cgroupOf(s)), os.RemoveAll(s.runDir), os.RemoveAll(s.diskDir()))
 	if err := errors.Join(errs...); err != nil {
 		return Info{}, w.failRestore(ctx, s, err)
 	}

@@ -112,7 +112,7 @@ func (w *Worker) Warm(ctx context.Context, spec Spec) error {
 		return nil
 	}
 	id := store.NewSandboxID()
-	if _, err := w.create(ctx, id, "space-system", spec, "", true); err != nil {
+	if _, err := w.create(ctx, id, poolTeam, spec, createOpts{internal: true}); err != nil {
 		return fmt.Errorf("warm %s: %w", spec.Template, err)
 	}
 	return w.Delete(context.WithoutCancel(ctx), id)

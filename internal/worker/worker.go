@@ -142,6 +142,9 @@ type Worker struct {
 	sandboxes map[string]*sbx
 	// +checklocks:mu
 	closed bool
+	// +checklocks:mu
+	pools    map[string]poolTarget // by shape key
+	poolKick chan struct{}         // wakes the pool's refill
 }
 
 // New validates cfg and returns a worker. Call Start before using it and
@@ -173,6 +176,8 @@ func New(cfg Config) (*Worker, error) {
 		log:       cfg.Log.With("component", "worker", "worker_id", cfg.ID),
 		sandboxes: make(map[string]*sbx),
 		stop:      make(chan struct{}),
+		pools:     make(map[string]poolTarget),
+		poolKick:  make(chan struct{}, 1),
 	}, nil
 }
 
@@ -222,7 +227,12 @@ func (w *Worker) List() []Info {
 	w.mu.Unlock()
 	infos := make([]Info, 0, len(all))
 	for _, s := range all {
-		infos = append(infos, s.info())
+		s.mu.Lock()
+		internal := s.rec.Internal
+		s.mu.Unlock()
+		if !internal {
+			infos = append(infos, s.info())
+		}
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].ID < infos[j].ID })
 	return infos

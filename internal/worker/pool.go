@@ -1,0 +1,246 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"time"
+
+	"space/internal/agent/proto"
+	"space/internal/sandbox"
+	"space/internal/store"
+)
+
+// The pool: for shapes the worker was asked to keep ready (KeepPool), a
+// few sandboxes restored from the shape's warm template wait, running and
+// with their agent connected. A create of that shape takes one: it gets
+// its ID, team, spec, hostname, clock and fresh entropy, and is running
+// at once; the pool then restores a replacement in the background. Pool
+// members are internal (a restart removes them) and keep the directories
+// and control group they were made with (record.Slot).
+//
+// Members count against the worker's capacity like any sandbox; a create
+// that finds no room takes a member's place (the member goes).
+
+// poolTeam owns pool members until a create takes one.
+const poolTeam = "space-system"
+
+// poolRetry is how long the pool waits after a failed refill.
+const poolRetry = 10 * time.Second
+
+// shapeKey identifies the shape a pool keeps: what the warm template
+// fixes (the environment is applied per exec, so it is not part of it).
+func shapeKey(spec Spec) string {
+	return fmt.Sprintf("%s/%dc/%dm/%dd", spec.Template, spec.VCPUs, spec.MemoryMiB, spec.DiskMiB)
+}
+
+// KeepPool keeps n sandboxes of spec's shape restored and ready for
+// creates (0 stops refilling; members already made stay until taken or
+// the worker restarts). The shape's warm template must exist (Warm).
+func (w *Worker) KeepPool(spec Spec, n int) error {
+	if err := spec.validate(); err != nil {
+		return err
+	}
+	if n < 0 || n > 16 {
+		return fmt.Errorf("pool of %d: want 0..16", n)
+	}
+	spec.Env, spec.ColdBoot = nil, false
+	w.mu.Lock()
+	w.pools[shapeKey(spec)] = poolTarget{spec: spec, size: n}
+	w.mu.Unlock()
+	w.kickPool()
+	return nil
+}
+
+type poolTarget struct {
+	spec Spec
+	size int
+}
+
+func (w *Worker) kickPool() {
+	select {
+	case w.poolKick <- struct{}{}:
+	default:
+	}
+}
+
+// poolLoop refills the pools until Close.
+func (w *Worker) poolLoop() {
+	defer w.watchers.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-w.stop
+		cancel()
+	}()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-w.poolKick:
+		case <-time.After(poolRetry):
+		}
+		w.fillPools(ctx)
+	}
+}
+
+// fillPools restores members until every pool has its size, one at a
+// time (each restore takes a CPU for a moment).
+func (w *Worker) fillPools(ctx context.Context) {
+	w.mu.Lock()
+	targets := make([]poolTarget, 0, len(w.pools))
+	for _, t := range w.pools {
+		targets = append(targets, t)
+	}
+	w.mu.Unlock()
+	for _, t := range targets {
+		key := shapeKey(t.spec)
+		for w.poolMembers(key) < t.size && ctx.Err() == nil {
+			id := store.NewSandboxID()
+			if _, err := w.create(ctx, id, poolTeam, t.spec, createOpts{internal: true, pool: key}); err != nil {
+				if ctx.Err() == nil {
+					w.log.Warn("refill pool", "shape", key, "err", err)
+				}
+				break
+			}
+		}
+	}
+}
+
+// poolMembers counts the members of pool key that are ready or on their
+// way.
+func (w *Worker) poolMembers(key string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, s := range w.sandboxes {
+		s.mu.Lock()
+		if s.rec.Pool == key && s.rec.State != sandbox.Failed {
+			n++
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// takeMember removes a ready member of pool key from the worker's map
+// and files it under id, or returns nil.
+func (w *Worker) takeMember(key, id string) *sbx {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, taken := w.sandboxes[id]; taken || w.closed {
+		return nil
+	}
+	for old, s := range w.sandboxes {
+		s.mu.Lock()
+		ready := s.rec.Pool == key && s.rec.State == sandbox.Running && s.agent != nil
+		if ready {
+			s.rec.Pool = "" // no longer counted, nor taken twice
+		}
+		s.mu.Unlock()
+		if ready {
+			delete(w.sandboxes, old)
+			w.sandboxes[id] = s
+			return s
+		}
+	}
+	return nil
+}
+
+// fromPool hands a pool member to a create of sandbox id, if one of
+// spec's shape is ready. It reports whether it did; on false nothing
+// changed for id (a member that failed the handover is gone).
+func (w *Worker) fromPool(ctx context.Context, id, team string, spec Spec) (Info, bool) {
+	if spec.ColdBoot || !store.ValidSandboxID(id) || !store.ValidID(team) || spec.validate() != nil {
+		return Info{}, false // create says what is wrong
+	}
+	s := w.takeMember(shapeKey(spec), id)
+	if s == nil {
+		return Info{}, false
+	}
+	w.kickPool()
+	s.op.Lock()
+	defer s.op.Unlock()
+	t0 := time.Now()
+	slot, err := w.handOver(ctx, s, id, team, spec)
+	if err != nil {
+		w.log.Warn("pool member failed its handover; dropping it", "sandbox_id", id, "err", err)
+		derr := w.destroy(context.WithoutCancel(ctx), s)
+		w.mu.Lock()
+		delete(w.sandboxes, id)
+		w.mu.Unlock()
+		if derr != nil {
+			w.log.Error("remove pool member", "dir", s.dir, "err", derr)
+		}
+		return Info{}, false
+	}
+	w.log.Info("sandbox started", "sandbox_id", id, "slot", slot, "by", "pool", "took", time.Since(t0))
+	return s.info(), true
+}
+
+// handOver gives pool member s its new identity: the guest's clock,
+// entropy and hostname first, then the record, which commits it (a crash
+// before leaves an internal member, which a restart removes). The caller
+// holds s.op.
+func (w *Worker) handOver(ctx context.Context, s *sbx, id, team string, spec Spec) (slot string, err error) {
+	s.mu.Lock()
+	agent := s.agent
+	s.mu.Unlock()
+	if agent == nil {
+		return "", errors.New("no agent connection")
+	}
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := agent.PostRestore(pctx, proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, Hostname: Hostname(id)}); err != nil {
+		return "", fmt.Errorf("post-restore: %w", err)
+	}
+	s.mu.Lock()
+	s.rec.Slot = s.rec.slot()
+	slot = s.rec.Slot
+	s.rec.ID, s.rec.Team, s.rec.Spec = id, team, spec
+	s.rec.Internal, s.rec.Created = false, time.Now().UTC()
+	if s.rec.VM != nil {
+		vm := *s.rec.VM
+		vm.StartedBy = "pool"
+		s.rec.VM = &vm
+	}
+	s.mu.Unlock()
+	return slot, s.save()
+}
+
+// evictMember removes one ready pool member to make room, reporting
+// whether there was one.
+func (w *Worker) evictMember(ctx context.Context) bool {
+	w.mu.Lock()
+	var victim *sbx
+	var key string
+	for k, s := range w.sandboxes {
+		s.mu.Lock()
+		if s.rec.Pool != "" && s.rec.State == sandbox.Running {
+			victim, key = s, k
+			s.rec.Pool = ""
+		}
+		s.mu.Unlock()
+		if victim != nil {
+			break
+		}
+	}
+	w.mu.Unlock()
+	if victim == nil {
+		return false
+	}
+	victim.op.Lock()
+	defer victim.op.Unlock()
+	if err := w.destroy(ctx, victim); err != nil {
+		w.log.Error("evict pool member", "sandbox_id", key, "err", err)
+		return false
+	}
+	w.mu.Lock()
+	delete(w.sandboxes, key)
+	w.mu.Unlock()
+	w.log.Info("evicted a pool member to make room", "sandbox_id", key)
+	return true
+}
