@@ -123,7 +123,7 @@ func (ts *testServer) poolReady() bool {
 	entries, _ := os.ReadDir(sandboxes)
 	for _, e := range entries {
 		b, _ := os.ReadFile(filepath.Join(sandboxes, e.Name(), "record.json"))
-		if strings.Contains(string(b), `"pool": "`) && strings.Contains(string(b), `"state": "running"`) {
+		if strings.Contains(string(b), `"pool": "default/`) && strings.Contains(string(b), `"state": "running"`) {
 			return true
 		}
 	}

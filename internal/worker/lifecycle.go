@@ -246,7 +246,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) 
 // reserve adds s to the worker if the ID is free and capacity allows.
 func (w *Worker) reserve(id string, s *sbx, spec Spec) error {
 	w.admit.Lock()
-	st := w.Status()
+	st := w.status(true)
 	fits := st.UsedVCPUs+spec.VCPUs <= st.VCPUs && st.UsedMemoryMiB+spec.MemoryMiB <= st.MemoryMiB
 	w.mu.Lock()
 	closed := w.closed

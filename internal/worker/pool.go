@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"space/internal/agent/client"
 	"space/internal/agent/proto"
 	"space/internal/sandbox"
 	"space/internal/store"
@@ -97,9 +98,11 @@ func (w *Worker) fillPools(ctx context.Context) {
 	for _, t := range targets {
 		key := shapeKey(t.spec)
 		for w.poolMembers(key) < t.size && ctx.Err() == nil {
-			id := store.NewSandboxID()
-			if _, err := w.create(ctx, id, poolTeam, t.spec, createOpts{internal: true, pool: key}); err != nil {
-				if ctx.Err() == nil {
+			if err := w.addMember(ctx, t.spec, key); err != nil {
+				switch {
+				case errors.Is(err, ErrNoCapacity):
+					w.log.Debug("pool waits for room", "shape", key)
+				case ctx.Err() == nil:
 					w.log.Warn("refill pool", "shape", key, "err", err)
 				}
 				break
@@ -107,6 +110,43 @@ func (w *Worker) fillPools(ctx context.Context) {
 		}
 	}
 }
+
+// addMember restores a member of pool key and warms it up, then offers
+// it. Warming up runs a command (unlisted in the guest's process table):
+// a restored guest runs its first commands slowly where its code is not
+// hot yet (under TCG, QEMU translates it afresh), and the member's
+// first user should not wait for that.
+func (w *Worker) addMember(ctx context.Context, spec Spec, key string) error {
+	id := store.NewSandboxID()
+	if _, err := w.create(ctx, id, poolTeam, spec, createOpts{internal: true, pool: warmingUp}); err != nil {
+		return err
+	}
+	s, err := w.get(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	agent := s.agent
+	s.mu.Unlock()
+	if agent != nil {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err = agent.Exec(wctx, proto.ExecRequest{Argv: []string{"true"}, Unlisted: true}, client.IO{})
+		cancel()
+		if err != nil {
+			w.log.Debug("warm up pool member", "sandbox_id", id, "err", err)
+		}
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	s.rec.Pool = key // offered from now on
+	s.mu.Unlock()
+	return s.save()
+}
+
+// warmingUp is the pool key of a member being warmed up: no create takes
+// it yet.
+const warmingUp = "warming-up"
 
 // poolMembers counts the members of pool key that are ready or on their
 // way.

@@ -197,8 +197,13 @@ func (w *Worker) sandboxesDir() string { return filepath.Join(w.cfg.DataDir, "sa
 // cgroupParent is the control group that holds this worker's sandboxes.
 func (w *Worker) cgroupParent() string { return "space-" + w.cfg.ID }
 
-// Status reports capacity and use.
-func (w *Worker) Status() Status {
+// Status reports capacity and use. Pool members do not count as used: a
+// create that needs their room evicts them.
+func (w *Worker) Status() Status { return w.status(false) }
+
+// status is Status; withPool counts pool members as used, which Status
+// does not: a create that needs their room evicts them.
+func (w *Worker) status(withPool bool) Status {
 	st := Status{ID: w.cfg.ID, VCPUs: w.cfg.VCPUs, MemoryMiB: w.cfg.MemoryMiB, Cgroups: "off"}
 	if w.cfg.Cgroups != nil {
 		st.Cgroups = fmt.Sprintf("v%d", w.cfg.Cgroups.Version())
@@ -207,7 +212,7 @@ func (w *Worker) Status() Status {
 	defer w.mu.Unlock()
 	for _, s := range w.sandboxes {
 		s.mu.Lock()
-		if s.rec.State != sandbox.Failed && s.rec.State != sandbox.Deleted {
+		if s.rec.State != sandbox.Failed && s.rec.State != sandbox.Deleted && (withPool || s.rec.Pool == "") {
 			st.Sandboxes++
 			st.UsedVCPUs += s.rec.Spec.VCPUs
 			st.UsedMemoryMiB += s.rec.Spec.MemoryMiB

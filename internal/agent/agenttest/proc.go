@@ -23,6 +23,7 @@ func runProc(t *testing.T, c *client.Client, opts Options) {
 	t.Run("ProcTakeoverAndStdin", func(t *testing.T) { testProcTakeover(t, c) })
 	t.Run("ProcDropsOldestWhileDetached", func(t *testing.T) { testProcDropOldest(t, c) })
 	t.Run("ProcList", func(t *testing.T) { testProcList(t, c) })
+	t.Run("ProcUnlisted", func(t *testing.T) { testProcUnlisted(t, c) })
 	t.Run("ProcSignal", func(t *testing.T) { testProcSignal(t, c) })
 	t.Run("ProcKillOnDetach", func(t *testing.T) { testProcKillOnDetach(t, c) })
 	t.Run("ProcTimeoutDetached", func(t *testing.T) { testProcTimeout(t, c) })
@@ -355,4 +356,27 @@ func testProcReconnect(t *testing.T, cp **client.Client, opts Options) {
 		t.Errorf("output on the new connection = %q, want %q", got, "second\n")
 	}
 	Output(t, c, "rm -f "+flag)
+}
+
+// testProcUnlisted checks that an exec asking to be unlisted is not in
+// the table once it exited, while an ordinary one is.
+func testProcUnlisted(t *testing.T, c *client.Client) {
+	for _, unlisted := range []bool{true, false} {
+		shell := fmt.Sprintf("exit 0 # unlisted=%v", unlisted)
+		if exit, err := c.Exec(ctx(t, time.Minute), proto.ExecRequest{Shell: shell, Unlisted: unlisted}, client.IO{}); err != nil || exit.Code != 0 {
+			t.Fatalf("Exec(%q) = %+v, %v", shell, exit, err)
+		}
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			ps, err := c.Processes(ctx(t, time.Minute))
+			if err != nil {
+				t.Fatalf("Processes() = %v", err)
+			}
+			for _, p := range ps {
+				if p.Shell == shell {
+					return !unlisted && !p.Running // listed, as exited
+				}
+			}
+			return unlisted
+		})
+	}
 }

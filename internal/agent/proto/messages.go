@@ -89,6 +89,9 @@ type ExecRequest struct {
 	TimeoutMS int64    `json:"timeout_ms,omitempty"`
 	Stdin     bool     `json:"stdin,omitempty"` // host streams stdin; otherwise /dev/null
 	PTY       *WinSize `json:"pty,omitempty"`   // run on a new terminal of this size
+	// Unlisted drops the process from the process table as soon as it
+	// exits, for the host's own commands (warming a restored guest up).
+	Unlisted bool `json:"unlisted,omitempty"`
 }
 
 // WinSize is a terminal size.

@@ -100,7 +100,7 @@ func (s *Server) startProcess(ps proto.ProcStart, a *attachment) (*process, erro
 	}
 	p := &process{
 		argv: req.Argv, shell: req.Shell, cwd: cmd.Dir, started: time.Now(),
-		killOnDetach: ps.KillOnDetach, stdin: stdin, isPTY: req.PTY != nil,
+		killOnDetach: ps.KillOnDetach, stdin: stdin, isPTY: req.PTY != nil, unlisted: req.Unlisted,
 		out: newOutputLog(proto.ProcOutputLimit, proto.ProcOutputLimit/64),
 	}
 	if a != nil {

@@ -68,6 +68,7 @@ type process struct {
 	out          *outputLog
 	stdin        *os.File // or nil: the stdin pipe, or the pty master
 	isPTY        bool
+	unlisted     bool // forgotten as soon as it exits
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -237,6 +238,10 @@ func (t *procTable) finished(p *process) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.procs[p.id] != p {
+		return
+	}
+	if p.unlisted {
+		delete(t.procs, p.id)
 		return
 	}
 	t.exited = append(t.exited, p.id)
