@@ -21,7 +21,7 @@ import (
 // seconds. Writing back in the background keeps that debt to about what
 // a guest dirties in this interval, and makes a snapshot's cost follow
 // the guest's recent writes rather than its RAM.
-const writebackEvery = 2 * time.Second
+const writebackEvery = time.Second
 
 // writeback runs until Close, starting writeback of every running
 // sandbox's memory file each writebackEvery. Starting is asynchronous
