@@ -11,11 +11,12 @@
 // Holes are never read: Put walks the file with SEEK_DATA/SEEK_HOLE
 // (reading everything where the file system lacks them) and skips chunks
 // that are wholly a hole; a chunk that reads as all zeros is recorded as a
-// hole too. Neither is stored.
+// hole too. Neither is stored. A chunk that is stored is compressed
+// where that pays (see Compression).
 //
 // A manifest (JSON) records the chunk size and lists a snapshot's files:
-// name, size, permission bits, and the chunk refs {offset, length, digest}
-// of the chunks that are not holes. Restore rebuilds a file from a
+// name, size, permission bits, and the chunk refs {offset, length, digest,
+// encoding} of the chunks that are not holes. Restore rebuilds a file from a
 // manifest as a sparse file (truncate, then WriteAt of each chunk) and
 // checks every chunk against its digest and length before writing it: a
 // damaged chunk is ErrCorrupt, a lost one ErrChunkMissing, never silently
@@ -39,10 +40,43 @@
 // deduplicate, and a parent cut at another size lends no chunks (Put
 // reads every file in full instead).
 //
+// # Compression
+//
+// Much of guest memory is zeros and kernel structures, and a guest that
+// dirties one page costs a whole chunk: compressed, such a chunk stores
+// little more than that page. So Put compresses each chunk it uploads with
+// zstd (its fastest level; one frame per chunk, so every chunk decompresses
+// on its own) and keeps the compressed form if it is at least an eighth
+// smaller; else (random or encrypted pages, compressed files) it stores
+// the chunk raw, which restores without decompressing.
+// Config.Compression "none" stores every chunk raw.
+//
+// A chunk is still named by the digest of its content, whatever its
+// encoding: deduplication, leases, GC and Restore's check go by the
+// digest. Each encoding has its own key,
+//
+//	chunks/<hh>/<digest>      raw: the content itself
+//	chunks/<hh>/<digest>.zst  zstd: one zstd frame of the content
+//
+// and every chunk ref names the one to read (ChunkRef.Encoding: "" raw,
+// "zstd"). So stores that compress, stores that do not, and manifests
+// written before compression existed (all raw) share a backend and read
+// each other's snapshots. Before it uploads a chunk, Put looks for the
+// object it would write, then for the other: a chunk stored in either
+// encoding is referenced as it is, not stored again. Both may exist for
+// one digest (two writers at once); GC keeps or deletes all the objects
+// of a digest together. Restore decompresses a chunk into a buffer of the
+// ref's length, refusing more, and checks the digest of what it got: a
+// frame that does not decode, or decodes to another length or content, is
+// ErrCorrupt.
+//
+// PutStats.NewBytes counts what the backend stores (compressed sizes);
+// RawNewBytes, the content of the same chunks.
+//
 // # Vocabulary
 //
 //   - chunk: up to the chunk size of a file, stored once at
-//     "chunks/<hh>/<digest>".
+//     "chunks/<hh>/<digest>" or, compressed, "chunks/<hh>/<digest>.zst".
 //   - manifest: a snapshot's file list, at "manifests/<id>". A snapshot
 //     exists exactly when its manifest does; Put writes it last.
 //   - backend: the object store (Backend): a local directory
@@ -56,7 +90,8 @@
 //
 // # Garbage collection
 //
-// GC deletes chunks no manifest refers to. Writers run at the same time,
+// GC deletes chunks no manifest refers to (all objects of their digests,
+// raw and compressed). Writers run at the same time,
 // in other processes, and share nothing but the backend, which offers no
 // locks or conditional writes. The danger is a writer that finds a chunk
 // already stored (say, one only a just-deleted snapshot used), decides not
@@ -68,7 +103,8 @@
 //  1. write a lease part naming the batch's digests (this renews the lease);
 //  2. list the GC markers; while an unexpired one exists, wait (renewing
 //     the lease);
-//  3. only now Stat each chunk and upload the missing ones;
+//  3. only now Stat each chunk (in both encodings) and upload the missing
+//     ones;
 //
 // then renew the lease once more, write the manifest, delete the lease.
 //
@@ -111,11 +147,16 @@
 // Costs: a writer blocks while a GC run is deleting (GC lists chunks
 // before it writes its marker, so that part does not block writers).
 // NewBytes is exact unless two writers upload the same new chunk at once.
+// Put compresses a chunk before it knows whether the backend has it (to
+// know which object to look for first): CPU spent on chunks already
+// stored, to save a request on the ones stored raw.
 //
 // # Concurrency
 //
-// A Store has no mutable state and no locks; its methods may be called
-// concurrently. One Put uploads, and Restore and GC fetch or delete, up to
-// Config.Concurrency objects at once from goroutines that end before the
-// call returns.
+// A Store has no mutable state and no locks of its own (its zstd encoder
+// and decoder are safe for concurrent use, each running up to GOMAXPROCS
+// frames at once); its methods may be called concurrently. One Put
+// compresses and uploads, and Restore and GC fetch (and decompress) or
+// delete, up to Config.Concurrency objects at once from goroutines that
+// end before the call returns.
 package chunkstore

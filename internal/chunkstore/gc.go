@@ -17,12 +17,13 @@ import (
 // gcBatch is how many chunks GC deletes between checks of its marker.
 const gcBatch = 64
 
-// GC deletes the chunks no manifest refers to and no live lease protects,
-// then the leases of writers that crashed and the markers of GC runs that
-// did. It is safe to run while Puts (and other GC runs, in this process or
-// others) are in progress: the package doc describes the protocol. A
-// manifest that does not parse stops it with ErrCorrupt before it deletes
-// anything, since its chunks cannot be told apart.
+// GC deletes the chunks no manifest refers to and no live lease protects
+// (every object of such a digest, raw or compressed), then the leases of
+// writers that crashed and the markers of GC runs that did. It is safe to
+// run while Puts (and other GC runs, in this process or others) are in
+// progress: the package doc describes the protocol. A manifest that does
+// not parse stops it with ErrCorrupt before it deletes anything, since its
+// chunks cannot be told apart.
 func (s *Store) GC(ctx context.Context) (stats GCStats, err error) {
 	// Candidates first: a chunk stored after this listing is not one.
 	var chunks []ObjectInfo
@@ -247,10 +248,20 @@ func (r *gcRun) keepAlive(ctx context.Context) error {
 	return r.renew(ctx)
 }
 
-// parseChunkKey returns the digest named by a chunk key.
+// parseChunkKey returns the digest named by a chunk key of either
+// encoding: "chunks/<hh>/<hex>" or "chunks/<hh>/<hex>.zst". GC goes by
+// digest: every object of a live digest is live.
 func parseChunkKey(key string) (Digest, bool) {
-	d, err := ParseDigest(path.Base(key))
-	if err != nil || ChunkKey(d) != key {
+	base, zst := strings.CutSuffix(path.Base(key), zstdSuffix)
+	d, err := ParseDigest(base)
+	if err != nil {
+		return Digest{}, false
+	}
+	encoding := EncodingRaw
+	if zst {
+		encoding = EncodingZstd
+	}
+	if chunkObjectKey(d, encoding) != key {
 		return Digest{}, false
 	}
 	return d, true

@@ -108,8 +108,29 @@ func TestDigestText(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil || back != d {
 		t.Errorf("Unmarshal(%s) = %v, %v, want %v", b, back, err, d)
 	}
-	if got, ok := parseChunkKey(ChunkKey(d)); !ok || got != d {
-		t.Errorf("parseChunkKey(ChunkKey(d)) = %v, %v", got, ok)
+	for _, enc := range []string{EncodingRaw, EncodingZstd} {
+		if got, ok := parseChunkKey(chunkObjectKey(d, enc)); !ok || got != d {
+			t.Errorf("parseChunkKey(%s) = %v, %v, want %v", chunkObjectKey(d, enc), got, ok, d)
+		}
+	}
+	if k := chunkObjectKey(d, EncodingZstd); k != ChunkKey(d)+".zst" || CheckKey(k) != nil {
+		t.Errorf("chunkObjectKey(d, zstd) = %q (CheckKey: %v), want ChunkKey(d) + .zst", k, CheckKey(k))
+	}
+	h := d.String()
+	for _, key := range []string{
+		"chunks/" + h[:2] + "/" + h + ".zst.zst",
+		"chunks/" + h[:2] + "/" + h + ".gz",
+		"chunks/" + h[:2] + "/" + h + ".",
+		"chunks/" + h[:2] + "/" + h + "zst",
+		"chunks/" + h[:2] + "/" + strings.ToUpper(h) + ".zst",
+		"chunks/zz/" + h + ".zst",
+		"chunks/" + h[:2] + "/x/" + h + ".zst",
+		"other/" + h[:2] + "/" + h,
+		"chunks/" + h[:2] + "/.zst",
+	} {
+		if got, ok := parseChunkKey(key); ok {
+			t.Errorf("parseChunkKey(%q) = %v, ok; want not a chunk key", key, got)
+		}
 	}
 	for _, s := range []string{"", "abc", strings.Repeat("g", 64), strings.ToUpper(d.String())} {
 		if _, err := ParseDigest(s); !errors.Is(err, errkind.InvalidArgument) {
@@ -139,7 +160,7 @@ func TestManifestValidate(t *testing.T) {
 	ok := func(cs int64) Manifest {
 		return Manifest{Version: 1, ID: "s", ChunkSize: cs, Files: []FileEntry{{
 			Name: "f", Size: cs + 5,
-			Chunks: []ChunkRef{{Offset: 0, Length: cs}, {Offset: cs, Length: 5}},
+			Chunks: []ChunkRef{{Offset: 0, Length: cs, Encoding: EncodingZstd}, {Offset: cs, Length: 5}},
 		}}}
 	}
 	// Every valid size, including the 1 MiB of manifests written before
@@ -168,6 +189,8 @@ func TestManifestValidate(t *testing.T) {
 		{"misaligned", func(m *Manifest) { m.Files[0].Chunks[1].Offset = 7 }},
 		{"short chunk", func(m *Manifest) { m.Files[0].Chunks[0].Length = 10 }},
 		{"past the end", func(m *Manifest) { m.Files[0].Size = cs }},
+		{"unknown encoding", func(m *Manifest) { m.Files[0].Chunks[1].Encoding = "gzip" }},
+		{"encoding in capitals", func(m *Manifest) { m.Files[0].Chunks[0].Encoding = "ZSTD" }},
 		{"unsorted", func(m *Manifest) {
 			c := m.Files[0].Chunks
 			c[0], c[1] = c[1], c[0]
@@ -181,12 +204,32 @@ func TestManifestValidate(t *testing.T) {
 	}
 }
 
+// TestManifestEncodingJSON: raw refs are written, and read, as before
+// compression: without an encoding.
+func TestManifestEncodingJSON(t *testing.T) {
+	m := Manifest{Version: 1, ID: "s", ChunkSize: MinChunkSize, Files: []FileEntry{{
+		Name: "f", Size: 2 * MinChunkSize,
+		Chunks: []ChunkRef{{Offset: 0, Length: MinChunkSize}, {Offset: MinChunkSize, Length: MinChunkSize, Encoding: EncodingZstd}},
+	}}}
+	b, err := encodeManifest(&m)
+	if err != nil {
+		t.Fatalf("encodeManifest = %v", err)
+	}
+	if n := strings.Count(string(b), `"encoding"`); n != 1 {
+		t.Errorf("encoded manifest names an encoding %d times, want once (raw refs name none):\n%s", n, b)
+	}
+	got, err := decodeManifest("s", b)
+	if err != nil || !cmp.Equal(got, m) {
+		t.Errorf("decodeManifest(encodeManifest(m)) = %+v, %v, want %+v", got, err, m)
+	}
+}
+
 func TestPlanFile(t *testing.T) {
 	const cs = MinChunkSize
-	d := func(b byte) Digest { return Digest{b} }
+	ref := func(off, n int64, b byte) ChunkRef { return ChunkRef{Offset: off, Length: n, Digest: Digest{b}} }
 	// The parent: 4 chunks and a 100-byte tail, chunk 2 a hole.
 	parent := FileEntry{Name: "f", Size: 4*cs + 100, Chunks: []ChunkRef{
-		{0, cs, d(0)}, {cs, cs, d(1)}, {3 * cs, cs, d(3)}, {4 * cs, 100, d(4)},
+		ref(0, cs, 0), ref(cs, cs, 1), ref(3*cs, cs, 3), ref(4*cs, 100, 4),
 	}}
 	// The file grew by one chunk; a byte of chunk 1 is dirty.
 	p := planFile(5*cs+100, cs, parent, []Range{{Off: cs + 7, Len: 1}})

@@ -20,9 +20,10 @@ import (
 const manifestVersion = 1
 
 // maxManifestBytes bounds what Get reads. A chunk ref is about 140 bytes of
-// JSON, so this holds nearly 2 million stored chunks: over 100 GiB of data
-// at the default chunk size, 7 GiB at MinChunkSize (holes take no refs;
-// our files are a few GiB, mostly sparse).
+// JSON (160 with an encoding), so this holds over 1.5 million stored
+// chunks: about 100 GiB of data at the default chunk size, 6 GiB at
+// MinChunkSize (holes take no refs; our files are a few GiB, mostly
+// sparse).
 const maxManifestBytes = 256 << 20
 
 // Manifest lists a snapshot's files and the chunks they are made of. It is
@@ -52,11 +53,15 @@ type FileEntry struct {
 
 // ChunkRef is one stored chunk of a file. Offset is a multiple of the
 // manifest's ChunkSize; Length is ChunkSize except for the file's last
-// chunk.
+// chunk. Digest and Length are the content's, whatever the encoding.
 type ChunkRef struct {
 	Offset int64  `json:"offset"`
 	Length int64  `json:"length"`
 	Digest Digest `json:"digest"`
+	// Encoding says which object of the chunk to read: EncodingRaw (left
+	// out of the JSON, as in manifests written before compression) or
+	// EncodingZstd.
+	Encoding string `json:"encoding,omitempty"`
 }
 
 // File returns the entry named name.
@@ -97,6 +102,9 @@ func (m *Manifest) validate() error {
 		for _, c := range f.Chunks {
 			if c.Offset < next || c.Offset%cs != 0 || c.Offset >= f.Size || c.Length != min(cs, f.Size-c.Offset) {
 				return fmt.Errorf("file %s: bad chunk at offset %d length %d", f.Name, c.Offset, c.Length)
+			}
+			if c.Encoding != EncodingRaw && c.Encoding != EncodingZstd {
+				return fmt.Errorf("file %s: chunk at offset %d: unknown encoding %q", f.Name, c.Offset, c.Encoding)
 			}
 			next = c.Offset + c.Length
 		}

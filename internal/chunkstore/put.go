@@ -30,8 +30,9 @@ var zeros = make([]byte, MaxChunkSize)
 // Put stores files as snapshot id and returns its manifest. It reads only
 // data regions (holes are skipped via SEEK_DATA/SEEK_HOLE where the file
 // system supports them), records all-zero chunks as holes, uploads only
-// chunks the backend does not have, and writes the manifest last: a failed
-// or cancelled Put leaves no manifest, only chunks a later GC collects.
+// chunks the backend does not have in either encoding (compressing them as
+// Config.Compression says), and writes the manifest last: a failed or
+// cancelled Put leaves no manifest, only chunks a later GC collects.
 //
 // The files must not change while Put reads them. Bad IDs, names or
 // options return errors wrapping errkind.InvalidArgument before anything is
@@ -87,7 +88,7 @@ func (s *Store) Put(ctx context.Context, id string, files []File, opts PutOption
 		}
 	}()
 
-	w := &putWriter{s: s, l: l, stats: &stats, stored: make(map[Digest]bool)}
+	w := &putWriter{s: s, l: l, stats: &stats, stored: make(map[Digest]string), scratch: make(chan []byte, s.concurrency)}
 	m := Manifest{
 		Version:   manifestVersion,
 		ID:        id,
@@ -96,14 +97,14 @@ func (s *Store) Put(ctx context.Context, id string, files []File, opts PutOption
 		Files:     make([]FileEntry, 0, len(files)),
 	}
 	plans := make([]filePlan, len(files))
-	var fromParent []Digest
+	var fromParent []ChunkRef
 	usable := s.usableDirty(opts)
 	for i, f := range files {
 		if dirty, ok := usable[f.Name]; ok {
 			pf, _ := opts.Parent.File(f.Name) // checkPut made sure it exists
 			plans[i] = planFile(infos[i].Size(), s.chunkSize, pf, dirty)
 			for _, r := range plans[i].parentRefs {
-				fromParent = append(fromParent, r.Digest)
+				fromParent = append(fromParent, r)
 			}
 		}
 	}
@@ -111,14 +112,18 @@ func (s *Store) Put(ctx context.Context, id string, files []File, opts PutOption
 		// Lease the parent's chunks this snapshot will reuse. If the parent
 		// manifest still exists (and was not replaced) after that, they are
 		// still stored, and stay so until our manifest lands.
-		if err := w.lease(ctx, fromParent); err != nil {
+		ds := make([]Digest, len(fromParent))
+		for i, r := range fromParent {
+			ds[i] = r.Digest
+		}
+		if err := w.lease(ctx, ds); err != nil {
 			return fail(err)
 		}
 		if err := w.checkParent(ctx, opts.Parent); err != nil {
 			return fail(err)
 		}
-		for _, d := range fromParent {
-			w.stored[d] = true
+		for _, r := range fromParent {
+			w.stored[r.Digest] = r.Encoding
 		}
 	}
 
@@ -208,10 +213,14 @@ type putWriter struct {
 	s     *Store
 	l     *lease
 	stats *PutStats
-	// stored holds chunks known to be stored and leased by this Put.
-	stored  map[Digest]bool
+	// stored holds chunks known to be stored and leased by this Put, and
+	// the encoding of the object refs to them name.
+	stored  map[Digest]string
 	pending []*pendingChunk
 	bufs    [][]byte // a batch's chunk buffers, made lazily
+	// scratch holds buffers for compressed chunks, one per upload running
+	// (at most Config.Concurrency), made lazily.
+	scratch chan []byte
 }
 
 type pendingChunk struct {
@@ -333,21 +342,23 @@ func (w *putWriter) lease(ctx context.Context, ds []Digest) error {
 }
 
 // flush leases the pending chunks, waits out any GC run, then uploads the
-// pending chunks the backend lacks.
+// pending chunks the backend lacks, and fills in the refs' digests and
+// encodings.
 func (w *putWriter) flush(ctx context.Context) error {
+	defer func() { w.pending = w.pending[:0] }()
 	var lease []Digest
 	inLease := make(map[Digest]bool) // a batch of small chunks is thousands
 	for _, p := range w.pending {
 		p.digest = Sum(p.data)
 		p.ref.Digest = p.digest
-		if !w.stored[p.digest] && !inLease[p.digest] {
+		if _, ok := w.stored[p.digest]; !ok && !inLease[p.digest] {
 			inLease[p.digest] = true
 			lease = append(lease, p.digest)
 		}
 	}
 	if len(lease) == 0 {
 		w.stats.ReusedChunks += len(w.pending)
-		w.pending = w.pending[:0]
+		w.setEncodings()
 		return w.l.keepAlive(ctx)
 	}
 	if err := w.lease(ctx, lease); err != nil {
@@ -355,17 +366,16 @@ func (w *putWriter) flush(ctx context.Context) error {
 	}
 
 	type upload struct {
-		p     *pendingChunk
-		grown int64 // bytes the backend grew by
-		isNew bool
+		p   *pendingChunk
+		res chunkWrite
 	}
 	var ups []*upload
 	for _, p := range w.pending {
-		if w.stored[p.digest] {
+		if _, ok := w.stored[p.digest]; ok || !inLease[p.digest] {
 			w.stats.ReusedChunks++
 			continue
 		}
-		w.stored[p.digest] = true
+		delete(inLease, p.digest) // later copies in the batch reuse this one
 		ups = append(ups, &upload{p: p})
 	}
 	g, gctx := errgroup.WithContext(ctx)
@@ -373,21 +383,54 @@ func (w *putWriter) flush(ctx context.Context) error {
 	for _, u := range ups {
 		g.Go(func() error {
 			var err error
-			u.grown, u.isNew, err = w.s.storeChunk(gctx, u.p.digest, u.p.data)
+			u.res, err = w.storeChunk(gctx, u.p)
 			return err
 		})
 	}
 	err := g.Wait()
 	for _, u := range ups {
-		if u.isNew {
+		if u.res.isNew {
 			w.stats.NewChunks++
-			w.stats.NewBytes += u.grown
+			w.stats.NewBytes += u.res.grown
+			w.stats.RawNewBytes += int64(len(u.p.data))
 		} else if err == nil {
 			w.stats.ReusedChunks++
 		}
 	}
-	w.pending = w.pending[:0]
-	return err
+	if err != nil {
+		return err
+	}
+	for _, u := range ups {
+		w.stored[u.p.digest] = u.res.encoding
+	}
+	w.setEncodings()
+	return nil
+}
+
+// setEncodings fills in the encodings of the pending refs, all of whose
+// chunks are stored.
+func (w *putWriter) setEncodings() {
+	for _, p := range w.pending {
+		p.ref.Encoding = w.stored[p.digest]
+	}
+}
+
+// storeChunk stores a pending chunk (see Store.storeChunk) with a scratch
+// buffer of the writer's.
+func (w *putWriter) storeChunk(ctx context.Context, p *pendingChunk) (chunkWrite, error) {
+	var buf []byte
+	select {
+	case buf = <-w.scratch:
+	default: // every buffer in use: make one
+	}
+	res, err := w.s.storeChunk(ctx, p.digest, p.data, &buf)
+	if buf != nil {
+		select {
+		case w.scratch <- buf:
+		default:
+		}
+	}
+	return res, err
 }
 
 // checkParent makes sure the stored parent manifest is the one given.
@@ -405,24 +448,38 @@ func (w *putWriter) checkParent(ctx context.Context, parent *Manifest) error {
 	return nil
 }
 
-// storeChunk uploads a chunk unless the backend has it (with the right
-// size; a wrong-sized object is replaced).
-func (s *Store) storeChunk(ctx context.Context, d Digest, data []byte) (grown int64, isNew bool, err error) {
-	key := ChunkKey(d)
-	var had int64
-	o, err := s.b.Stat(ctx, key)
-	switch {
-	case err == nil && o.Size == int64(len(data)):
-		return 0, false, nil
-	case err == nil:
-		had = o.Size
-	case !errors.Is(err, errkind.NotFound):
-		return 0, false, fmt.Errorf("chunk %s: %w", d, err)
+// chunkWrite is what storeChunk did with a chunk.
+type chunkWrite struct {
+	encoding string // of the object refs to the chunk name
+	isNew    bool   // it uploaded the chunk
+	grown    int64  // bytes the backend grew by
+}
+
+// storeChunk makes sure the backend holds chunk d, whose content is data,
+// in one encoding or the other, and returns which. It encodes data first
+// (compressing into *scratch) to learn the encoding it would write, looks
+// for that object, then for the other: either will do, so stores that
+// compress and stores that do not share chunks, and neither stores a chunk
+// twice. It uploads only if neither exists with a plausible size; a
+// damaged object at the key it writes is replaced.
+func (s *Store) storeChunk(ctx context.Context, d Digest, data []byte, scratch *[]byte) (chunkWrite, error) {
+	encoding, stored := s.encodeChunk(data, scratch)
+	var had int64 // the size of the damaged object the upload replaces
+	for _, e := range []string{encoding, otherEncoding(encoding)} {
+		o, err := s.b.Stat(ctx, chunkObjectKey(d, e))
+		switch {
+		case err == nil && plausibleSize(e, o.Size, int64(len(data))):
+			return chunkWrite{encoding: e}, nil
+		case err == nil && e == encoding:
+			had = o.Size
+		case err != nil && !errors.Is(err, errkind.NotFound):
+			return chunkWrite{}, fmt.Errorf("chunk %s: %w", d, err)
+		}
 	}
-	if err := s.b.Put(ctx, key, bytes.NewReader(data), int64(len(data))); err != nil {
-		return 0, false, fmt.Errorf("chunk %s: %w", d, err)
+	if err := s.b.Put(ctx, chunkObjectKey(d, encoding), bytes.NewReader(stored), int64(len(stored))); err != nil {
+		return chunkWrite{}, fmt.Errorf("chunk %s: %w", d, err)
 	}
-	return int64(len(data)) - had, true, nil
+	return chunkWrite{encoding: encoding, isNew: true, grown: int64(len(stored)) - had}, nil
 }
 
 // intersect returns the parts of the sorted, disjoint data ranges that

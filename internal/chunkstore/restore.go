@@ -18,9 +18,9 @@ import (
 // is written. The file appears at dstPath (replacing what was there) only
 // once it is complete and synced; on error nothing is left behind.
 //
-// A chunk whose content or length is wrong returns an error wrapping
-// ErrCorrupt; a chunk the backend lacks, ErrChunkMissing (which wraps
-// ErrCorrupt too). A name m lacks is errkind.NotFound; an invalid m,
+// A chunk whose content or length is wrong, or whose compressed object
+// does not decompress, returns an error wrapping ErrCorrupt; a chunk the
+// backend lacks, ErrChunkMissing (which wraps ErrCorrupt too). A name m lacks is errkind.NotFound; an invalid m,
 // errkind.InvalidArgument.
 func (s *Store) Restore(ctx context.Context, m Manifest, name, dstPath string) (err error) {
 	if err := m.validate(); err != nil {
@@ -52,9 +52,9 @@ func (s *Store) Restore(ctx context.Context, m Manifest, name, dstPath string) (
 	g.SetLimit(s.concurrency)
 	// Sized by the manifest, not this Store: it may have been written by
 	// a store with another chunk size.
-	bufs := make(chan []byte, s.concurrency) // at most concurrency in use
+	bufs := make(chan *chunkBuf, s.concurrency) // at most concurrency in use
 	for range min(s.concurrency, len(fe.Chunks)) {
-		bufs <- make([]byte, m.ChunkSize+1)
+		bufs <- &chunkBuf{size: m.ChunkSize}
 	}
 	for _, c := range fe.Chunks {
 		g.Go(func() error {
@@ -83,12 +83,58 @@ func (s *Store) Restore(ctx context.Context, m Manifest, name, dstPath string) (
 	return syncDir(filepath.Dir(dstPath))
 }
 
-// fetchChunk reads chunk c into buf (at least c.Length+1 bytes) and checks
-// its length and digest.
-func (s *Store) fetchChunk(ctx context.Context, c ChunkRef, buf []byte) ([]byte, error) {
-	rc, err := s.b.Get(ctx, ChunkKey(c.Digest))
+// chunkBuf is one Restore goroutine's memory for a chunk of at most size
+// bytes: plain for its content, packed for its object if compressed.
+type chunkBuf struct {
+	size          int64
+	plain, packed []byte // made when first needed, size+1 bytes
+}
+
+// get returns *b, made size+1 bytes long if not yet.
+func (cb *chunkBuf) get(b *[]byte) []byte {
+	if *b == nil {
+		*b = make([]byte, cb.size+1)
+	}
+	return *b
+}
+
+// fetchChunk reads chunk c (at most buf.size bytes) into buf, decompresses
+// it if stored compressed, and checks its length and digest.
+func (s *Store) fetchChunk(ctx context.Context, c ChunkRef, buf *chunkBuf) ([]byte, error) {
+	var data []byte
+	var err error
+	switch c.Encoding {
+	case EncodingRaw:
+		data, err = s.readChunkObject(ctx, c, buf.get(&buf.plain))
+		if err == nil && int64(len(data)) != c.Length {
+			err = fmt.Errorf("%d bytes, want %d: %w", len(data), c.Length, ErrCorrupt)
+		}
+	case EncodingZstd:
+		var packed []byte
+		packed, err = s.readChunkObject(ctx, c, buf.get(&buf.packed))
+		if err == nil {
+			data, err = s.decodeChunk(packed, buf.get(&buf.plain), c.Length)
+		}
+	default: // validate lets none through
+		err = fmt.Errorf("unknown encoding %q: %w", c.Encoding, ErrCorrupt)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("chunk %s: %w", c.Digest, err)
+	}
+	if got := Sum(data); got != c.Digest {
+		return nil, fmt.Errorf("chunk %s: content hashes to %s: %w", c.Digest, got, ErrCorrupt)
+	}
+	return data, nil
+}
+
+// readChunkObject reads the object of c's encoding into buf (at least
+// c.Length+1 bytes). Neither encoding's object is longer than the chunk
+// (see plausibleSize): a longer one is ErrCorrupt, a missing one
+// ErrChunkMissing.
+func (s *Store) readChunkObject(ctx context.Context, c ChunkRef, buf []byte) ([]byte, error) {
+	rc, err := s.b.Get(ctx, chunkObjectKey(c.Digest, c.Encoding))
 	if errors.Is(err, errkind.NotFound) {
-		return nil, fmt.Errorf("chunk %s: %w", c.Digest, ErrChunkMissing)
+		return nil, ErrChunkMissing
 	}
 	if err != nil {
 		return nil, err
@@ -97,19 +143,12 @@ func (s *Store) fetchChunk(ctx context.Context, c ChunkRef, buf []byte) ([]byte,
 	n, err := io.ReadFull(rc, buf[:c.Length+1])
 	switch {
 	case err == nil:
-		return nil, fmt.Errorf("chunk %s: longer than %d bytes: %w", c.Digest, c.Length, ErrCorrupt)
+		return nil, fmt.Errorf("object longer than %d bytes: %w", c.Length, ErrCorrupt)
 	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
-		if int64(n) != c.Length {
-			return nil, fmt.Errorf("chunk %s: %d bytes, want %d: %w", c.Digest, n, c.Length, ErrCorrupt)
-		}
+		return buf[:n], nil
 	default:
-		return nil, fmt.Errorf("chunk %s: %w", c.Digest, err)
+		return nil, err
 	}
-	data := buf[:n]
-	if got := Sum(data); got != c.Digest {
-		return nil, fmt.Errorf("chunk %s: content hashes to %s: %w", c.Digest, got, ErrCorrupt)
-	}
-	return data, nil
 }
 
 func syncDir(dir string) error {

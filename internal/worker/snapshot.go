@@ -173,7 +173,7 @@ func (w *Worker) putChunks(ctx context.Context, dir string, info SnapshotInfo, r
 		}
 	}
 	w.log.Info("snapshot stored", "snapshot_id", info.ID, "parent", parent, "dirty", dirty, "logical", st.LogicalBytes,
-		"read", st.ReadBytes, "new", st.NewBytes, "reused_chunks", st.ReusedChunks)
+		"read", st.ReadBytes, "new", st.NewBytes, "new_uncompressed", st.RawNewBytes, "reused_chunks", st.ReusedChunks)
 	return st.NewBytes, st.ReadBytes, nil
 }
 

@@ -1,7 +1,7 @@
 // Package chunkstoretest is the conformance suite every
 // chunkstore.Backend passes: the object contract itself, and a Store on
-// the backend round-tripping sparse files, deduplicating, detecting
-// corruption and collecting garbage while writers run.
+// the backend round-tripping sparse files, deduplicating, compressing,
+// detecting corruption and collecting garbage while writers run.
 package chunkstoretest
 
 import (
@@ -41,6 +41,7 @@ func Run(t *testing.T, newBackend NewBackend) {
 	t.Run("RoundTripSparse", func(t *testing.T) { testRoundTrip(t, newBackend(t)) })
 	t.Run("Dedup", func(t *testing.T) { testDedup(t, newBackend(t)) })
 	t.Run("DirtyRanges", func(t *testing.T) { testDirty(t, newBackend(t)) })
+	t.Run("Compression", func(t *testing.T) { testCompression(t, newBackend(t)) })
 	t.Run("CorruptChunk", func(t *testing.T) { testCorrupt(t, newBackend(t)) })
 	t.Run("MissingChunk", func(t *testing.T) { testMissing(t, newBackend(t)) })
 	t.Run("BadInput", func(t *testing.T) { testBadInput(t, newBackend(t)) })
@@ -600,6 +601,54 @@ func testCorrupt(t *testing.T, b chunkstore.Backend) {
 	if after := list(t, b, "chunks/"); !cmp.Equal(before, after) {
 		t.Errorf("GC with a damaged manifest changed chunks from %q to %q", before, after)
 	}
+}
+
+// testCompression stores a compressible chunk, a random one and a page
+// among zeros: the random one raw, the others compressed. A store that
+// does not compress reuses them all; damage to a compressed one is
+// ErrCorrupt.
+func testCompression(t *testing.T, b chunkstore.Backend) {
+	ctx := t.Context()
+	s := newStore(t, b, &Clock{})
+	text := bytes.Repeat([]byte("struct task_struct { pid 4242, state RUNNING } "), mib/40)[:mib]
+	p := filepath.Join(t.TempDir(), "mem")
+	writeFile(t, p, 3*mib, seg{0, text}, seg{mib, random(110, mib)}, seg{2*mib + 8192, random(111, 4096)})
+	data := fileData(t, p)
+	m, st := mustPut(t, s, b, "s1", chunkstore.PutOptions{}, chunkstore.File{Name: "f", Path: p})
+	var encs []string
+	for _, c := range m.Files[0].Chunks {
+		encs = append(encs, c.Encoding)
+	}
+	if want := []string{chunkstore.EncodingZstd, chunkstore.EncodingRaw, chunkstore.EncodingZstd}; !cmp.Equal(encs, want) {
+		t.Errorf("Put: chunk encodings %q, want %q", encs, want)
+	}
+	if stored := st.NewBytes - st.ManifestBytes; st.RawNewBytes != 3*mib || stored > mib+16<<10 {
+		t.Errorf("Put = %+v, want 3 MiB of chunks stored in little more than the random 1 MiB", st)
+	}
+	checkRestore(t, s, m, "f", data)
+
+	raw, err := chunkstore.New(chunkstore.Config{Backend: b, ChunkSize: mib, Compression: "none"})
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	m2, st := mustPut(t, raw, b, "s2", chunkstore.PutOptions{}, chunkstore.File{Name: "f", Path: p})
+	if st.NewChunks != 0 || st.ReusedChunks != 3 || !cmp.Equal(m2.Files[0].Chunks, m.Files[0].Chunks) {
+		t.Errorf("Put(same content) without compression = %+v, refs %+v, want the 3 stored chunks reused as they are", st, m2.Files[0].Chunks)
+	}
+	checkRestore(t, raw, m2, "f", data)
+
+	key := chunkstore.ChunkKey(m.Files[0].Chunks[2].Digest) + ".zst"
+	good := read(t, b, key)
+	bad := bytes.Clone(good)
+	bad[len(bad)/2] ^= 0xff
+	put(t, b, key, bad)
+	checkRestoreFails(t, s, m, chunkstore.ErrCorrupt)
+	put(t, b, key, good[:len(good)-1])
+	checkRestoreFails(t, s, m, chunkstore.ErrCorrupt)
+	if err := b.Delete(ctx, key); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	checkRestoreFails(t, s, m, chunkstore.ErrChunkMissing)
 }
 
 func testMissing(t *testing.T, b chunkstore.Backend) {
