@@ -31,6 +31,7 @@ const (
 	envWorkerID = "SPACE_TEST_SERVER_WORKER_ID"
 	envAgent    = "SPACE_TEST_SERVER_AGENT"
 	envCrashAt  = "SPACE_TEST_SERVER_CRASH_AT"
+	envPool     = "SPACE_TEST_SERVER_POOL" // "1": prewarm and keep a pool of one
 )
 
 // TestMain runs this test binary as a server process when asked to, so
@@ -45,10 +46,15 @@ func TestMain(m *testing.M) {
 func childMain() int {
 	ctx, stop := signalContext()
 	defer stop()
+	pool := os.Getenv(envPool) == "1"
+	poolSize := 0
+	if pool {
+		poolSize = 1
+	}
 	err := Run(ctx, Config{
 		DataDir: os.Getenv(envDataDir), Listen: "127.0.0.1:0", CacheBase: guesttest.CacheBase(),
 		AgentPath: os.Getenv(envAgent), WorkerID: os.Getenv(envWorkerID), CrashAt: os.Getenv(envCrashAt),
-		Version: "test", Progress: os.Stderr,
+		Version: "test", Progress: os.Stderr, Prewarm: pool, Pool: poolSize,
 		Ready: func(url string) { fmt.Printf("READY %s\n", url) },
 	})
 	if err != nil {
@@ -168,7 +174,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 	defer release()
 	var steps []string
 	for _, step := range append(slices.Clone(controlplane.CrashPoints), worker.CrashPoints...) {
-		if !isSnapshotStep(step) { // TestCrashDuringSnapshot
+		if !isSnapshotStep(step) && step != poolStep { // tested on their own
 			steps = append(steps, step)
 		}
 	}
@@ -274,6 +280,42 @@ func TestCrashAtEveryStep(t *testing.T) {
 
 func isSnapshotStep(step string) bool {
 	return strings.HasPrefix(step, "snapshot.") || strings.HasPrefix(step, "api.snapshot.")
+}
+
+// poolStep is the crash point of a create served from the pool
+// (TestCrashDuringPoolHandover).
+const poolStep = "create.pool-handed-over"
+
+// TestCrashDuringPoolHandover kills the server while a pool member is
+// being handed to a create: after the restart the create is rolled back,
+// the member is gone, and nothing is left.
+func TestCrashDuringPoolHandover(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	dataDir, workerID := newDataDir(t), newWorkerID(t)
+	t.Setenv(envPool, "1")
+	c := startChild(t, dataDir, workerID, poolStep)
+	ts := &testServer{dataDir: dataDir, workerID: workerID}
+	testenv.Eventually(t, 3*time.Minute, ts.poolReady)
+	if sb, err := c.client.CreateSandbox(t.Context(), api.CreateSandbox{}); err == nil {
+		t.Fatalf("CreateSandbox = %+v, want the server to die at %s", sb, poolStep)
+	}
+	c.waitExit(t)
+	t.Setenv(envPool, "0")
+	c = startChild(t, dataDir, workerID, "")
+	all, err := c.client.Sandboxes(t.Context(), client.ListOptions{})
+	if err != nil || len(all) != 0 {
+		t.Fatalf("Sandboxes after restart = %+v, %v; want the interrupted create rolled back", all, err)
+	}
+	sb, err := c.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 192})
+	if err != nil {
+		t.Fatalf("CreateSandbox after restart = %v", err)
+	}
+	if err := c.client.DeleteSandbox(t.Context(), sb.ID); err != nil {
+		t.Fatalf("DeleteSandbox = %v", err)
+	}
+	assertNoLeftovers(t, ts)
 }
 
 // TestCrashDuringSnapshot kills the server at each step of taking a

@@ -23,17 +23,18 @@ import (
 // CrashPoints are the steps Config.CrashAt can name, in the order a create
 // and a delete pass them.
 var CrashPoints = []string{
-	"create.recorded",        // record says creating; nothing else exists
-	"create.vm-started",      // the VMM runs; its handle is not persisted (also on restores)
-	"create.handle-saved",    // handle persisted; agent not yet confirmed (also on restores)
-	"create.running-saved",   // record says running; the caller has no answer
-	"delete.stopping-saved",  // record says stopping; the VM still runs
-	"delete.vm-stopped",      // VM stopped; files and record remain
-	"restore.recorded",       // record names the snapshot to restore; the old VM runs
-	"restore.old-vm-gone",    // the old VM and its files are gone; no new VM yet
-	"snapshot.vm-paused",     // guest paused, device state written; memory not copied
-	"snapshot.vm-saved",      // the snapshot's files are complete; not in the chunk store
-	"snapshot.chunks-stored", // the chunk store has its manifest; the info file is not written
+	"create.recorded",         // record says creating; nothing else exists
+	"create.vm-started",       // the VMM runs; its handle is not persisted (also on restores)
+	"create.handle-saved",     // handle persisted; agent not yet confirmed (also on restores)
+	"create.running-saved",    // record says running; the caller has no answer
+	"delete.stopping-saved",   // record says stopping; the VM still runs
+	"delete.vm-stopped",       // VM stopped; files and record remain
+	"restore.recorded",        // record names the snapshot to restore; the old VM runs
+	"restore.old-vm-gone",     // the old VM and its files are gone; no new VM yet
+	"snapshot.vm-paused",      // guest paused, device state written; memory not copied
+	"snapshot.vm-saved",       // the snapshot's files are complete; not in the chunk store
+	"snapshot.chunks-stored",  // the chunk store has its manifest; the info file is not written
+	"create.pool-handed-over", // a pool member has its new identity in the guest; its record is the member's
 }
 
 // crash kills the process at step if the configuration asks for it.

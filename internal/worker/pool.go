@@ -237,6 +237,7 @@ func (w *Worker) handOver(ctx context.Context, s *sbx, id, team string, spec Spe
 	if err := agent.PostRestore(pctx, proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, Hostname: Hostname(id)}); err != nil {
 		return "", fmt.Errorf("post-restore: %w", err)
 	}
+	w.crash("create.pool-handed-over")
 	s.mu.Lock()
 	s.rec.Slot = s.rec.slot()
 	slot = s.rec.Slot
