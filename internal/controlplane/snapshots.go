@@ -278,6 +278,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
+	t0 := s.now()
 	// Children start where the parent runs when it has room for all of
 	// them: the snapshot is then copied on that disk (a reflink where the
 	// file system can), never read into the chunk store. Otherwise they
@@ -303,6 +304,8 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Sandboxes = append(out.Sandboxes, s.view(child))
 	}
+	s.log.Info("sandbox forked", "sandbox_id", sb.ID, "children", req.Count, "local", !chunked(sn),
+		"snapshot_ms", sn.Updated.Sub(t0).Milliseconds(), "total_ms", s.now().Sub(t0).Milliseconds())
 	httpapi.WriteJSON(w, http.StatusCreated, out)
 }
 
