@@ -66,7 +66,7 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	sn, err := s.snapshot(context.WithoutCancel(r.Context()), sb, wk, req.Name, false)
+	sn, err := s.snapshot(context.WithoutCancel(r.Context()), sb, wk, req.Name, false, false)
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -75,8 +75,10 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 // snapshot records a snapshot of sb, has its worker take it, and records
-// it ready. A local one stays on the worker's disk, out of the chunk store.
-func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name string, local bool) (store.Snapshot, error) {
+// it ready. A local one stays on the worker's disk, out of the chunk store;
+// an ephemeral one is not made durable (a fork's, gone once its children
+// run).
+func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name string, local, ephemeral bool) (store.Snapshot, error) {
 	q, err := s.quota(ctx, sb.TeamID)
 	if err != nil {
 		return store.Snapshot{}, err
@@ -101,7 +103,7 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 	if err != nil {
 		return sn, err
 	}
-	info, err := wk.Snapshot(ctx, sb.ID, worker.SnapshotRequest{SnapshotID: sn.ID, Local: local})
+	info, err := wk.Snapshot(ctx, sb.ID, worker.SnapshotRequest{SnapshotID: sn.ID, Local: local, Ephemeral: ephemeral})
 	if err != nil {
 		return sn, errors.Join(err, s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID))
 	}
@@ -283,7 +285,8 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 	// them: the snapshot is then copied on that disk (a reflink where the
 	// file system can), never read into the chunk store. Otherwise they
 	// go wherever there is room, through the chunk store.
-	sn, err := s.snapshot(ctx, sb, wk, "", hasRoom(ctx, wk, sb.Spec, req.Count))
+	local := hasRoom(ctx, wk, sb.Spec, req.Count)
+	sn, err := s.snapshot(ctx, sb, wk, "", local, local)
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return

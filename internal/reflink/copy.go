@@ -17,8 +17,8 @@ import (
 
 // Copy copies src to dst (replacing it) without filling in its holes: a
 // reflink where the file system can share extents (XFS, btrfs), else only
-// the data regions, so a sparse file stays sparse. A failed copy removes
-// dst.
+// the data regions, so a sparse file stays sparse. dst is durable when
+// Copy returns. A failed copy removes dst.
 func Copy(ctx context.Context, src, dst string) (err error) {
 	_, err = CopyReport(ctx, src, dst)
 	return err
@@ -27,6 +27,18 @@ func Copy(ctx context.Context, src, dst string) (err error) {
 // CopyReport is Copy that also reports whether the copy was a reflink (a
 // metadata operation whose cost does not grow with the file).
 func CopyReport(ctx context.Context, src, dst string) (reflinked bool, err error) {
+	return copyFile(ctx, src, dst, true)
+}
+
+// CopyVolatile is CopyReport without making dst durable: for files that
+// only matter while the host runs (a restored VM's own memory and disk, a
+// snapshot that lives as long as a fork), where a sync would cost a log
+// force for nothing.
+func CopyVolatile(ctx context.Context, src, dst string) (reflinked bool, err error) {
+	return copyFile(ctx, src, dst, false)
+}
+
+func copyFile(ctx context.Context, src, dst string, durable bool) (reflinked bool, err error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return false, fmt.Errorf("copy: %w", err)
@@ -54,6 +66,9 @@ func CopyReport(ctx context.Context, src, dst string) (reflinked bool, err error
 		}
 	}()
 	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
+		if durable {
+			return true, out.Sync() // the new extent map, not just data
+		}
 		return true, nil
 	}
 	if err := out.Truncate(fi.Size()); err != nil {
@@ -82,5 +97,8 @@ func CopyReport(ctx context.Context, src, dst string) (reflinked bool, err error
 		}
 		off = end
 	}
-	return false, out.Sync()
+	if durable {
+		return false, out.Sync()
+	}
+	return false, nil
 }

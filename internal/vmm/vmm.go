@@ -166,6 +166,10 @@ type SnapshotOptions struct {
 	// Diff asks for a snapshot holding only memory dirtied since the
 	// previous one, where the driver supports it; others take a full one.
 	Diff bool
+	// Ephemeral marks a snapshot that only needs to outlive the process
+	// that takes it, not a host crash (a fork's, deleted once the
+	// children run): its files are not synced.
+	Ephemeral bool
 	// Paused, when set, is called once the guest is paused and its device
 	// state is written, before memory and disks are copied: where a crash
 	// hurts most (the worker's crash tests stop there).

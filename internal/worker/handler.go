@@ -37,6 +37,9 @@ type SnapshotRequest struct {
 	// Local keeps a new snapshot on the worker's disk only, out of the
 	// chunk store: for one that lives only as long as a fork takes.
 	Local bool `json:"local,omitempty"`
+	// Ephemeral skips making the snapshot durable: it only has to outlive
+	// this worker process, not a host crash (a fork's).
+	Ephemeral bool `json:"ephemeral,omitempty"`
 }
 
 // Handler returns the worker's HTTP API. When token is not empty every

@@ -106,7 +106,7 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 		}
 		return SnapshotInfo{}, err
 	}
-	taken, err := sn.Snapshot(ctx, filepath.Join(dir, "vm"), vmm.SnapshotOptions{Paused: func() { w.crash("snapshot.vm-paused") }})
+	taken, err := sn.Snapshot(ctx, filepath.Join(dir, "vm"), vmm.SnapshotOptions{Ephemeral: req.Ephemeral, Paused: func() { w.crash("snapshot.vm-paused") }})
 	if err != nil {
 		return SnapshotInfo{}, errors.Join(err, os.RemoveAll(dir))
 	}

@@ -375,7 +375,7 @@ func adoptMemory(ctx context.Context, from, path string) error {
 	if _, err := os.Stat(path); err == nil {
 		return fmt.Errorf("memory file %s exists (another VM, or one not stopped): %w", path, errkind.Conflict)
 	}
-	if err := reflink.Copy(ctx, from, path); err != nil {
+	if _, err := reflink.CopyVolatile(ctx, from, path); err != nil {
 		return fmt.Errorf("memory file: %w", err)
 	}
 	return os.Chmod(path, 0o600)

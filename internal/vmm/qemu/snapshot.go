@@ -88,6 +88,7 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	if err := v.qmp.Execute(ctx, "query-status", nil, &status); err != nil {
 		return nil, err
 	}
+	flushStart := time.Now()
 	if status.Running {
 		// Write back what the guest dirtied while it still runs: the
 		// reflink below must write back the rest with the guest paused.
@@ -96,20 +97,29 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 			return nil, err
 		}
 	}
+	flushed := time.Since(flushStart)
 	start := time.Now()
+	paused := false
+	resume := func() error {
+		if !paused {
+			return nil
+		}
+		paused = false
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := v.qmp.Execute(cctx, "cont", nil, nil); err != nil {
+			return fmt.Errorf("resume after snapshot: %w", err)
+		}
+		return nil
+	}
 	if status.Running {
 		if err := v.qmp.Execute(ctx, "stop", nil, nil); err != nil {
 			return nil, err
 		}
-		defer func() {
-			// The VM runs on whatever happened; a failed snapshot must not
-			// leave the sandbox frozen.
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			if cerr := v.qmp.Execute(cctx, "cont", nil, nil); cerr != nil {
-				err = errors.Join(err, fmt.Errorf("resume after snapshot: %w", cerr))
-			}
-		}()
+		paused = true
+		// The VM runs on whatever happened; a failed snapshot must not
+		// leave the sandbox frozen.
+		defer func() { err = errors.Join(err, resume()) }()
 	}
 	if err := v.saveState(ctx, filepath.Join(dir, snapState)); err != nil {
 		return nil, err
@@ -121,7 +131,11 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	if err != nil {
 		return nil, err
 	}
-	meta.Reflinked, err = reflink.CopyReport(ctx, v.spec.memoryPath(), filepath.Join(dir, snapMemory))
+	// Copied unsynced while the guest is paused; synced (unless the
+	// snapshot is ephemeral) once it runs again: the copies are already
+	// the instant's, only their durability is left.
+	copies := []string{filepath.Join(dir, snapMemory)}
+	meta.Reflinked, err = reflink.CopyVolatile(ctx, v.spec.memoryPath(), copies[0])
 	if err != nil {
 		return nil, err
 	}
@@ -130,12 +144,24 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 			continue
 		}
 		name := "disk" + strconv.Itoa(i) + "." + d.Format
-		linked, err := reflink.CopyReport(ctx, d.Path, filepath.Join(dir, name))
+		linked, err := reflink.CopyVolatile(ctx, d.Path, filepath.Join(dir, name))
 		if err != nil {
 			return nil, err
 		}
+		copies = append(copies, filepath.Join(dir, name))
 		meta.Reflinked = meta.Reflinked && linked
 		meta.Disks[i].File = name
+	}
+	took := time.Since(start)
+	if err := resume(); err != nil {
+		return nil, err
+	}
+	if !opts.Ephemeral {
+		for _, p := range copies {
+			if err := syncFile(p); err != nil {
+				return nil, err
+			}
+		}
 	}
 	b, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
@@ -145,8 +171,7 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	if err := writeSynced(filepath.Join(dir, snapMeta), b); err != nil {
 		return nil, err
 	}
-	took := time.Since(start)
-	v.log.Info("snapshot taken", "dir", dir, "paused_for", took, "reflinked", meta.Reflinked)
+	v.log.Info("snapshot taken", "dir", dir, "written_back_for", flushed, "paused_for", took, "reflinked", meta.Reflinked)
 	return &vmm.Snapshot{Dir: dir, Driver: "qemu", Version: v.version, Took: took, Reflinked: meta.Reflinked}, nil
 }
 
@@ -234,15 +259,24 @@ func (v *VM) meta() (*snapshotMeta, error) {
 	return m, nil
 }
 
-// writeBack writes the file's dirty pages to its storage and waits.
+// writeBack writes the file's dirty pages to its storage and commits
+// them (fdatasync): a reflink of it then has nothing left to write or
+// remap. (sync_file_range alone leaves the copy-on-write remapping of the
+// written blocks to the reflink, that is to the pause: measured 0.7 s
+// paused for a 2 GiB guest, against 0.27 s after an fdatasync.)
 func writeBack(path string) error {
+	return syncFile(path)
+}
+
+// syncFile makes path's data and extent map durable.
+func syncFile(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	if err := unix.Fdatasync(int(f.Fd())); err != nil {
-		return fmt.Errorf("write back %s: %w", path, err)
+		return fmt.Errorf("sync %s: %w", path, err)
 	}
 	return nil
 }
@@ -292,7 +326,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM,
 		if disk.ReadOnly {
 			continue
 		}
-		if err := reflink.Copy(ctx, filepath.Join(dir, m.Disks[i].File), disk.Path); err != nil {
+		if _, err := reflink.CopyVolatile(ctx, filepath.Join(dir, m.Disks[i].File), disk.Path); err != nil {
 			return nil, fmt.Errorf("restore %s: disk %d: %w", dir, i, err)
 		}
 		placed = append(placed, disk.Path)
