@@ -335,17 +335,8 @@ func TestCrashDuringSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CreateSandbox = %v", err)
 	}
-	counter, err := c.client.StartDetached(ctx, sb.ID, api.Exec{Detach: true,
-		Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"})
-	if err != nil {
-		t.Fatalf("StartDetached = %v", err)
-	}
-	count := func(t *testing.T) int {
-		out, _, _ := execOut(t, c.client, sb.ID, sh("cat /tmp/count 2>/dev/null || echo 0"))
-		n, _ := strconv.Atoi(strings.TrimSpace(out))
-		return n
-	}
-	testenv.Eventually(t, 30*time.Second, func() bool { return count(t) > 0 })
+	counter := startCounter(t, c.client, sb.ID)
+	count := func(t *testing.T) int { return readCounter(t, c.client, sb.ID) }
 	execOut(t, c.client, sb.ID, sh("echo kept > /root/f; sync"))
 	good, err := c.client.CreateSnapshot(ctx, sb.ID, "good")
 	if err != nil {

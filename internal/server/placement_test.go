@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -208,17 +207,8 @@ func TestSnapshotOnAnotherWorker(t *testing.T) {
 	// Suspend, then resume on the other worker: the guest's memory,
 	// processes and files travel through the chunk store. Fillers that
 	// take a whole worker leave the resume no other choice.
-	counter, err := c.StartDetached(ctx, src.ID, api.Exec{Detach: true,
-		Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"})
-	if err != nil {
-		t.Fatalf("StartDetached = %v", err)
-	}
-	count := func(id string) int {
-		out, _, _ := execOut(t, c, id, sh("cat /tmp/count 2>/dev/null || echo 0"))
-		n, _ := strconv.Atoi(strings.TrimSpace(out))
-		return n
-	}
-	testenv.Eventually(t, 30*time.Second, func() bool { return count(src.ID) > 0 })
+	counter := startCounter(t, c, src.ID)
+	count := func(id string) int { return readCounter(t, c, id) }
 	whole := api.CreateSandbox{MemoryMiB: 1024}
 	fillOther, err := c.CreateSandbox(ctx, whole) // only the other worker has room
 	if err != nil || fillOther.Worker != other {

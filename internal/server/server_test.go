@@ -195,6 +195,31 @@ func execOut(t *testing.T, c *client.Client, id string, req api.Exec) (string, s
 
 func sh(cmd string) api.Exec { return api.Exec{Command: []string{"/bin/sh", "-c", cmd}} }
 
+// startCounter starts, detached in sandbox id, a shell loop that counts
+// up in /tmp/count five times a second, and waits for its first count.
+func startCounter(t testing.TB, c *client.Client, id string) api.Process {
+	t.Helper()
+	p, err := c.StartDetached(t.Context(), id, api.Exec{Detach: true,
+		Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"})
+	if err != nil {
+		t.Fatalf("StartDetached(counter) = %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return readCounter(t, c, id) > 0 })
+	return p
+}
+
+// readCounter returns the count startCounter's loop wrote in sandbox id
+// (0 before its first).
+func readCounter(t testing.TB, c *client.Client, id string) int {
+	t.Helper()
+	var out bytes.Buffer
+	if _, err := c.Exec(t.Context(), id, sh("cat /tmp/count 2>/dev/null || echo 0"), &out, io.Discard); err != nil {
+		t.Fatalf("read counter: %v", err)
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(out.String()))
+	return n
+}
+
 func TestSandboxLifecycle(t *testing.T) {
 	release := guesttest.AcquireSlot(t)
 	defer release()
