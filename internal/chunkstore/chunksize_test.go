@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"space/internal/chunkstore"
+	"space/internal/chunkstore/chunkstoretest"
 	"space/internal/chunkstore/local"
 	"space/internal/errkind"
 )
@@ -55,19 +56,6 @@ func sparseFile(t *testing.T, path string, size, off int64, data []byte) {
 	if err := f.Truncate(size); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	if _, err := f.WriteAt(data, off); err != nil {
-		t.Fatalf("setup: %v", err)
-	}
-}
-
-// overwrite writes data into an existing file at off.
-func overwrite(t *testing.T, path string, off int64, data []byte) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
-	defer f.Close()
 	if _, err := f.WriteAt(data, off); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
@@ -130,7 +118,7 @@ func TestDefaultChunksFollowDirtyPages(t *testing.T) {
 
 	dirty := []chunkstore.Range{{Off: cs + 8*kib, Len: 4 * kib}, {Off: 100*cs + 4*kib, Len: 4 * kib}, {Off: 17*mib + 2*cs, Len: 4 * kib}}
 	for i, r := range dirty {
-		overwrite(t, p, r.Off, randomBytes(byte(10+i), int(r.Len)))
+		chunkstoretest.Overwrite(t, p, r.Off, randomBytes(byte(10+i), int(r.Len)))
 	}
 	c, st, err := s.Put(t.Context(), "c", files, chunkstore.PutOptions{Parent: &parent, Dirty: map[string][]chunkstore.Range{"mem": dirty}})
 	if err != nil {
@@ -163,7 +151,7 @@ func TestParentOfOtherChunkSize(t *testing.T) {
 	}
 	// Nothing is reported dirty, yet this changed: only a full read sees
 	// it. The parent need not even exist any more.
-	overwrite(t, p, mib+7, []byte("unreported"))
+	chunkstoretest.Overwrite(t, p, mib+7, []byte("unreported"))
 	if err := old.Delete(ctx, "p"); err != nil {
 		t.Fatalf("Delete(p) = %v", err)
 	}

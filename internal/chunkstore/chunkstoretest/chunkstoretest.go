@@ -461,7 +461,7 @@ func testDedup(t *testing.T, b chunkstore.Backend) {
 	}
 
 	// Change one chunk: the next snapshot stores only that one.
-	writeFile2(t, mem, 2*mib+100, random(11, 4096))
+	Overwrite(t, mem, 2*mib+100, random(11, 4096))
 	m2, st2 := mustPut(t, s, b, "s2", chunkstore.PutOptions{}, chunkstore.File{Name: "mem", Path: mem})
 	if st2.NewChunks != 1 || st2.ReusedChunks != 3 || st2.NewBytes != mib+st2.ManifestBytes {
 		t.Errorf("Put(s2) = %+v, want 1 new chunk (1 MiB + manifest), 3 reused", st2)
@@ -480,8 +480,9 @@ func testDedup(t *testing.T, b chunkstore.Backend) {
 	checkRestore(t, s, m3, "dup", fileData(t, dup))
 }
 
-// writeFile2 overwrites part of an existing file.
-func writeFile2(t *testing.T, path string, off int64, data []byte) {
+// Overwrite writes data into the existing file path at off (a test's
+// stand-in for a guest dirtying its memory file).
+func Overwrite(t *testing.T, path string, off int64, data []byte) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
@@ -506,10 +507,10 @@ func testDirty(t *testing.T, b chunkstore.Backend) {
 
 	// Chunk 1 and chunk 3 change, but only chunk 1 is reported dirty: the
 	// snapshot takes chunk 3 from the parent, which proves it was not read.
-	writeFile2(t, mem, mib+10, []byte("dirty"))
+	Overwrite(t, mem, mib+10, []byte("dirty"))
 	want := fileData(t, mem)
-	writeFile2(t, mem, 3*mib+5, []byte("unreported"))
-	writeFile2(t, state, 0, []byte("new state"))
+	Overwrite(t, mem, 3*mib+5, []byte("unreported"))
+	Overwrite(t, state, 0, []byte("new state"))
 	opts := chunkstore.PutOptions{Parent: &p1, Dirty: map[string][]chunkstore.Range{"mem": {{Off: mib + 10, Len: 5}}}}
 	c1, st := mustPut(t, s, b, "c1", opts, files...)
 	if st.ReadBytes != mib+100 || st.NewChunks != 2 || st.ReusedChunks != 3 {

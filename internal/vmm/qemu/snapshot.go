@@ -90,10 +90,13 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	}
 	flushStart := time.Now()
 	if status.Running {
-		// Write back what the guest dirtied while it still runs: the
-		// reflink below must write back the rest with the guest paused.
-		// (A no-op on tmpfs.)
-		if err := writeBack(v.spec.memoryPath()); err != nil {
+		// Write back and commit what the guest dirtied while it still
+		// runs, so the reflink below, with the guest paused, has little
+		// left to write or remap. (sync_file_range alone leaves the
+		// copy-on-write remapping to the reflink: measured 0.7 s paused
+		// for a 2 GiB guest, against 0.27 s after an fdatasync.) A no-op
+		// on tmpfs.
+		if err := syncFile(v.spec.memoryPath()); err != nil {
 			return nil, err
 		}
 	}
@@ -257,15 +260,6 @@ func (v *VM) meta() (*snapshotMeta, error) {
 		m.Disks = append(m.Disks, snapDisk{ReadOnly: d.ReadOnly, Size: fi.Size()})
 	}
 	return m, nil
-}
-
-// writeBack writes the file's dirty pages to its storage and commits
-// them (fdatasync): a reflink of it then has nothing left to write or
-// remap. (sync_file_range alone leaves the copy-on-write remapping of the
-// written blocks to the reflink, that is to the pause: measured 0.7 s
-// paused for a 2 GiB guest, against 0.27 s after an fdatasync.)
-func writeBack(path string) error {
-	return syncFile(path)
 }
 
 // syncFile makes path's data and extent map durable.
