@@ -250,6 +250,14 @@ type FileWritten struct {
 	Size int64  `json:"size"`
 }
 
+// PortState is the reply of GET /v1/sandboxes/{id}/ports/{port}: whether
+// something in the sandbox accepts TCP connections on the port of its
+// loopback (127.0.0.1 or ::1).
+type PortState struct {
+	Port int  `json:"port"`
+	Open bool `json:"open"`
+}
+
 // CreateAPIKey is the body of POST /v1/apikeys. Team "" is the caller's
 // team; another team (created when missing) needs an admin key.
 type CreateAPIKey struct {
@@ -357,4 +365,72 @@ type RestoreSandbox struct {
 // ForkSandbox is the body of POST /v1/sandboxes/{id}/fork.
 type ForkSandbox struct {
 	Count int `json:"count"` // 1..16
+}
+
+// Template is one version of a template, or the built-in default.
+type Template struct {
+	Name    string `json:"name"`
+	Version int    `json:"version,omitempty"` // 0 for the built-in default
+	// State is building, ready, failed or deleting (the default: ready).
+	State string `json:"state"`
+	// Default marks the template sandboxes get when they name none.
+	Default   bool              `json:"default,omitempty"`
+	Image     string            `json:"image,omitempty"`    // the base image workers boot
+	Snapshot  string            `json:"snapshot,omitempty"` // the warm snapshot sandboxes restore
+	VCPUs     int               `json:"vcpus,omitempty"`
+	MemoryMiB int64             `json:"memory_mib,omitempty"`
+	DiskMiB   int64             `json:"disk_mib,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Workdir   string            `json:"workdir,omitempty"`
+	User      string            `json:"user,omitempty"`
+	// Start is the command left running in the template (argv, or a shell
+	// command line as ["/bin/sh", "-c", line]).
+	Start     []string     `json:"start,omitempty"`
+	Report    *BuildReport `json:"report,omitempty"`
+	Error     string       `json:"error,omitempty"` // why its build failed
+	CreatedAt time.Time    `json:"created_at"`
+}
+
+// TemplateList is the reply of GET /v1/templates and
+// GET /v1/templates/{name}.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
+}
+
+// BuildReport says what a template build did.
+type BuildReport struct {
+	Steps    int `json:"steps"`    // steps in the spec
+	Executed int `json:"executed"` // steps run in the build sandbox
+	Cached   int `json:"cached"`   // steps taken from the build cache
+	// VMStarted says a build sandbox ran: "" (none: everything was
+	// cached), "boot" (from the base image) or "restore" (from a cached
+	// step).
+	VMStarted  string `json:"vm_started,omitempty"`
+	Snapshots  int    `json:"snapshots"` // snapshots the build took
+	DurationMS int64  `json:"duration_ms"`
+	// FailedStep is the 1-based step that failed, or 0.
+	FailedStep int `json:"failed_step,omitempty"`
+	// ExitCode is the failed run step's exit code.
+	ExitCode *int `json:"exit_code,omitempty"`
+}
+
+// BuildEvent is one line of the NDJSON stream that POST /v1/templates
+// answers with. Type is:
+//   - "step": step Step of Steps starts (Text describes it);
+//   - "cached": step Step is taken from the build cache;
+//   - "output": Data is output of the running step on Stream;
+//   - "phase": Text names what the build does now (base image, start
+//     command, readiness, capture);
+//   - "done": the last line of a build that succeeded: Template;
+//   - "error": the last line of one that failed: Error, and Report.
+type BuildEvent struct {
+	Type     string       `json:"type"`
+	Step     int          `json:"step,omitempty"`
+	Steps    int          `json:"steps,omitempty"`
+	Text     string       `json:"text,omitempty"`
+	Stream   string       `json:"stream,omitempty"`
+	Data     []byte       `json:"data,omitempty"`
+	Template *Template    `json:"template,omitempty"`
+	Report   *BuildReport `json:"report,omitempty"`
+	Error    *ErrorBody   `json:"error,omitempty"`
 }

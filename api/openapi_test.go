@@ -174,12 +174,14 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"SandboxList": SandboxList{}, "Exec": Exec{}, "WinSize": WinSize{},
 		"Process": Process{}, "ProcessList": ProcessList{}, "Exit": Exit{},
 		"Event": Event{}, "Control": Control{}, "Signal": Signal{},
-		"FileInfo": FileInfo{}, "FileList": FileList{}, "FileWritten": FileWritten{},
+		"FileInfo": FileInfo{}, "FileList": FileList{}, "FileWritten": FileWritten{}, "PortState": PortState{},
 		"CreateAPIKey": CreateAPIKey{}, "APIKey": APIKey{}, "APIKeyList": APIKeyList{},
 		"Quota": Quota{}, "QuotaUsage": QuotaUsage{},
 		"RegisterWorker": RegisterWorker{}, "Worker": Worker{}, "WorkerList": WorkerList{},
 		"CreateSnapshot": CreateSnapshot{}, "Snapshot": Snapshot{}, "SnapshotList": SnapshotList{},
 		"RestoreSandbox": RestoreSandbox{}, "ForkSandbox": ForkSandbox{},
+		"Template": Template{}, "TemplateList": TemplateList{},
+		"BuildReport": BuildReport{}, "BuildEvent": BuildEvent{},
 	}
 	doc := loadSpec(t)
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)

@@ -384,6 +384,16 @@ func (c *Client) Signal(ctx context.Context, id string, pid int64, sig int) erro
 		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
 }
 
+// PortOpen reports whether something in sandbox sandboxID accepts TCP
+// connections on port (1..65535) of its loopback, 127.0.0.1 or ::1. A
+// closed port is (false, nil); a sandbox that is not running, or whose
+// agent predates port probes, is a conflict error (IsConflict).
+func (c *Client) PortOpen(ctx context.Context, sandboxID string, port int) (bool, error) {
+	var st api.PortState
+	err := c.call(ctx, request{method: http.MethodGet, path: sandboxPath(sandboxID, "/ports/", strconv.Itoa(port))}, &st)
+	return st.Open, err
+}
+
 // CreateAPIKey creates an API key. The returned key's Secret is the only
 // copy the server hands out.
 func (c *Client) CreateAPIKey(ctx context.Context, req api.CreateAPIKey) (api.APIKey, error) {

@@ -162,6 +162,14 @@ func fakeServer(t *testing.T) *Client {
 		writeJSON(w, http.StatusOK, api.FileList{Path: r.URL.Query().Get("path"),
 			Entries: []api.FileInfo{{Name: "a", Type: "file", Size: 3, Mode: 0o644, ModTime: t0}}})
 	})
+	h("GET /v1/sandboxes/{id}/ports/{port}", func(w http.ResponseWriter, r *http.Request) {
+		port, err := strconv.Atoi(r.PathValue("port"))
+		if err != nil || port < 1 || port > 65535 {
+			writeError(w, http.StatusBadRequest, api.CodeInvalidArgument, "want a TCP port 1..65535", "port")
+			return
+		}
+		writeJSON(w, http.StatusOK, api.PortState{Port: port, Open: port == 8080})
+	})
 	h("POST /v1/apikeys", func(w http.ResponseWriter, r *http.Request) {
 		var req api.CreateAPIKey
 		json.NewDecoder(r.Body).Decode(&req)
@@ -317,6 +325,8 @@ func TestJSONRoutes(t *testing.T) {
 		{"remove file", func() (any, error) { return nil, c.RemoveFile(ctx, "sb-1", "/d", RemoveOptions{Recursive: true}) }, nil},
 		{"list files", func() (any, error) { return c.ListFiles(ctx, "sb-1", "/d") },
 			api.FileList{Path: "/d", Entries: []api.FileInfo{{Name: "a", Type: "file", Size: 3, Mode: 0o644, ModTime: t0}}}},
+		{"open port", func() (any, error) { return c.PortOpen(ctx, "sb-1", 8080) }, true},
+		{"closed port", func() (any, error) { return c.PortOpen(ctx, "sb-1", 9) }, false},
 		{"create api key", func() (any, error) { return c.CreateAPIKey(ctx, api.CreateAPIKey{Name: "ci", Team: "t2", Admin: true}) },
 			api.APIKey{ID: "k1", Team: "t2", Name: "ci", Admin: true, CreatedAt: t0, Secret: "sk-new"}},
 		{"list api keys", func() (any, error) { return c.APIKeys(ctx, "t2") },
@@ -354,6 +364,8 @@ func TestErrors(t *testing.T) {
 			&Error{Status: 404, Code: api.CodeNotFound, Message: "sandbox nope not found"}},
 		{"field", func() error { _, err := c.CreateSandbox(ctx, api.CreateSandbox{VCPUs: 99}); return err }(),
 			&Error{Status: 400, Code: api.CodeInvalidArgument, Message: "at most 8", Field: "vcpus"}},
+		{"bad port", func() error { _, err := c.PortOpen(ctx, "sb-1", 70000); return err }(),
+			&Error{Status: 400, Code: api.CodeInvalidArgument, Message: "want a TCP port 1..65535", Field: "port"}},
 		{"bad key", func() error { _, err := bad.Quota(ctx); return err }(),
 			&Error{Status: 401, Code: api.CodeUnauthenticated, Message: "bad key"}},
 		{"conflict", c.RemoveFile(ctx, "sb-1", "/d", RemoveOptions{}),

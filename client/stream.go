@@ -53,22 +53,44 @@ func (c *Client) ndjson(ctx context.Context, r request, stdout, stderr io.Writer
 	}
 	defer resp.Body.Close()
 	out := outputs{stdout, stderr}
-	dec := json.NewDecoder(resp.Body)
+	var exit api.Exit
+	err = readNDJSON(ctx, resp.Body, ErrStreamCut, func(ev api.Event) (done bool, err error) {
+		exit, done, err = out.event(ev)
+		return done, err
+	})
+	return exit, err
+}
+
+// readNDJSON decodes the events of an NDJSON stream in turn and passes
+// each to handle, until handle reports the final event or fails. A stream
+// that ends before is the error cut (wrapping what the decoder said
+// unless the stream just ended); a stream that ends with ctx is ctx's
+// cause.
+func readNDJSON[E any](ctx context.Context, r io.Reader, cut error, handle func(E) (done bool, err error)) error {
+	dec := json.NewDecoder(r)
 	for {
-		var ev api.Event
+		var ev E
 		if err := dec.Decode(&ev); err != nil {
 			if ctx.Err() != nil {
-				return api.Exit{}, context.Cause(ctx)
+				return context.Cause(ctx)
 			}
 			if errors.Is(err, io.EOF) {
-				return api.Exit{}, ErrStreamCut
+				return cut
 			}
-			return api.Exit{}, fmt.Errorf("%w: %w", ErrStreamCut, err)
+			return fmt.Errorf("%w: %w", cut, err)
 		}
-		if exit, done, err := out.event(ev); done || err != nil {
-			return exit, err
+		if done, err := handle(ev); done || err != nil {
+			return err
 		}
 	}
+}
+
+// eventError is the *Error of an error event's body b (or nil).
+func eventError(b *api.ErrorBody) *Error {
+	if b == nil {
+		return &Error{Code: api.CodeInternal, Message: "error event without error"}
+	}
+	return &Error{Code: b.Code, Message: b.Message, Field: b.Field}
 }
 
 // outputs are where a stream's output goes.
@@ -101,10 +123,7 @@ func (o outputs) event(ev api.Event) (exit api.Exit, done bool, err error) {
 		}
 		return *ev.Exit, true, nil
 	case api.EventError:
-		if ev.Error == nil {
-			return api.Exit{}, true, &Error{Code: api.CodeInternal, Message: "error event without error"}
-		}
-		return api.Exit{}, true, &Error{Code: ev.Error.Code, Message: ev.Error.Message, Field: ev.Error.Field}
+		return api.Exit{}, true, eventError(ev.Error)
 	default: // started, and kinds of events this client does not know
 		return api.Exit{}, false, nil
 	}

@@ -32,7 +32,7 @@ func (s *Server) Reconcile(ctx context.Context) error {
 			}
 		}
 	}
-	return errors.Join(append(errs, s.reconcileSnapshots(ctx))...)
+	return errors.Join(append(errs, s.reconcileSnapshots(ctx), s.reconcileTemplates(ctx))...)
 }
 
 // reconcileSnapshots settles the snapshots a crash left being created or

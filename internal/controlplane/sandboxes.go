@@ -41,6 +41,9 @@ type spec struct {
 	// OnTimeout is what its timeout does: onTimeoutDelete ("" too) or
 	// onTimeoutSuspend.
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// TemplateRef is the built template ("name:version") the sandbox
+	// started from, or "" (Spec.Template is then a built-in template).
+	TemplateRef string `json:"template_ref,omitempty"`
 }
 
 // What a sandbox's timeout does (api.CreateSandbox.OnTimeout).
@@ -150,7 +153,14 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	sp, err := s.validate(b)
+	// A built template is the team's, and its sandboxes restore its
+	// snapshot; validate knows the built-in ones.
+	built := b.Template != nil && !slices.Contains(s.cfg.Templates, *b.Template)
+	vb := b
+	if built {
+		vb.Template = nil
+	}
+	sp, err := s.validate(vb)
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -159,6 +169,15 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 	// create runs to its end either way.
 	ctx := context.WithoutCancel(r.Context())
 	var pl placement
+	if built && b.FromSnapshot == nil {
+		tsp, tpl, err := s.fromTemplate(ctx, c.team, *b.Template, b)
+		if err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		tsp.TimeoutSeconds, tsp.OnTimeout = sp.TimeoutSeconds, sp.OnTimeout
+		sp, pl = tsp, tpl
+	}
 	if b.FromSnapshot != nil {
 		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil || b.ColdBoot {
 			httpapi.WriteError(w, httpapi.Invalid("from_snapshot", "a sandbox from a snapshot has the snapshot's template, resources and environment"))
@@ -215,7 +234,7 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 	id := store.NewSandboxID()
 	defer s.claim(id)()
 	rec, err := s.cfg.Store.CreateSandbox(ctx, store.Sandbox{
-		ID: id, TeamID: team, Template: sp.Template, State: sandbox.Creating,
+		ID: id, TeamID: team, Template: cmp.Or(sp.TemplateRef, sp.Template), State: sandbox.Creating,
 		WorkerID: wk.ID(), Spec: specJSON, Labels: labels,
 		Expires: s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second),
 	})

@@ -32,6 +32,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/store"
+	"space/internal/templatebuild"
 )
 
 // Defaults and bounds of a sandbox's resources.
@@ -65,6 +66,11 @@ type Config struct {
 	// Templates names the templates sandboxes may use; the first is the
 	// default. Required.
 	Templates []string
+	// Images makes and finds templates' base images; nil = this server
+	// builds no templates.
+	Images *templatebuild.Images
+	// BuildDir holds build contexts while their templates are built.
+	BuildDir string
 	// Limits bound a sandbox's resources; zero value = DefaultLimits.
 	Limits Limits
 	// Quota is each team's quota; zero value = DefaultQuota.
@@ -356,6 +362,11 @@ func (s *Server) routes() []route {
 		{"PUT", sb + "/files", fwd, false},
 		{"DELETE", sb + "/files", fwd, false},
 		{"GET", sb + "/files/list", fwd, false},
+		{"GET", sb + "/ports/{port}", fwd, false},
+		{"POST", "/v1/templates", s.handleBuildTemplate, false},
+		{"GET", "/v1/templates", s.handleListTemplates, false},
+		{"GET", "/v1/templates/{name}", s.handleGetTemplate, false},
+		{"DELETE", "/v1/templates/{name}", s.handleDeleteTemplate, false},
 		{"POST", "/v1/apikeys", s.handleCreateKey, false},
 		{"GET", "/v1/apikeys", s.handleListKeys, false},
 		{"DELETE", "/v1/apikeys/{id}", s.handleDeleteKey, false},

@@ -57,8 +57,8 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	if req.Name != "" && (!store.ValidID(req.Name) || strings.HasPrefix(req.Name, "snp_")) {
-		httpapi.WriteError(w, httpapi.Invalid("name", "%.64q: 1-128 characters of [A-Za-z0-9_.-], not starting with snp_", req.Name))
+	if req.Name != "" && (!store.ValidID(req.Name) || reservedSnapshotName(req.Name)) {
+		httpapi.WriteError(w, httpapi.Invalid("name", "%.64q: 1-128 characters of [A-Za-z0-9_.-], not starting with snp_, build. or template.", req.Name))
 		return
 	}
 	sb, wk, err := s.running(r)
@@ -72,6 +72,12 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpapi.WriteJSON(w, http.StatusCreated, s.snapshotView(sn))
+}
+
+// reservedSnapshotName reports whether name is one only the server gives:
+// IDs, and template builds' snapshots.
+func reservedSnapshotName(name string) bool {
+	return strings.HasPrefix(name, "snp_") || strings.HasPrefix(name, "build.") || strings.HasPrefix(name, "template.")
 }
 
 // snapshot records a snapshot of sb, has its worker take it, and records
@@ -175,6 +181,13 @@ func (s *Server) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleDeleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	sn, err := s.findSnapshot(r.Context(), callerOf(r).team, r.PathValue("sid"))
 	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if inUse, err := s.cfg.Store.SnapshotInUse(r.Context(), sn.TeamID, sn.ID); err != nil || inUse {
+		if err == nil {
+			err = fmt.Errorf("snapshot %s belongs to a template or the build cache; delete the template (space template rm) instead: %w", sn.ID, errkind.Conflict)
+		}
 		httpapi.WriteError(w, err)
 		return
 	}

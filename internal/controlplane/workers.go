@@ -46,7 +46,7 @@ func NewLocal(w *worker.Worker) *Local { return &Local{W: w, h: w.Handler("")} }
 func (l *Local) ID() string { return l.W.ID() }
 func (l *Local) Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error) {
 	if req.FromSnapshot != "" {
-		return l.W.CreateFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot)
+		return l.W.CreateFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot, req.Overrides())
 	}
 	return l.W.Create(ctx, req.ID, req.Team, req.Spec)
 }

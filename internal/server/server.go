@@ -36,6 +36,7 @@ import (
 	"space/internal/store"
 	"space/internal/store/postgres"
 	"space/internal/store/sqlite"
+	"space/internal/templatebuild"
 	"space/internal/vmm/qemu"
 	"space/internal/worker"
 )
@@ -168,9 +169,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
+	cache, err := cachedir.Open(cfg.CacheBase)
+	if err != nil {
+		return err
+	}
+	// Build contexts left by a crash are of no use.
+	buildDir := filepath.Join(cfg.DataDir, "builds")
+	if err := os.RemoveAll(buildDir); err != nil {
+		return err
+	}
 	cp, err := controlplane.New(controlplane.Config{
 		Store: st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval,
+		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 	})
 	if err != nil {
 		return err
@@ -295,14 +306,25 @@ type workerConfig struct {
 	Log                    *slog.Logger
 }
 
-// templates serves the one default template.
-type templates struct{ def *imagebuild.Artifacts }
+// templates serves the default template and built templates' base
+// images (booted with the default kernel and initramfs).
+type templates struct {
+	def    *imagebuild.Artifacts
+	images *templatebuild.Images
+}
 
-func (t templates) Template(_ context.Context, name string) (*imagebuild.Artifacts, error) {
-	if name != "default" {
-		return nil, fmt.Errorf("template %q: %w", name, errkind.NotFound)
+func (t templates) Template(ctx context.Context, name string) (*imagebuild.Artifacts, error) {
+	switch {
+	case name == "default":
+		return t.def, nil
+	case templatebuild.IsImageName(name):
+		img, err := t.images.Open(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("template %q: %w", name, err)
+		}
+		return &imagebuild.Artifacts{Kernel: t.def.Kernel, Initramfs: t.def.Initramfs, Rootfs: img.Path}, nil
 	}
-	return t.def, nil
+	return nil, fmt.Errorf("template %q: %w", name, errkind.NotFound)
 }
 
 // newWorker builds and starts (recovers) a worker with the QEMU driver.
@@ -343,8 +365,9 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	}
 	wc.Log.Info("worker storage", "dir", st.Dir, "mode", st.Mode)
 	w, err := worker.New(worker.Config{
-		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, Templates: templates{wc.Images}, BootTimeout: bootTimeout,
-		Cgroups: cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
+		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, BootTimeout: bootTimeout,
+		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
+		Cgroups:   cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
 	})
 	if err != nil {
 		return nil, err

@@ -130,6 +130,68 @@ type Snapshot struct {
 	Version int64
 }
 
+// TemplateState is the lifecycle state of a template version. Its string
+// value is stored and sent over the API, and never changes.
+type TemplateState string
+
+// The template states.
+const (
+	TemplateBuilding TemplateState = "building" // its build runs; no sandbox may use it
+	TemplateReady    TemplateState = "ready"    // sandboxes may start from it
+	TemplateFailed   TemplateState = "failed"   // its build failed; kept for its report
+	TemplateDeleting TemplateState = "deleting" // being removed
+)
+
+// TemplateStates lists every valid TemplateState.
+var TemplateStates = []TemplateState{TemplateBuilding, TemplateReady, TemplateFailed, TemplateDeleting}
+
+func (s TemplateState) String() string { return string(s) }
+
+// Valid reports whether s is one of TemplateStates.
+func (s TemplateState) Valid() bool {
+	for _, v := range TemplateStates {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Template is one version of a team's template: the recipe and outcome of
+// one build.
+type Template struct {
+	TeamID string
+	Name   string // see ValidTemplateName; with Version, unique within the team
+	// Version is 1, 2, ...: CreateTemplate assigns the next number of the
+	// team's template Name. A number is never reused, not even once its
+	// version is deleted.
+	Version int
+	State   TemplateState
+	Key     string // the build's cache key (see ValidCacheKey), or ""
+	// SnapshotID is the warm snapshot sandboxes restore from
+	// (see ValidSnapshotID), or "" until the template is ready. The
+	// snapshot record need not exist.
+	SnapshotID string
+	// Meta describes the template (environment, start command, build
+	// report): opaque JSON of at most 1 MiB, or nil.
+	Meta    json.RawMessage
+	Created time.Time // set by the store
+	Updated time.Time // set by the store on every write
+	// Rev counts writes; UpdateTemplate compares it before writing.
+	Rev int64
+}
+
+// BuildCacheEntry records that a team's build step with cache key Key left
+// the file system captured in snapshot SnapshotID.
+type BuildCacheEntry struct {
+	TeamID string
+	Key    string // see ValidCacheKey; unique within the team
+	// SnapshotID is a snapshot ID (see ValidSnapshotID). The snapshot record
+	// need not exist.
+	SnapshotID string
+	Created    time.Time // set by the store
+}
+
 // Worker is a host that runs sandboxes.
 type Worker struct {
 	ID            string // see ValidID
@@ -140,15 +202,18 @@ type Worker struct {
 }
 
 const (
-	sandboxPrefix  = "sbx_"
-	snapshotPrefix = "snp_"
-	idChars        = 20
-	maxIDLen       = 128
-	maxNameLen     = 256
-	maxLabels      = 64
-	maxLabelKey    = 63
-	maxLabelValue  = 256
-	maxQuota       = 4 << 10 // bytes
+	sandboxPrefix   = "sbx_"
+	snapshotPrefix  = "snp_"
+	idChars         = 20
+	maxIDLen        = 128
+	maxNameLen      = 256
+	maxLabels       = 64
+	maxLabelKey     = 63
+	maxLabelValue   = 256
+	maxQuota        = 4 << 10 // bytes
+	maxTemplateLen  = 64
+	maxCacheKeyLen  = 128
+	maxTemplateMeta = 1 << 20 // bytes
 )
 
 // lowercase RFC 4648 base32 alphabet
@@ -197,6 +262,25 @@ func ValidID(id string) bool {
 	}
 	for _, c := range id {
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidTemplateName reports whether name is acceptable as a template name:
+// a ValidID of at most 64 characters (so never containing ':', which
+// separates a name from a version in references like "base:3").
+func ValidTemplateName(name string) bool { return ValidID(name) && len(name) <= maxTemplateLen }
+
+// ValidCacheKey reports whether key is acceptable as a build cache key: 1
+// to 128 lowercase hexadecimal characters.
+func ValidCacheKey(key string) bool {
+	if key == "" || len(key) > maxCacheKeyLen {
+		return false
+	}
+	for _, c := range key {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
 			return false
 		}
 	}
@@ -310,6 +394,47 @@ func (sn *Snapshot) Validate() error {
 	}
 	if sn.Meta != nil && !json.Valid(sn.Meta) {
 		return invalid("snapshot %s: meta is not valid json", sn.ID)
+	}
+	return nil
+}
+
+// Validate checks t's caller-set fields; errors wrap ErrInvalid. It does not
+// check Version, which CreateTemplate assigns.
+func (t *Template) Validate() error {
+	if !ValidID(t.TeamID) {
+		return invalid("template %s: team id %q", t.Name, t.TeamID)
+	}
+	if !ValidTemplateName(t.Name) {
+		return invalid("template name %q", t.Name)
+	}
+	if !t.State.Valid() {
+		return invalid("template %s: state %q", t.Name, t.State)
+	}
+	if t.Key != "" && !ValidCacheKey(t.Key) {
+		return invalid("template %s: cache key %q", t.Name, t.Key)
+	}
+	if t.SnapshotID != "" && !ValidSnapshotID(t.SnapshotID) {
+		return invalid("template %s: snapshot id %q", t.Name, t.SnapshotID)
+	}
+	if len(t.Meta) > maxTemplateMeta {
+		return invalid("template %s: meta longer than %d bytes", t.Name, maxTemplateMeta)
+	}
+	if t.Meta != nil && !json.Valid(t.Meta) {
+		return invalid("template %s: meta is not valid json", t.Name)
+	}
+	return nil
+}
+
+// Validate checks e's caller-set fields; errors wrap ErrInvalid.
+func (e *BuildCacheEntry) Validate() error {
+	if !ValidID(e.TeamID) {
+		return invalid("build cache entry %s: team id %q", e.Key, e.TeamID)
+	}
+	if !ValidCacheKey(e.Key) {
+		return invalid("build cache key %q", e.Key)
+	}
+	if !ValidSnapshotID(e.SnapshotID) {
+		return invalid("build cache entry %s: snapshot id %q", e.Key, e.SnapshotID)
 	}
 	return nil
 }

@@ -1,6 +1,6 @@
 // Package store defines the control plane's durable state: teams, API keys,
-// sandboxes, snapshots and workers, and the [Store] contract its backends
-// implement.
+// sandboxes, snapshots, templates, the build cache and workers, and the
+// [Store] contract its backends implement.
 //
 // Backends live in subpackages (sqlite for the embedded single-host setup,
 // postgres for scale-out); both pass the conformance suite in storetest.
@@ -24,10 +24,11 @@ var (
 	// another team.
 	ErrNotFound = fmt.Errorf("not found: %w", errkind.NotFound)
 	// ErrAlreadyExists is returned when creating a record whose ID (or API
-	// key hash, or snapshot name) is taken.
+	// key hash, snapshot name or build cache key) is taken.
 	ErrAlreadyExists = fmt.Errorf("already exists: %w", errkind.Conflict)
-	// ErrVersionConflict is returned by UpdateSandbox and UpdateSnapshot
-	// when the stored version differs from the one the caller read.
+	// ErrVersionConflict is returned by UpdateSandbox, UpdateSnapshot and
+	// UpdateTemplate when the stored version (Rev for a template) differs
+	// from the one the caller read.
 	ErrVersionConflict = fmt.Errorf("version conflict: %w", errkind.Conflict)
 	// ErrInvalid is returned for malformed input; nothing is written.
 	ErrInvalid = fmt.Errorf("invalid argument: %w", errkind.InvalidArgument)
@@ -42,6 +43,8 @@ type Store interface {
 	SandboxIndex
 	Snapshots
 	SnapshotIndex
+	Templates
+	TemplateIndex
 	Workers
 	// Close releases the store's connections. It is idempotent.
 	Close() error
@@ -145,6 +148,61 @@ type SnapshotIndex interface {
 	// being created or deleted, oldest first: what a crash may have left
 	// half done.
 	UnsettledSnapshots(ctx context.Context) ([]Snapshot, error)
+}
+
+// Templates manages template versions and the build cache on behalf of one
+// team at a time. A record of another team is reported as ErrNotFound.
+//
+// A template is named by its team, its name and its version; lookups name
+// a version of at least 1 (Template also takes 0: the latest ready one) and
+// get ErrInvalid for a malformed name, version, cache key or snapshot ID.
+type Templates interface {
+	// CreateTemplate stores t as the next version of t.TeamID's template
+	// t.Name, with Rev 1 and Created/Updated set to now, and returns it with
+	// Version set: one more than the highest version the name ever had,
+	// deleted ones included (t.Version is ignored). ErrNotFound if the team
+	// does not exist, ErrInvalid if t fails [Template.Validate].
+	CreateTemplate(ctx context.Context, t Template) (Template, error)
+	// Template returns version of the team's template name; version 0
+	// means the highest version that is ready. ErrNotFound if there is
+	// none.
+	Template(ctx context.Context, teamID, name string, version int) (Template, error)
+	// ListTemplates returns the team's versions of template name, or of
+	// every template if name is "", ordered bytewise by name, then by
+	// version.
+	ListTemplates(ctx context.Context, teamID, name string) ([]Template, error)
+	// UpdateTemplate replaces the mutable fields (State, Key, SnapshotID,
+	// Meta) of version t.Version of t.TeamID's template t.Name if its stored
+	// Rev is still t.Rev, and returns the new record with Rev incremented
+	// and Updated set to now. ErrVersionConflict if the Rev moved on,
+	// ErrNotFound if the version does not exist.
+	UpdateTemplate(ctx context.Context, t Template) (Template, error)
+	// DeleteTemplate removes one version of the team's template name, or
+	// returns ErrNotFound. Its number is not reused.
+	DeleteTemplate(ctx context.Context, teamID, name string, version int) error
+	// PutBuildCache stores e with Created set to now. ErrAlreadyExists if
+	// the team already has an entry for e.Key, ErrNotFound if the team does
+	// not exist, ErrInvalid if e fails [BuildCacheEntry.Validate].
+	PutBuildCache(ctx context.Context, e BuildCacheEntry) (BuildCacheEntry, error)
+	// BuildCache returns the team's entry for key, or ErrNotFound.
+	BuildCache(ctx context.Context, teamID, key string) (BuildCacheEntry, error)
+	// ListBuildCache returns the team's entries, oldest first.
+	ListBuildCache(ctx context.Context, teamID string) ([]BuildCacheEntry, error)
+	// DeleteBuildCache removes the team's entry for key, or returns
+	// ErrNotFound.
+	DeleteBuildCache(ctx context.Context, teamID, key string) error
+	// SnapshotInUse reports whether a template version of the team, in
+	// any state, or a build cache entry of the team references snapshot
+	// snapshotID: whether deleting that snapshot would break them.
+	SnapshotInUse(ctx context.Context, teamID, snapshotID string) (bool, error)
+}
+
+// TemplateIndex answers the control plane's cross-team template queries.
+type TemplateIndex interface {
+	// UnsettledTemplates returns the template versions of every team that
+	// are building or deleting, oldest first: what a crash may have left
+	// half done.
+	UnsettledTemplates(ctx context.Context) ([]Template, error)
 }
 
 // Workers records the hosts that run sandboxes.

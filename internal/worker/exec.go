@@ -3,6 +3,7 @@ package worker
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -54,6 +55,8 @@ func (w *Worker) procStart(ctx context.Context, a *client.Client, id string, req
 	for k, v := range s.rec.Spec.Env {
 		env[k] = v
 	}
+	req.Cwd = cmp.Or(req.Cwd, s.rec.Spec.Workdir)
+	req.User = cmp.Or(req.User, s.rec.Spec.User)
 	s.mu.Unlock()
 	for k, v := range req.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {

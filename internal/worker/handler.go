@@ -25,10 +25,21 @@ const PathPrefix = "/worker/v1"
 type CreateRequest struct {
 	ID   string `json:"id"`
 	Team string `json:"team"`
-	Spec Spec   `json:"spec"` // ignored with FromSnapshot: the snapshot's
+	// Spec is what the sandbox runs with. With FromSnapshot it is the
+	// snapshot's, unless Spec.Template is set: then it must match the
+	// snapshot's and gives the exec defaults (see CreateFromSnapshot).
+	Spec Spec `json:"spec"`
 	// FromSnapshot restores the sandbox from this worker's snapshot
 	// instead of booting it; "" boots.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+}
+
+// Overrides is the spec CreateFromSnapshot gets for the request.
+func (req CreateRequest) Overrides() *Spec {
+	if req.Spec.Template == "" {
+		return nil
+	}
+	return &req.Spec
 }
 
 // SnapshotRequest is the body of the worker's snapshot and restore routes.
@@ -143,7 +154,7 @@ func (w *Worker) handleCreate(rw http.ResponseWriter, r *http.Request) {
 	var inf Info
 	var err error
 	if req.FromSnapshot != "" {
-		inf, err = w.CreateFromSnapshot(r.Context(), req.ID, req.Team, req.FromSnapshot)
+		inf, err = w.CreateFromSnapshot(r.Context(), req.ID, req.Team, req.FromSnapshot, req.Overrides())
 	} else {
 		inf, err = w.Create(r.Context(), req.ID, req.Team, req.Spec)
 	}
@@ -167,6 +178,7 @@ func (w *Worker) dataRoutes(mux *http.ServeMux, base string) {
 	mux.HandleFunc("PUT "+base+"/files", w.withAgent(handleWriteFile))
 	mux.HandleFunc("DELETE "+base+"/files", w.withAgent(handleRemoveFile))
 	mux.HandleFunc("GET "+base+"/files/list", w.withAgent(handleListFiles))
+	mux.HandleFunc("GET "+base+"/ports/{port}", w.withAgent(handlePort))
 }
 
 // agentHandler serves a data-plane request with the sandbox's agent. An
@@ -308,6 +320,22 @@ func handleListFiles(rw http.ResponseWriter, r *http.Request, a *client.Client) 
 		out.Entries = append(out.Entries, fileInfo(e))
 	}
 	httpapi.WriteJSON(rw, http.StatusOK, out)
+	return nil
+}
+
+// handlePort reports whether a TCP port of the guest's loopback accepts
+// connections.
+func handlePort(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
+	s := r.PathValue("port")
+	port, err := strconv.Atoi(s)
+	if err != nil || port < 1 || port > 65535 {
+		return httpapi.Invalid("port", "want a TCP port 1..65535, got %.20q", s)
+	}
+	open, err := a.PortOpen(r.Context(), port)
+	if err != nil {
+		return err
+	}
+	httpapi.WriteJSON(rw, http.StatusOK, api.PortState{Port: port, Open: open})
 	return nil
 }
 

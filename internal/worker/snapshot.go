@@ -345,8 +345,10 @@ func (w *Worker) DeleteSnapshot(id string) error {
 // CreateFromSnapshot starts sandbox id for team as a copy of snapshot
 // snapID: the memory, processes and files at the snapshot, with its own
 // writable disk, fresh entropy, clock and hostname. The spec is the
-// snapshot's.
-func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string) (Info, error) {
+// snapshot's; a non-nil spec (a template's sandbox) must have its
+// template and resources and gives its own exec defaults (Env, Workdir,
+// User).
+func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string, spec *Spec) (Info, error) {
 	if _, err := w.fetch(ctx, snapID); err != nil {
 		return Info{}, err
 	}
@@ -354,7 +356,15 @@ func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string
 	if err != nil {
 		return Info{}, err
 	}
-	return w.create(ctx, id, team, info.Spec, createOpts{snapID: snapID})
+	sp := info.Spec
+	if spec != nil {
+		if spec.Template != sp.Template || spec.VCPUs != sp.VCPUs || spec.MemoryMiB != sp.MemoryMiB || spec.DiskMiB != sp.DiskMiB {
+			return Info{}, fmt.Errorf("snapshot %s has %d vcpus, %d MiB of memory and %d MiB of disk of %s, asked %d, %d and %d of %s: %w",
+				snapID, sp.VCPUs, sp.MemoryMiB, sp.DiskMiB, sp.Template, spec.VCPUs, spec.MemoryMiB, spec.DiskMiB, spec.Template, errkind.InvalidArgument)
+		}
+		sp.Env, sp.Workdir, sp.User = spec.Env, spec.Workdir, spec.User
+	}
+	return w.create(ctx, id, team, sp, createOpts{snapID: snapID})
 }
 
 // Restore rolls sandbox id back to snapshot snapID in place: its VM is

@@ -129,7 +129,7 @@ func TestSnapshotRestoreFork(t *testing.T) {
 	// Fork two copies from the snapshot.
 	b, c := sandboxID(1), sandboxID(2)
 	for _, id := range []string{b, c} {
-		inf, err := w.CreateFromSnapshot(ctx, id, "team", "snap_one")
+		inf, err := w.CreateFromSnapshot(ctx, id, "team", "snap_one", nil)
 		if err != nil {
 			t.Fatalf("CreateFromSnapshot(%s) = %v", id, err)
 		}

@@ -81,6 +81,10 @@ type Spec struct {
 	MemoryMiB int64             `json:"memory_mib"`
 	DiskMiB   int64             `json:"disk_mib"`
 	Env       map[string]string `json:"env,omitempty"`
+	// Workdir and User are an exec's working directory and user when it
+	// names none ("" = / and root): a template's.
+	Workdir string `json:"workdir,omitempty"`
+	User    string `json:"user,omitempty"`
 	// ColdBoot boots the VM even when a warm template could be restored.
 	ColdBoot bool `json:"cold_boot,omitempty"`
 }

@@ -203,7 +203,12 @@ func othersAlive() bool {
 	return false
 }
 
+// writeAtomic replaces the file at path with data, making its directory
+// if the image has none (a minimal OCI image may lack /etc).
 func writeAtomic(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".space-tmp")
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"syscall"
+	"time"
 
 	"space/internal/errkind"
 )
@@ -44,6 +45,19 @@ const (
 	// OpProcSignal signals a process group of the table. args ProcSignal ->
 	// Result {}.
 	OpProcSignal Op = "proc.signal"
+
+	// OpPortProbe reports whether something in the guest accepts TCP
+	// connections on a port of its loopback (127.0.0.1 or ::1). args
+	// PortProbe -> Result PortState. It came after the first agents
+	// shipped: those answer it with an invalid_argument error ("unknown
+	// op"), at once.
+	OpPortProbe Op = "port.probe"
+)
+
+// Port probe timeouts (PortProbe.TimeoutMS).
+const (
+	PortProbeTimeout    = time.Second      // when TimeoutMS is 0
+	MaxPortProbeTimeout = 10 * time.Second // longer TimeoutMS values are cut to this
 )
 
 // ProcOutputLimit is how many bytes of output the agent buffers per process
@@ -171,6 +185,21 @@ type ProcInfo struct {
 // ProcList is one batch of an OpProcList reply.
 type ProcList struct {
 	Processes []ProcInfo `json:"processes"`
+}
+
+// PortProbe asks whether a guest TCP port accepts connections.
+type PortProbe struct {
+	Port int `json:"port"` // 1..65535
+	// TimeoutMS bounds each connect; 0 = PortProbeTimeout, at most
+	// MaxPortProbeTimeout.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// PortState is the result of OpPortProbe. Open is true when a connect to
+// 127.0.0.1 or to ::1 succeeded within the timeout.
+type PortState struct {
+	Port int  `json:"port"`
+	Open bool `json:"open"`
 }
 
 // PathArgs names one guest path.

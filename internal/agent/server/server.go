@@ -1,5 +1,6 @@
 // Package server is the guest side of the agent protocol: it serves exec,
-// pty, file and system calls from the host over one multiplexed connection.
+// pty, file, port-probe and system calls from the host over one multiplexed
+// connection.
 //
 // It runs inside space-agent (PID 1 of the guest) and, in tests, as an
 // ordinary process on the host. Everything that touches the guest as a whole
@@ -376,6 +377,13 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 			return c.fail(err)
 		}
 		return s.shutdown(c, a)
+	case proto.OpPortProbe:
+		var a proto.PortProbe
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		st, err := probePort(ctx, a)
+		return reply(c, st, err)
 	default:
 		return c.fail(fmt.Errorf("unknown op %.64q: %w", req.Op, errkind.InvalidArgument))
 	}

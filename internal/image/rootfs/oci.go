@@ -54,6 +54,12 @@ func UnpackOCI(ctx context.Context, src, dst string) (*ImageConfig, error) {
 		return nil, err
 	}
 	defer cleanup()
+	return UnpackImage(ctx, img, src, dst)
+}
+
+// UnpackImage unpacks img (for example one from a registry) into the
+// directory dst as [UnpackOCI] does; src names it in errors.
+func UnpackImage(ctx context.Context, img v1.Image, src, dst string) (*ImageConfig, error) {
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return nil, fmt.Errorf("%s: read image config: %w", src, err)

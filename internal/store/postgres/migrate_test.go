@@ -50,7 +50,7 @@ func TestUpgradeAddsTeamQuota(t *testing.T) {
 		t.Fatalf("Open() of a version 1 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	want := store.Team{ID: "t1", Name: "old", Created: created}
@@ -98,7 +98,7 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 		t.Fatalf("Open() of a version 2 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Team(ctx, "t1"); err != nil {
@@ -120,5 +120,55 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 		t.Errorf("ListSnapshots(t1, %s) after upgrade = %v", sb.ID, err)
 	} else if diff := cmp.Diff([]store.Snapshot{sn}, got); diff != "" {
 		t.Errorf("ListSnapshots(t1, %s) after upgrade (-want +got):\n%s", sb.ID, diff)
+	}
+}
+
+// TestUpgradeAddsTemplates opens a database written at schema version 3
+// (before templates) and expects Open to upgrade it in place.
+func TestUpgradeAddsTemplates(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.Start(t)
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	old, err := open(ctx, dsn, ms[:3])
+	if err != nil {
+		t.Fatalf("setup: open at version 3: %v", err)
+	}
+	if _, err := old.CreateTeam(ctx, store.Team{ID: "t1", Name: "old"}); err != nil {
+		t.Fatalf("setup: CreateTeam: %v", err)
+	}
+	sn, err := old.CreateSnapshot(ctx, store.Snapshot{ID: store.NewSnapshotID(), TeamID: "t1", SandboxID: store.NewSandboxID(),
+		Name: "warm", State: store.SnapshotReady, Manifest: "m1"})
+	if err != nil {
+		t.Fatalf("setup: CreateSnapshot: %v", err)
+	}
+	old.Close()
+
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("Open() of a version 3 database = %v", err)
+	}
+	defer s.Close()
+	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
+		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
+	}
+	if got, err := s.Snapshot(ctx, "t1", sn.ID); err != nil {
+		t.Errorf("Snapshot(%s) after upgrade = %v", sn.ID, err)
+	} else if diff := cmp.Diff(sn, got); diff != "" {
+		t.Errorf("Snapshot(%s) after upgrade (-want +got):\n%s", sn.ID, diff)
+	}
+	tm, err := s.CreateTemplate(ctx, store.Template{TeamID: "t1", Name: "base", State: store.TemplateReady, SnapshotID: sn.ID})
+	if err != nil {
+		t.Fatalf("CreateTemplate() after upgrade = %v", err)
+	}
+	if got, err := s.Template(ctx, "t1", "base", 0); err != nil {
+		t.Errorf("Template(base, 0) after upgrade = %v", err)
+	} else if diff := cmp.Diff(tm, got); diff != "" {
+		t.Errorf("Template(base, 0) after upgrade (-want +got):\n%s", diff)
+	}
+	if used, err := s.SnapshotInUse(ctx, "t1", sn.ID); err != nil || !used {
+		t.Errorf("SnapshotInUse(t1, %s) after upgrade = %t, %v; want true", sn.ID, used, err)
 	}
 }

@@ -1,9 +1,9 @@
 // Package postgres implements [store.Store] on PostgreSQL (pgx).
 //
 // Several control plane replicas may share one database: writes are single
-// statements or short transactions, UpdateSandbox and UpdateSnapshot
-// compare versions in the database, and schema migrations serialize on an
-// advisory lock.
+// statements or short transactions, UpdateSandbox, UpdateSnapshot and
+// UpdateTemplate compare versions in the database, and schema migrations
+// serialize on an advisory lock.
 package postgres
 
 import (

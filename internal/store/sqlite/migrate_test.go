@@ -36,7 +36,7 @@ func TestMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open() = %v", err)
 	}
-	if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after first Open (-want +got):\n%s", diff)
 	}
 	var mode string
@@ -68,7 +68,7 @@ func TestReopenAppliesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open() = %v", err)
 		}
-		if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
+		if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
 			t.Errorf("schema versions (-want +got):\n%s", diff)
 		}
 		s.Close()
@@ -100,7 +100,7 @@ func TestUpgradeAddsTeamQuota(t *testing.T) {
 		t.Fatalf("Open() of a version 1 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	want := store.Team{ID: "t1", Name: "old", Created: fromMicros(1000000)}
@@ -150,7 +150,7 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 		t.Fatalf("Open() of a version 2 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Team(ctx, "t1"); err != nil {
@@ -172,5 +172,57 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 		t.Errorf("ListSnapshots(t1, %s) after upgrade = %v", sb.ID, err)
 	} else if diff := cmp.Diff([]store.Snapshot{sn}, got); diff != "" {
 		t.Errorf("ListSnapshots(t1, %s) after upgrade (-want +got):\n%s", sb.ID, diff)
+	}
+}
+
+// TestUpgradeAddsTemplates opens a database written at schema version 3
+// (before templates) and expects Open to upgrade it in place.
+func TestUpgradeAddsTemplates(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "state.db")
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	old, err := open(ctx, path, ms[:3])
+	if err != nil {
+		t.Fatalf("setup: open at version 3: %v", err)
+	}
+	if _, err := old.CreateTeam(ctx, store.Team{ID: "t1", Name: "old"}); err != nil {
+		t.Fatalf("setup: CreateTeam: %v", err)
+	}
+	sn, err := old.CreateSnapshot(ctx, store.Snapshot{ID: store.NewSnapshotID(), TeamID: "t1", SandboxID: store.NewSandboxID(),
+		Name: "warm", State: store.SnapshotReady, Manifest: "m1"})
+	if err != nil {
+		t.Fatalf("setup: CreateSnapshot: %v", err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatalf("setup: close: %v", err)
+	}
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open() of a version 3 database = %v", err)
+	}
+	defer s.Close()
+	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
+		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
+	}
+	if got, err := s.Snapshot(ctx, "t1", sn.ID); err != nil {
+		t.Errorf("Snapshot(%s) after upgrade = %v", sn.ID, err)
+	} else if diff := cmp.Diff(sn, got); diff != "" {
+		t.Errorf("Snapshot(%s) after upgrade (-want +got):\n%s", sn.ID, diff)
+	}
+	tm, err := s.CreateTemplate(ctx, store.Template{TeamID: "t1", Name: "base", State: store.TemplateReady, SnapshotID: sn.ID})
+	if err != nil {
+		t.Fatalf("CreateTemplate() after upgrade = %v", err)
+	}
+	if got, err := s.Template(ctx, "t1", "base", 0); err != nil {
+		t.Errorf("Template(base, 0) after upgrade = %v", err)
+	} else if diff := cmp.Diff(tm, got); diff != "" {
+		t.Errorf("Template(base, 0) after upgrade (-want +got):\n%s", diff)
+	}
+	if used, err := s.SnapshotInUse(ctx, "t1", sn.ID); err != nil || !used {
+		t.Errorf("SnapshotInUse(t1, %s) after upgrade = %t, %v; want true", sn.ID, used, err)
 	}
 }

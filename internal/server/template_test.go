@@ -1,0 +1,318 @@
+package server
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"space/api"
+	"space/client"
+	"space/internal/apt"
+)
+
+// buildTplsrv compiles testdata/tplsrv, a static program that serves
+// files and stands in for a shell in the test image, into dir.
+func buildTplsrv(t *testing.T, dir string) string {
+	t.Helper()
+	out := filepath.Join(dir, "tplsrv")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./testdata/tplsrv")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("setup: build tplsrv: %v\n%s", err, b)
+	}
+	return out
+}
+
+// writeTestImage writes a docker-archive tarball of an image whose one
+// layer holds the program at /bin/tplsrv and an empty /srv, and whose
+// config sets an environment variable, /srv as working directory and a
+// command that serves /srv on port 8080.
+func writeTestImage(t *testing.T, prog, dst string) {
+	t.Helper()
+	bin, err := os.ReadFile(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	for _, h := range []*tar.Header{
+		{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "srv/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "bin/tplsrv", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write(bin)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer.Bytes())), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err = mutate.Config(img, v1.Config{
+		Env:        []string{"PATH=/bin", "GREETING=hello from the image"},
+		WorkingDir: "/srv",
+		Cmd:        []string{"/bin/tplsrv", "serve", ":8080", "/srv"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.ParseReference("space.test/tplsrv:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tarball.WriteToFile(dst, ref, img); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tarDir writes a tar stream of the tree at dir.
+func tarDir(t *testing.T, dir string) io.Reader {
+	t.Helper()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		h, err := tar.FileInfoHeader(fi, "")
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		h.Name = filepath.ToSlash(rel)
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(tw, f)
+		}
+		return err
+	})
+	if err == nil {
+		err = tw.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &b
+}
+
+// build builds the template in the context dir and logs its progress.
+func build(t *testing.T, c *client.Client, dir string) (api.Template, api.BuildReport, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	tpl, rep, err := c.BuildTemplate(ctx, tarDir(t, dir), client.BuildOptions{File: "space.yaml"}, func(ev api.BuildEvent) {
+		switch ev.Type {
+		case "output":
+			t.Logf("  | %s", strings.TrimRight(string(ev.Data), "\n"))
+		default:
+			t.Logf("build: %s %d/%d %s", ev.Type, ev.Step, ev.Steps, ev.Text)
+		}
+	})
+	t.Logf("build took %s: %+v", time.Since(t0).Round(time.Millisecond), rep)
+	return tpl, rep, err
+}
+
+const templateSpec = `name: web
+base:
+  oci: ./image.tar
+steps:
+  - copy: {src: site, dst: /srv/site}
+  - run: ["/bin/tplsrv", "write", "/srv/site/built.txt", "STEP2"]
+  - env: {MODE: test}
+ready:
+  tcp: 8080
+  timeout: 2m
+resources:
+  memory_mib: 256
+`
+
+// TestTemplateFromOCI builds a template from an OCI tarball made here: a
+// copy step, a run step and an env step over the image's config, whose
+// command (an HTTP server) is left running and captured warm. A sandbox of
+// the template serves the copied and the built files the moment its create
+// returns. Building it again executes nothing and starts no VM; changing
+// the run step reuses the copy step; a failing step leaves the previous
+// version in service; a template in use cannot be deleted.
+func TestTemplateFromOCI(t *testing.T) {
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	c := ts.client
+	ctx := t.Context()
+
+	dir := t.TempDir()
+	writeTestImage(t, buildTplsrv(t, t.TempDir()), filepath.Join(dir, "image.tar"))
+	os.MkdirAll(filepath.Join(dir, "site"), 0o755)
+	os.WriteFile(filepath.Join(dir, "site", "index.txt"), []byte("COPIED"), 0o644)
+	spec := filepath.Join(dir, "space.yaml")
+	os.WriteFile(spec, []byte(templateSpec), 0o644)
+
+	tpl, rep, err := build(t, c, dir)
+	if err != nil {
+		t.Fatalf("first build: %v", err)
+	}
+	if tpl.Name != "web" || tpl.Version != 1 || tpl.State != "ready" || rep.Executed != 3 || rep.Cached != 0 || rep.VMStarted != "boot" {
+		t.Fatalf("first build: template %+v, report %+v", tpl, rep)
+	}
+	if tpl.Workdir != "/srv" || tpl.Env["GREETING"] != "hello from the image" || tpl.Env["MODE"] != "test" ||
+		strings.Join(tpl.Start, " ") != "/bin/tplsrv serve :8080 /srv" {
+		t.Errorf("template does not carry the image config and steps: %+v", tpl)
+	}
+
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{Template: "web"})
+	if err != nil {
+		t.Fatalf("create from template: %v", err)
+	}
+	if sb.Template != "web:1" {
+		t.Errorf("sandbox template = %q, want web:1", sb.Template)
+	}
+	// Serving already: no wait, no retry.
+	for path, want := range map[string]string{"site/index.txt": "COPIED", "site/built.txt": "STEP2"} {
+		out, errOut, code := execOut(t, c, sb.ID, api.Exec{Command: []string{"/bin/tplsrv", "get", "http://127.0.0.1:8080/" + path}})
+		if code != 0 || out != want {
+			t.Errorf("get %s in the new sandbox: %q (stderr %q, exit %d), want %q", path, out, errOut, code, want)
+		}
+	}
+	if out, _, _ := execOut(t, c, sb.ID, api.Exec{Command: []string{"/bin/tplsrv", "pwd"}}); out != "/srv" {
+		t.Errorf("exec runs in %q, want the template's workdir /srv", out)
+	}
+	if out, _, _ := execOut(t, c, sb.ID, api.Exec{Command: []string{"/bin/tplsrv", "env", "MODE"}}); out != "test" {
+		t.Errorf("MODE = %q in the sandbox, want test", out)
+	}
+
+	// The same spec again: everything cached.
+	tpl2, rep, err := build(t, c, dir)
+	if err != nil {
+		t.Fatalf("second build: %v", err)
+	}
+	if rep.Executed != 0 || rep.Cached != 3 || rep.VMStarted != "" || rep.Snapshots != 0 || tpl2.Snapshot != tpl.Snapshot {
+		t.Errorf("second build was not a cache hit: template %+v, report %+v", tpl2, rep)
+	}
+
+	// Step 2 changed: step 1 comes from the cache.
+	os.WriteFile(spec, []byte(strings.Replace(templateSpec, "STEP2", "STEP2b", 1)), 0o644)
+	tpl3, rep, err := build(t, c, dir)
+	if err != nil {
+		t.Fatalf("third build: %v", err)
+	}
+	if rep.Cached != 1 || rep.Executed != 2 || rep.VMStarted != "restore" || tpl3.Version != 3 {
+		t.Errorf("third build did not reuse step 1: template %+v, report %+v", tpl3, rep)
+	}
+
+	// A failing step: the build stops with its exit code, web:3 stays.
+	os.WriteFile(spec, []byte(strings.Replace(templateSpec, `"write", "/srv/site/built.txt", "STEP2"`, `"fail", "7"`, 1)), 0o644)
+	_, rep, err = build(t, c, dir)
+	if err == nil || !client.IsConflict(err) || rep.FailedStep != 2 || rep.ExitCode == nil || *rep.ExitCode != 7 {
+		t.Fatalf("failing build: err %v, report %+v; want step 2 failed with exit code 7", err, rep)
+	}
+	latest, err := c.CreateSandbox(ctx, api.CreateSandbox{Template: "web"})
+	if err != nil {
+		t.Fatalf("create after a failed build: %v", err)
+	}
+	if latest.Template != "web:3" {
+		t.Errorf("after a failed build the latest template is %s, want web:3", latest.Template)
+	}
+	if out, _, _ := execOut(t, c, latest.ID, api.Exec{Command: []string{"/bin/tplsrv", "get", "http://127.0.0.1:8080/site/built.txt"}}); out != "STEP2b" {
+		t.Errorf("web:3 serves %q, want STEP2b", out)
+	}
+
+	// In use: refused; once its sandbox is gone, deleted.
+	if err := c.DeleteTemplate(ctx, "web:1"); !client.IsConflict(err) {
+		t.Errorf("delete a template in use = %v, want a conflict", err)
+	}
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteTemplate(ctx, "web:1"); err != nil {
+		t.Errorf("delete an unused template: %v", err)
+	}
+	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Template: "web:1"}); !client.IsInvalid(err) {
+		t.Errorf("create from a deleted version = %v, want invalid argument", err)
+	}
+	all, err := c.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tp := range all {
+		names = append(names, tp.Name+":"+tp.State)
+	}
+	t.Logf("templates: %v", names)
+	if len(all) == 0 || all[0].Name != "default" || !all[0].Default {
+		t.Errorf("template list does not start with the default: %v", names)
+	}
+}
+
+// TestTemplateFromDebian builds a template from a Debian base with one
+// extra package (installed by debootstrap on the host) and a run step that
+// uses it; a sandbox of the template has both.
+func TestTemplateFromDebian(t *testing.T) {
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	c := ts.client
+	dir := t.TempDir()
+	// The host's suite from the host's mirror, as the default template.
+	suite, err := apt.Codename()
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "space.yaml"), []byte(`name: hello
+base:
+  debian:
+    suite: `+suite+`
+    packages: [hello]
+steps:
+  - run: hello --greeting="built in a step" > /etc/greeting
+resources:
+  memory_mib: 256
+`), 0o644)
+	tpl, rep, err := build(t, c, dir)
+	if err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	if rep.Executed != 1 || tpl.State != "ready" {
+		t.Fatalf("build: template %+v, report %+v", tpl, rep)
+	}
+	sb, err := c.CreateSandbox(t.Context(), api.CreateSandbox{Template: "hello"})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if out, errOut, code := execOut(t, c, sb.ID, sh("cat /etc/greeting; hello")); code != 0 || out != "built in a step\nHello, world!\n" {
+		t.Errorf("in the sandbox: %q (stderr %q, exit %d)", out, errOut, code)
+	}
+}
