@@ -6,6 +6,8 @@ import (
 	"context"
 	"io"
 	"io/fs"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,9 +16,11 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"space/api"
@@ -37,11 +41,22 @@ func buildTplsrv(t *testing.T, dir string) string {
 	return out
 }
 
-// writeTestImage writes a docker-archive tarball of an image whose one
-// layer holds the program at /bin/tplsrv and an empty /srv, and whose
-// config sets an environment variable, /srv as working directory and a
-// command that serves /srv on port 8080.
+// writeTestImage writes testImage as a docker-archive tarball.
 func writeTestImage(t *testing.T, prog, dst string) {
+	t.Helper()
+	ref, err := name.ParseReference("space.test/tplsrv:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tarball.WriteToFile(dst, ref, testImage(t, prog)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testImage is an image whose one layer holds the program at /bin/tplsrv
+// and an empty /srv, and whose config sets an environment variable, /srv
+// as working directory and a command that serves /srv on port 8080.
+func testImage(t *testing.T, prog string) v1.Image {
 	t.Helper()
 	bin, err := os.ReadFile(prog)
 	if err != nil {
@@ -80,13 +95,7 @@ func writeTestImage(t *testing.T, prog, dst string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := name.ParseReference("space.test/tplsrv:1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tarball.WriteToFile(dst, ref, img); err != nil {
-		t.Fatal(err)
-	}
+	return img
 }
 
 // tarDir writes a tar stream of the tree at dir.
@@ -314,5 +323,40 @@ resources:
 	}
 	if out, errOut, code := execOut(t, c, sb.ID, sh("cat /etc/greeting; hello")); code != 0 || out != "built in a step\nHello, world!\n" {
 		t.Errorf("in the sandbox: %q (stderr %q, exit %d)", out, errOut, code)
+	}
+}
+
+// TestTemplateFromRegistry builds a template from an image reference
+// pulled from a registry: go-containerregistry's in-process registry on
+// loopback, so no network is involved.
+func TestTemplateFromRegistry(t *testing.T) {
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	c := ts.client
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/tests/tplsrv:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, testImage(t, buildTplsrv(t, t.TempDir()))); err != nil {
+		t.Fatalf("setup: push: %v", err)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "space.yaml"), []byte("name: pulled\nbase: {oci: "+ref.String()+"}\nready: {tcp: 8080}\nresources: {memory_mib: 256}\n"), 0o644)
+	tpl, rep, err := build(t, c, dir)
+	if err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	if rep.Steps != 0 || tpl.Env["GREETING"] != "hello from the image" {
+		t.Errorf("build: template %+v, report %+v", tpl, rep)
+	}
+	sb, err := c.CreateSandbox(t.Context(), api.CreateSandbox{Template: "pulled"})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	// The image's command serves its working directory.
+	if out, errOut, code := execOut(t, c, sb.ID, api.Exec{Command: []string{"/bin/tplsrv", "get", "http://127.0.0.1:8080/"}}); code != 0 || !strings.Contains(out, "<pre>") {
+		t.Errorf("get / in the sandbox: %q (stderr %q, exit %d)", out, errOut, code)
 	}
 }
