@@ -201,6 +201,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		newAPIKeyCmd(g),
 		newQuotaCmd(g),
 		newSnapshotCmd(g),
+		newTemplateCmd(g),
 	)
 	markRunErrors(root)
 	return root

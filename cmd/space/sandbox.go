@@ -70,7 +70,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&req.Template, "template", "", "template to start from; default the server's (\"default\")")
+	f.StringVar(&req.Template, "template", "", "template to start from: \"name\" (its latest ready version) or \"name:version\"; default the server's default")
 	f.IntVar(&req.VCPUs, "vcpus", 0, "virtual CPUs (1 to 8); default 1")
 	f.Int64Var(&req.MemoryMiB, "memory", 0, "guest memory in `MiB` (128 to 16384); default 512")
 	f.Int64Var(&req.DiskMiB, "disk", 0, "disk size in `MiB` (512 to 65536); default 4096")

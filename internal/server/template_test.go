@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"io"
 	"io/fs"
 	"log"
@@ -25,12 +26,16 @@ import (
 
 	"space/api"
 	"space/client"
+	"space/internal/agent/guesttest"
 	"space/internal/apt"
+	"space/internal/cachedir"
+	"space/internal/templatebuild"
+	"space/internal/testenv"
 )
 
 // buildTplsrv compiles testdata/tplsrv, a static program that serves
 // files and stands in for a shell in the test image, into dir.
-func buildTplsrv(t *testing.T, dir string) string {
+func buildTplsrv(t testing.TB, dir string) string {
 	t.Helper()
 	out := filepath.Join(dir, "tplsrv")
 	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./testdata/tplsrv")
@@ -42,21 +47,22 @@ func buildTplsrv(t *testing.T, dir string) string {
 }
 
 // writeTestImage writes testImage as a docker-archive tarball.
-func writeTestImage(t *testing.T, prog, dst string) {
+func writeTestImage(t testing.TB, prog, dst string) {
 	t.Helper()
 	ref, err := name.ParseReference("space.test/tplsrv:1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tarball.WriteToFile(dst, ref, testImage(t, prog)); err != nil {
+	if err := tarball.WriteToFile(dst, ref, testImage(t, prog, "")); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // testImage is an image whose one layer holds the program at /bin/tplsrv
-// and an empty /srv, and whose config sets an environment variable, /srv
-// as working directory and a command that serves /srv on port 8080.
-func testImage(t *testing.T, prog string) v1.Image {
+// and /srv (holding a file "marker" if marker is not ""), and whose
+// config sets an environment variable, /srv as working directory and a
+// command that serves /srv on port 8080.
+func testImage(t testing.TB, prog, marker string) v1.Image {
 	t.Helper()
 	bin, err := os.ReadFile(prog)
 	if err != nil {
@@ -64,17 +70,21 @@ func testImage(t *testing.T, prog string) v1.Image {
 	}
 	var layer bytes.Buffer
 	tw := tar.NewWriter(&layer)
-	for _, h := range []*tar.Header{
+	files := map[string][]byte{"bin/tplsrv": bin}
+	hdrs := []*tar.Header{
 		{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755},
 		{Name: "srv/", Typeflag: tar.TypeDir, Mode: 0o755},
 		{Name: "bin/tplsrv", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))},
-	} {
+	}
+	if marker != "" {
+		files["srv/marker"] = []byte(marker)
+		hdrs = append(hdrs, &tar.Header{Name: "srv/marker", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(marker))})
+	}
+	for _, h := range hdrs {
 		if err := tw.WriteHeader(h); err != nil {
 			t.Fatal(err)
 		}
-		if h.Typeflag == tar.TypeReg {
-			tw.Write(bin)
-		}
+		tw.Write(files[h.Name])
 	}
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
@@ -99,7 +109,7 @@ func testImage(t *testing.T, prog string) v1.Image {
 }
 
 // tarDir writes a tar stream of the tree at dir.
-func tarDir(t *testing.T, dir string) io.Reader {
+func tarDir(t testing.TB, dir string) io.Reader {
 	t.Helper()
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)
@@ -140,7 +150,7 @@ func tarDir(t *testing.T, dir string) io.Reader {
 }
 
 // build builds the template in the context dir and logs its progress.
-func build(t *testing.T, c *client.Client, dir string) (api.Template, api.BuildReport, error) {
+func build(t testing.TB, c *client.Client, dir string) (api.Template, api.BuildReport, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
@@ -339,7 +349,7 @@ func TestTemplateFromRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := remote.Write(ref, testImage(t, buildTplsrv(t, t.TempDir()))); err != nil {
+	if err := remote.Write(ref, testImage(t, buildTplsrv(t, t.TempDir()), "")); err != nil {
 		t.Fatalf("setup: push: %v", err)
 	}
 	dir := t.TempDir()
@@ -358,5 +368,131 @@ func TestTemplateFromRegistry(t *testing.T) {
 	// The image's command serves its working directory.
 	if out, errOut, code := execOut(t, c, sb.ID, api.Exec{Command: []string{"/bin/tplsrv", "get", "http://127.0.0.1:8080/"}}); code != 0 || !strings.Contains(out, "<pre>") {
 		t.Errorf("get / in the sandbox: %q (stderr %q, exit %d)", out, errOut, code)
+	}
+}
+
+// BenchmarkTemplateBuild measures, in one run, a template build from an
+// OCI tarball (its base image already in the host cache), the same build
+// again (everything cached: no VM), the build with its last run step
+// changed (the steps before it restored from the cache), and a create
+// from the template until a first exec.
+//
+//	go test -run '^$' -bench TemplateBuild -benchtime 1x ./internal/server
+func BenchmarkTemplateBuild(b *testing.B) {
+	ts := startServerB(b, Config{})
+	c := ts.client
+	dir := b.TempDir()
+	writeTestImage(b, buildTplsrv(b, b.TempDir()), filepath.Join(dir, "image.tar"))
+	os.MkdirAll(filepath.Join(dir, "site"), 0o755)
+	os.WriteFile(filepath.Join(dir, "site", "index.txt"), []byte("COPIED"), 0o644)
+	spec := filepath.Join(dir, "space.yaml")
+	timed := func(yaml string) (time.Duration, api.BuildReport) {
+		os.WriteFile(spec, []byte(yaml), 0o644)
+		t0 := time.Now()
+		_, rep, err := build(b, c, dir)
+		if err != nil {
+			b.Fatalf("build: %v", err)
+		}
+		return time.Since(t0), rep
+	}
+	for b.Loop() {
+		first, _ := timed(templateSpec)
+		cached, rep := timed(templateSpec)
+		if rep.Executed != 0 || rep.VMStarted != "" {
+			b.Fatalf("rebuild was not a cache hit: %+v", rep)
+		}
+		changed, _ := timed(strings.Replace(templateSpec, "STEP2", "STEP2c", 1))
+		sb, create := untilExec(b, c, func() (api.Sandbox, error) { return c.CreateSandbox(b.Context(), api.CreateSandbox{Template: "web"}) })
+		if err := c.DeleteSandbox(b.Context(), sb.ID); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(first.Milliseconds()), "build-ms")
+		b.ReportMetric(float64(cached.Milliseconds()), "cached-build-ms")
+		b.ReportMetric(float64(cached)/float64(first), "cached/build")
+		b.ReportMetric(float64(changed)/float64(first), "step-changed/build")
+		b.ReportMetric(float64(create.Milliseconds()), "create-from-template-ms")
+	}
+}
+
+// TestTemplateOnAnotherWorker builds a template on one worker and starts
+// a sandbox of it on another whose host has no copy of its base image
+// (removed from the cache): the worker fetches the image, like the
+// template's snapshot, from the shared chunk store instead of building
+// anything.
+func TestTemplateOnAnotherWorker(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	ts := startServerWith(t, Config{VCPUs: 1, MemoryMiB: 64}) // takes nothing
+	ts.deleteAllOnCleanup(t)
+	a := startWorker(t, ts, 1024)
+	b := startWorker(t, ts, 1024)
+	c := ts.client
+	ctx := t.Context()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		status, body := rawCall(t, ts, "GET", "/v1/workers", "")
+		return status == 200 && strings.Count(body, `"healthy":true`) == 3
+	})
+	// An image of its own (a random marker), so that removing it from
+	// the cache touches no other test.
+	marker := rand.Text()
+	dir := t.TempDir()
+	ref, _ := name.ParseReference("space.test/tplsrv:marker")
+	if err := tarball.WriteToFile(filepath.Join(dir, "image.tar"), ref, testImage(t, buildTplsrv(t, t.TempDir()), marker)); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "space.yaml"), []byte("name: travel\nbase: {oci: ./image.tar}\nready: {tcp: 8080}\nresources: {memory_mib: 256}\n"), 0o644)
+	var builtOn string
+	tpl, _, err := c.BuildTemplate(ctx, tarDir(t, dir), client.BuildOptions{}, func(ev api.BuildEvent) {})
+	if err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	snaps, err := c.Snapshots(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sn := range snaps {
+		if sn.ID == tpl.Snapshot {
+			builtOn = sn.Worker
+		}
+	}
+	other := a.workerID
+	if builtOn == a.workerID {
+		other = b.workerID
+	}
+	cache, err := cachedir.Open(guesttest.CacheBase())
+	if err != nil {
+		t.Fatal(err)
+	}
+	imgDir := cache.Path(templatebuild.ImageKind, tpl.Image)
+	if err := os.RemoveAll(imgDir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(imgDir) })
+	// A filler takes the whole worker that built it.
+	filler, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 1024})
+	if err != nil || filler.Worker == other {
+		t.Fatalf("CreateSandbox(1 GiB) = %+v, %v; want it on %s", filler, err, builtOn)
+	}
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{Template: "travel"})
+	if err != nil {
+		t.Fatalf("create on the other worker: %v", err)
+	}
+	if sb.Worker != other {
+		t.Errorf("sandbox on %s, want %s (the worker that did not build the template)", sb.Worker, other)
+	}
+	if out, errOut, code := execOut(t, c, sb.ID, api.Exec{Command: []string{"/bin/tplsrv", "get", "http://127.0.0.1:8080/marker"}}); code != 0 || out != marker {
+		t.Errorf("get /marker: %q (stderr %q, exit %d), want %q", out, errOut, code, marker)
+	}
+	if _, err := os.Stat(filepath.Join(imgDir, "rootfs.ext4")); err != nil {
+		t.Errorf("the image was not fetched back into the cache: %v", err)
+	}
+	for _, id := range []string{sb.ID, filler.ID} {
+		if err := c.DeleteSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteTemplate(ctx, "travel"); err != nil {
+		t.Errorf("delete template: %v", err)
 	}
 }
