@@ -68,6 +68,21 @@ func restartWorker(t *testing.T, ts *testServer, memoryMiB int64, wt *testServer
 	return wt
 }
 
+// twoWorkers runs a server whose embedded worker has no room and two
+// standalone workers of 1 GiB, and returns once all three are healthy.
+func twoWorkers(t *testing.T) (ts, a, b *testServer) {
+	t.Helper()
+	ts = startServerWith(t, Config{VCPUs: 1, MemoryMiB: 64}) // takes nothing
+	ts.deleteAllOnCleanup(t)
+	a = startWorker(t, ts, 1024)
+	b = startWorker(t, ts, 1024)
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		status, body := rawCall(t, ts, "GET", "/v1/workers", "")
+		return status == 200 && strings.Count(body, `"healthy":true`) == 3
+	})
+	return ts, a, b
+}
+
 // TestTwoWorkersPlacement registers two standalone workers on this host
 // with a server whose embedded worker has no room, and checks sandboxes
 // are spread over them by free capacity and served through the control
@@ -158,16 +173,9 @@ func TestSnapshotOnAnotherWorker(t *testing.T) {
 	testenv.RequireSlow(t)
 	release := guesttest.AcquireAllSlots(t)
 	defer release()
-	ts := startServerWith(t, Config{VCPUs: 1, MemoryMiB: 64}) // takes nothing
-	ts.deleteAllOnCleanup(t)
-	a := startWorker(t, ts, 1024)
-	b := startWorker(t, ts, 1024)
+	ts, a, b := twoWorkers(t)
 	ctx := t.Context()
 	c := ts.client
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		status, body := rawCall(t, ts, "GET", "/v1/workers", "")
-		return status == 200 && strings.Count(body, `"healthy":true`) == 3
-	})
 	src, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256})
 	if err != nil {
 		t.Fatalf("CreateSandbox = %v", err)

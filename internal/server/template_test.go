@@ -433,16 +433,9 @@ func TestTemplateOnAnotherWorker(t *testing.T) {
 	testenv.RequireSlow(t)
 	release := guesttest.AcquireAllSlots(t)
 	defer release()
-	ts := startServerWith(t, Config{VCPUs: 1, MemoryMiB: 64}) // takes nothing
-	ts.deleteAllOnCleanup(t)
-	a := startWorker(t, ts, 1024)
-	b := startWorker(t, ts, 1024)
+	ts, a, b := twoWorkers(t)
 	c := ts.client
 	ctx := t.Context()
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		status, body := rawCall(t, ts, "GET", "/v1/workers", "")
-		return status == 200 && strings.Count(body, `"healthy":true`) == 3
-	})
 	// An image of its own (a random marker), so that removing it from
 	// the cache touches no other test.
 	marker := rand.Text()
