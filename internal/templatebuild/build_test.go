@@ -79,7 +79,7 @@ func (s *fakeSandbox) Delete(context.Context) error {
 type mapCache map[string]string
 
 func (m mapCache) Get(_ context.Context, k string) (string, error) { return m[k], nil }
-func (m mapCache) Put(_ context.Context, k, id string) error     { m[k] = id; return nil }
+func (m mapCache) Put(_ context.Context, k, id string) error       { m[k] = id; return nil }
 
 func parse(t *testing.T, yaml string) *templatespec.Spec {
 	t.Helper()
