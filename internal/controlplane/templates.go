@@ -477,6 +477,9 @@ func (c teamCache) Put(ctx context.Context, key, snapshotID string) error {
 	if errors.Is(err, store.ErrAlreadyExists) {
 		return nil // a concurrent build of the same steps cached them first
 	}
+	if err == nil {
+		c.s.crash("api.template.step-cached")
+	}
 	return err
 }
 

@@ -174,7 +174,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 	defer release()
 	var steps []string
 	for _, step := range append(slices.Clone(controlplane.CrashPoints), worker.CrashPoints...) {
-		if !isSnapshotStep(step) && step != poolStep { // tested on their own
+		if !isSnapshotStep(step) && step != poolStep && step != templateStep { // tested on their own
 			steps = append(steps, step)
 		}
 	}
@@ -281,6 +281,10 @@ func TestCrashAtEveryStep(t *testing.T) {
 func isSnapshotStep(step string) bool {
 	return strings.HasPrefix(step, "snapshot.") || strings.HasPrefix(step, "api.snapshot.")
 }
+
+// templateStep is the crash point of a template build
+// (TestCrashDuringTemplateBuild).
+const templateStep = "api.template.step-cached"
 
 // poolStep is the crash point of a create served from the pool
 // (TestCrashDuringPoolHandover).

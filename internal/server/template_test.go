@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -174,6 +175,7 @@ steps:
   - copy: {src: site, dst: /srv/site}
   - run: ["/bin/tplsrv", "write", "/srv/site/built.txt", "STEP2"]
   - env: {MODE: test}
+  - user: "1000"
 ready:
   tcp: 8080
   timeout: 2m
@@ -205,7 +207,7 @@ func TestTemplateFromOCI(t *testing.T) {
 	if err != nil {
 		t.Fatalf("first build: %v", err)
 	}
-	if tpl.Name != "web" || tpl.Version != 1 || tpl.State != "ready" || rep.Executed != 3 || rep.Cached != 0 || rep.VMStarted != "boot" {
+	if tpl.Name != "web" || tpl.Version != 1 || tpl.State != "ready" || rep.Executed != 4 || rep.Cached != 0 || rep.VMStarted != "boot" {
 		t.Fatalf("first build: template %+v, report %+v", tpl, rep)
 	}
 	if tpl.Workdir != "/srv" || tpl.Env["GREETING"] != "hello from the image" || tpl.Env["MODE"] != "test" ||
@@ -233,13 +235,16 @@ func TestTemplateFromOCI(t *testing.T) {
 	if out, _, _ := execOut(t, c, sb.ID, api.Exec{Command: []string{"/bin/tplsrv", "env", "MODE"}}); out != "test" {
 		t.Errorf("MODE = %q in the sandbox, want test", out)
 	}
+	if out, _, _ := execOut(t, c, sb.ID, api.Exec{Command: []string{"/bin/tplsrv", "uid"}}); out != "1000" {
+		t.Errorf("exec runs as uid %q, want the template's user 1000", out)
+	}
 
 	// The same spec again: everything cached.
 	tpl2, rep, err := build(t, c, dir)
 	if err != nil {
 		t.Fatalf("second build: %v", err)
 	}
-	if rep.Executed != 0 || rep.Cached != 3 || rep.VMStarted != "" || rep.Snapshots != 0 || tpl2.Snapshot != tpl.Snapshot {
+	if rep.Executed != 0 || rep.Cached != 4 || rep.VMStarted != "" || rep.Snapshots != 0 || tpl2.Snapshot != tpl.Snapshot {
 		t.Errorf("second build was not a cache hit: template %+v, report %+v", tpl2, rep)
 	}
 
@@ -249,7 +254,7 @@ func TestTemplateFromOCI(t *testing.T) {
 	if err != nil {
 		t.Fatalf("third build: %v", err)
 	}
-	if rep.Cached != 1 || rep.Executed != 2 || rep.VMStarted != "restore" || tpl3.Version != 3 {
+	if rep.Cached != 1 || rep.Executed != 3 || rep.VMStarted != "restore" || tpl3.Version != 3 {
 		t.Errorf("third build did not reuse step 1: template %+v, report %+v", tpl3, rep)
 	}
 
@@ -498,4 +503,43 @@ func TestTemplateOnAnotherWorker(t *testing.T) {
 	if err := c.DeleteTemplate(ctx, "travel"); err != nil {
 		t.Errorf("delete template: %v", err)
 	}
+}
+
+// TestCrashDuringTemplateBuild kills the server once a build has cached
+// its first step: after the restart the version is failed (not left
+// building), its build sandbox is gone, and building again starts from
+// the step the crash did not lose.
+func TestCrashDuringTemplateBuild(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	dataDir, workerID := newDataDir(t), newWorkerID(t)
+	ctx := t.Context()
+	dir := t.TempDir()
+	writeTestImage(t, buildTplsrv(t, t.TempDir()), filepath.Join(dir, "image.tar"))
+	os.MkdirAll(filepath.Join(dir, "site"), 0o755)
+	os.WriteFile(filepath.Join(dir, "site", "index.txt"), []byte("COPIED"), 0o644)
+	os.WriteFile(filepath.Join(dir, "space.yaml"), []byte(templateSpec), 0o644)
+
+	c := startChild(t, dataDir, workerID, templateStep)
+	if _, _, err := build(t, c.client, dir); err == nil {
+		t.Fatalf("build succeeded, want the server to die at %s", templateStep)
+	}
+	c.waitExit(t)
+	c = startChild(t, dataDir, workerID, "")
+	versions, err := c.client.Template(ctx, "web")
+	if err != nil || len(versions) != 1 || versions[0].State != "failed" || !strings.Contains(versions[0].Error, "interrupted") {
+		t.Fatalf("after the restart web = %+v, %v; want version 1 failed as interrupted", versions, err)
+	}
+	if sbs, err := c.client.Sandboxes(ctx, client.ListOptions{}); err != nil || len(sbs) != 0 {
+		t.Errorf("after the restart sandboxes = %+v, %v; want the build sandbox gone", sbs, err)
+	}
+	tpl, rep, err := build(t, c.client, dir)
+	if err != nil || tpl.Version != 2 || rep.Cached != 1 || rep.VMStarted != "restore" {
+		t.Fatalf("build after the restart: %+v, %+v, %v; want version 2 from the cached step 1", tpl, rep, err)
+	}
+	if err := c.client.DeleteTemplate(ctx, "web"); err != nil {
+		t.Errorf("delete template: %v", err)
+	}
+	c.kill(t, syscall.SIGTERM)
 }

@@ -13,7 +13,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: tplsrv serve ADDR DIR | get URL | write PATH TEXT | env NAME | pwd | fail CODE")
+		fmt.Fprintln(os.Stderr, "usage: tplsrv serve ADDR DIR | get URL | write PATH TEXT | env NAME | uid | pwd | fail CODE")
 		os.Exit(2)
 	}
 	args := os.Args[2:]
@@ -42,6 +42,8 @@ func main() {
 		}
 	case "env":
 		fmt.Print(os.Getenv(args[0]))
+	case "uid":
+		fmt.Print(os.Getuid())
 	case "pwd":
 		wd, _ := os.Getwd()
 		fmt.Print(wd)
