@@ -1,0 +1,441 @@
+package egress
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/ethernet"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"space/internal/errkind"
+)
+
+// Config describes one sandbox's gateway.
+type Config struct {
+	// Conn is the VMM's end of the guest NIC (see frameLink). Required;
+	// Close closes it.
+	Conn io.ReadWriteCloser
+	// Gateway is the gateway's address on the guest's link (the guest's
+	// default route and DNS server); Guest is the guest's. Required, IPv4.
+	Gateway, Guest netip.Addr
+	// MAC is the gateway's link address; "" = 02:53:50:00:00:01.
+	MAC net.HardwareAddr
+	// Policy is the initial policy (the zero value allows nothing).
+	Policy Policy
+	// Resolve resolves a name for the gateway's own dials; nil = the
+	// host's resolver (IPv4 addresses).
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	// Dial opens the gateway's connections; nil = a net.Dialer with a 10
+	// second timeout.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Audit receives every decision; nil = none. It must not block.
+	Audit func(Event)
+	// Log receives the gateway's own events; nil = discard.
+	Log *slog.Logger
+}
+
+// Event is one egress decision. It never holds a secret's value.
+type Event struct {
+	Time    time.Time `json:"time"`
+	Allowed bool      `json:"allowed"`
+	// Proto is "tcp", "dns", "udp", "icmp" or "ipv6".
+	Proto string `json:"proto"`
+	// Name is the host name the decision was about, if any.
+	Name string `json:"name,omitempty"`
+	// Addr and Port are where the guest sent it (for a name, the address
+	// the gateway dialed once allowed).
+	Addr     string `json:"addr,omitempty"`
+	Port     uint16 `json:"port,omitempty"`
+	BytesOut int64  `json:"bytes_out,omitempty"` // guest to upstream
+	BytesIn  int64  `json:"bytes_in,omitempty"`  // upstream to guest
+	// Reason says why it was refused.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Gateway is a sandbox's network: a netstack on the far end of its NIC.
+type Gateway struct {
+	cfg    Config
+	log    *slog.Logger
+	stack  *stack.Stack
+	link   *frameLink
+	cancel context.CancelFunc
+	done   chan struct{}
+	names  *nameTable
+
+	mu sync.Mutex
+	// +checklocks:mu
+	policy Policy
+	// +checklocks:mu
+	conns int
+	// +checklocks:mu
+	limiter *rate.Limiter // nil: unlimited
+	// +checklocks:mu
+	dropped map[string]bool // dropped-packet events already audited
+	closed  sync.Once
+}
+
+const nicID = 1
+
+// New starts a gateway on cfg.Conn. Close it when the sandbox goes.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.Conn == nil || !cfg.Gateway.Is4() || !cfg.Guest.Is4() {
+		return nil, fmt.Errorf("egress: conn, gateway and guest IPv4 addresses are required: %w", errkind.InvalidArgument)
+	}
+	if cfg.MAC == nil {
+		cfg.MAC = net.HardwareAddr{0x02, 0x53, 0x50, 0, 0, 1}
+	}
+	if cfg.Resolve == nil {
+		cfg.Resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
+		}
+	}
+	if cfg.Dial == nil {
+		d := &net.Dialer{Timeout: 10 * time.Second}
+		cfg.Dial = d.DialContext
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), names: newNameTable(), dropped: map[string]bool{}}
+	g.SetPolicy(cfg.Policy)
+	g.stack = stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4},
+	})
+	g.link = newFrameLink(cfg.Conn, tcpip.LinkAddress(cfg.MAC), g.admit)
+	if err := g.setUpStack(); err != nil {
+		g.stack.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g.cancel = cancel
+	dns, err := g.listenDNS()
+	if err != nil {
+		cancel()
+		g.stack.Close()
+		return nil, err
+	}
+	go func() {
+		defer close(g.done)
+		err := g.link.run(ctx)
+		dns.Close()
+		if err != nil && ctx.Err() == nil && !errors.Is(err, io.EOF) {
+			g.log.Warn("guest link ended", "err", err)
+		}
+	}()
+	go g.serveDNS(dns)
+	return g, nil
+}
+
+func (g *Gateway) setUpStack() error {
+	s := g.stack
+	if err := s.CreateNIC(nicID, ethernet.New(g.link.ep)); err != nil {
+		return fmt.Errorf("egress: create nic: %s", err)
+	}
+	if err := s.AddProtocolAddress(nicID, tcpip.ProtocolAddress{
+		Protocol:          ipv4.ProtocolNumber,
+		AddressWithPrefix: tcpip.AddrFrom4(g.cfg.Gateway.As4()).WithPrefix(),
+	}, stack.AddressProperties{}); err != nil {
+		return fmt.Errorf("egress: address: %s", err)
+	}
+	// Every destination the guest sends to arrives here: the TCP
+	// forwarder decides each connection; nothing is routed on.
+	s.SetPromiscuousMode(nicID, true)
+	s.SetSpoofing(nicID, true)
+	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
+	fwd := tcp.NewForwarder(s, 0, 1024, g.handleTCP)
+	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
+	return nil
+}
+
+// admit filters frames from the guest before the stack sees them: ARP,
+// TCP to anywhere (the forwarder decides), DNS and pings to the gateway
+// itself. Everything else (other UDP, ICMP out, IPv6) is dropped and
+// audited once per destination.
+func (g *Gateway) admit(frame []byte) bool {
+	info, err := parseFrame(frame)
+	if err != nil {
+		return false
+	}
+	switch info.ethType {
+	case header.ARPProtocolNumber:
+		return true
+	case header.IPv6ProtocolNumber:
+		g.drop("ipv6", "", 0, "IPv6 is not routed")
+		return false
+	case header.IPv4ProtocolNumber:
+	default:
+		return false
+	}
+	switch {
+	case info.proto == header.TCPProtocolNumber:
+		return true
+	case info.proto == header.UDPProtocolNumber && info.dst == g.cfg.Gateway && info.dstPort == 53:
+		return !g.Policy().Off
+	case info.proto == header.ICMPv4ProtocolNumber && info.dst == g.cfg.Gateway:
+		return true
+	case info.proto == header.UDPProtocolNumber:
+		g.drop("udp", info.dst.String(), info.dstPort, "UDP goes only to the gateway's DNS")
+	case info.proto == header.ICMPv4ProtocolNumber:
+		g.drop("icmp", info.dst.String(), 0, "ICMP goes only to the gateway")
+	default:
+		g.drop("ip", info.dst.String(), 0, "protocol "+strconv.Itoa(int(info.proto))+" is not routed")
+	}
+	return false
+}
+
+// drop audits a dropped packet, once per kind of destination.
+func (g *Gateway) drop(proto, addr string, port uint16, reason string) {
+	key := proto + " " + addr + " " + strconv.Itoa(int(port))
+	g.mu.Lock()
+	seen := g.dropped[key] || len(g.dropped) >= 4096
+	g.dropped[key] = true
+	g.mu.Unlock()
+	if !seen {
+		g.audit(Event{Proto: proto, Addr: addr, Port: port, Reason: reason})
+	}
+}
+
+func (g *Gateway) audit(ev Event) {
+	if g.cfg.Audit == nil {
+		return
+	}
+	ev.Time = time.Now().UTC()
+	g.cfg.Audit(ev)
+}
+
+// SetPolicy replaces the policy; new connections and DNS queries follow
+// it, open connections are left alone.
+func (g *Gateway) SetPolicy(p Policy) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.policy = p
+	g.limiter = nil
+	if p.BytesPerSecond > 0 {
+		burst := int(min(p.BytesPerSecond, 1<<20))
+		g.limiter = rate.NewLimiter(rate.Limit(p.BytesPerSecond), max(burst, 64<<10))
+	}
+}
+
+// Policy returns the policy in force.
+func (g *Gateway) Policy() Policy {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.policy
+}
+
+// Names returns the synthetic addresses the gateway gave out, for a fork's
+// gateway to keep answering the parent's (see Config... SetNames).
+func (g *Gateway) Names() map[string]netip.Addr { return g.names.all() }
+
+// SetNames takes over another gateway's synthetic addresses (a fork's
+// guest remembers its parent's answers).
+func (g *Gateway) SetNames(m map[string]netip.Addr) { g.names.load(m) }
+
+// Close stops the gateway and closes the VMM's connection.
+func (g *Gateway) Close() error {
+	g.closed.Do(func() {
+		g.cancel()
+		g.cfg.Conn.Close()
+		<-g.done
+		g.stack.Close()
+	})
+	return nil
+}
+
+// handleTCP decides a connection the guest opens.
+func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
+	id := req.ID()
+	dst := netip.AddrFrom4(id.LocalAddress.As4())
+	port := id.LocalPort
+	p := g.Policy()
+	name, synthetic := g.names.name(dst)
+	refuse := func(reason string) {
+		req.Complete(true)
+		g.audit(Event{Proto: "tcp", Name: name, Addr: dst.String(), Port: port, Reason: reason})
+	}
+	switch {
+	case p.Off:
+		refuse("the network is off")
+		return
+	case synthetic && !p.allowsHostPort(name, port):
+		refuse("the policy does not allow " + name + " on port " + strconv.Itoa(int(port)))
+		return
+	case !synthetic && !p.allowsAddr(dst, port):
+		refuse("the policy allows no connection to this address by IP (resolve an allowed name through the sandbox's DNS)")
+		return
+	}
+	if !g.acquire(p) {
+		refuse("too many connections at once")
+		return
+	}
+	defer g.release()
+	var wq waiter.Queue
+	ep, terr := req.CreateEndpoint(&wq)
+	if terr != nil {
+		req.Complete(true)
+		return
+	}
+	req.Complete(false)
+	guest := gonet.NewTCPConn(&wq, ep)
+	defer guest.Close()
+	if synthetic {
+		g.proxyName(guest, name, port)
+		return
+	}
+	g.proxyAddr(guest, dst, port)
+}
+
+func (g *Gateway) acquire(p Policy) bool {
+	limit := p.MaxConns
+	if limit == 0 {
+		limit = DefaultMaxConns
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.conns >= limit {
+		return false
+	}
+	g.conns++
+	return true
+}
+
+func (g *Gateway) release() {
+	g.mu.Lock()
+	g.conns--
+	g.mu.Unlock()
+}
+
+// proxyName serves a connection to an allowed name: the first message
+// must name the same host (TLS SNI or HTTP Host); the gateway resolves
+// the name itself and dials an address the name may lead to.
+func (g *Gateway) proxyName(guest net.Conn, name string, port uint16) {
+	ev := Event{Proto: "tcp", Name: name, Port: port}
+	said, _, head, err := peekName(guest, 30*time.Second)
+	switch {
+	case err != nil:
+		ev.Reason = "reading the first message: " + err.Error()
+	case said != name:
+		ev.Reason = fmt.Sprintf("the connection names %q but was opened to %s", said, name)
+	}
+	if ev.Reason != "" {
+		g.audit(ev)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	addrs, err := g.cfg.Resolve(ctx, name)
+	if err != nil || len(addrs) == 0 {
+		ev.Reason = fmt.Sprintf("resolving %s: %v", name, err)
+		g.audit(ev)
+		return
+	}
+	p := g.Policy()
+	var up net.Conn
+	for _, a := range addrs {
+		a = a.Unmap()
+		if special(a) && !p.namesExactly(a) {
+			ev.Addr, ev.Reason = a.String(), name+" resolves to "+a.String()+", which the policy does not name"
+			continue
+		}
+		ev.Addr, ev.Reason = a.String(), ""
+		if up, err = g.cfg.Dial(ctx, "tcp4", netip.AddrPortFrom(a, port).String()); err == nil {
+			break
+		}
+		ev.Reason = "dial: " + err.Error()
+	}
+	if up == nil {
+		g.audit(ev)
+		return
+	}
+	defer up.Close()
+	g.splice(guest, up, head, &ev)
+}
+
+// proxyAddr serves a connection to an address an address rule allows.
+func (g *Gateway) proxyAddr(guest net.Conn, dst netip.Addr, port uint16) {
+	ev := Event{Proto: "tcp", Addr: dst.String(), Port: port}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	up, err := g.cfg.Dial(ctx, "tcp4", netip.AddrPortFrom(dst, port).String())
+	if err != nil {
+		ev.Reason = "dial: " + err.Error()
+		g.audit(ev)
+		return
+	}
+	defer up.Close()
+	g.splice(guest, up, nil, &ev)
+}
+
+// splice copies both ways until both are done, through the bandwidth
+// limit, and audits the connection with its byte counts.
+func (g *Gateway) splice(guest, up net.Conn, head []byte, ev *Event) {
+	ev.Allowed = true
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		ev.BytesOut = g.copy(up, io.MultiReader(bytes.NewReader(head), guest))
+		closeWrite(up)
+	}()
+	go func() {
+		defer wg.Done()
+		ev.BytesIn = g.copy(guest, up)
+		closeWrite(guest)
+	}()
+	wg.Wait()
+	g.audit(*ev)
+}
+
+func (g *Gateway) copy(dst io.Writer, src io.Reader) int64 {
+	buf := make([]byte, 32<<10)
+	var n int64
+	for {
+		k, err := src.Read(buf)
+		if k > 0 {
+			if lim := g.currentLimiter(); lim != nil {
+				lim.WaitN(context.Background(), min(k, lim.Burst()))
+			}
+			if _, werr := dst.Write(buf[:k]); werr != nil {
+				return n
+			}
+			n += int64(k)
+		}
+		if err != nil {
+			return n
+		}
+	}
+}
+
+func (g *Gateway) currentLimiter() *rate.Limiter {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.limiter
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	c.Close()
+}

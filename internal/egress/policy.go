@@ -1,0 +1,200 @@
+// Package egress is a sandbox's only way out: a userspace network stack
+// (gVisor's netstack) at the far end of the guest's NIC, so that no kernel
+// route or forwarding leads from the guest anywhere. It answers DNS itself
+// (names the policy does not allow get NXDOMAIN and are never forwarded),
+// gives each allowed name a synthetic address, and for every connection
+// the guest opens decides by name where one exists: it checks the TLS SNI
+// or HTTP Host against the name the guest resolved, resolves and dials
+// the name itself, and refuses loopback, private, link-local and metadata
+// destinations unless the policy names that exact address.
+package egress
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"space/internal/errkind"
+)
+
+// Policy says where a sandbox may connect. The zero value allows nothing
+// (DNS answers NXDOMAIN, every connection is refused).
+type Policy struct {
+	// Off takes the network away entirely: not even DNS answers.
+	Off bool
+	// Allow are the rules; a connection is allowed if one matches.
+	Allow []Rule
+	// MaxConns bounds the connections open at once; 0 = DefaultMaxConns.
+	MaxConns int
+	// BytesPerSecond bounds the throughput of all connections together,
+	// each direction; 0 = unlimited.
+	BytesPerSecond int64
+}
+
+// DefaultMaxConns is Policy.MaxConns when it is 0.
+const DefaultMaxConns = 256
+
+// Rule allows a host name (exact, or "*.suffix" for any name under
+// suffix) or an address range, on one port or on any.
+type Rule struct {
+	Host   string       // lower case, no trailing dot; or ""
+	Prefix netip.Prefix // when Host is ""
+	Port   uint16       // 0 = any
+}
+
+func (r Rule) String() string {
+	s := r.Host
+	if s == "" {
+		s = r.Prefix.String()
+	}
+	if r.Port != 0 {
+		s += ":" + strconv.Itoa(int(r.Port))
+	}
+	return s
+}
+
+// ParseRule reads "host", "host:port", "*.suffix[:port]", an IPv4 address
+// or CIDR with an optional ":port" ("10.0.0.0/8:5432"). IPv6 ranges are
+// refused: the guest has no IPv6 route.
+func ParseRule(s string) (Rule, error) {
+	bad := func(why string) (Rule, error) {
+		return Rule{}, fmt.Errorf("rule %.100q: %s: %w", s, why, errkind.InvalidArgument)
+	}
+	var r Rule
+	rest := s
+	if i := strings.LastIndexByte(s, ':'); i >= 0 {
+		p, err := strconv.ParseUint(s[i+1:], 10, 16)
+		if err != nil || p == 0 {
+			return bad("the port after ':' is a number from 1 to 65535")
+		}
+		r.Port, rest = uint16(p), s[:i]
+	}
+	if strings.ContainsRune(rest, '/') {
+		p, err := netip.ParsePrefix(rest)
+		if err != nil || !p.Addr().Is4() {
+			return bad("not an IPv4 address range")
+		}
+		r.Prefix = p.Masked()
+		return r, nil
+	}
+	if a, err := netip.ParseAddr(rest); err == nil {
+		if !a.Is4() {
+			return bad("IPv6 is not routed")
+		}
+		r.Prefix = netip.PrefixFrom(a, 32)
+		return r, nil
+	}
+	host := strings.ToLower(strings.TrimSuffix(rest, "."))
+	name := strings.TrimPrefix(host, "*.")
+	if !validName(name) || strings.Contains(name, "*") {
+		return bad("not a host name, *.suffix, IPv4 address or CIDR")
+	}
+	r.Host = host
+	return r, nil
+}
+
+// ParseRules reads rules; the error names the first bad one.
+func ParseRules(ss []string) ([]Rule, error) {
+	out := make([]Rule, 0, len(ss))
+	for _, s := range ss {
+		r, err := ParseRule(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// validName reports whether s is a DNS name of letter-digit-hyphen labels
+// (underscores allowed, as some service names have them).
+func validName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, c := range l {
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// hostMatches reports whether the rule's host pattern covers name.
+func (r Rule) hostMatches(name string) bool {
+	if suffix, ok := strings.CutPrefix(r.Host, "*."); ok {
+		return strings.HasSuffix(name, "."+suffix)
+	}
+	return r.Host != "" && name == r.Host
+}
+
+// AllowsName reports whether some rule lets the name be resolved (on
+// whatever port).
+func (p Policy) AllowsName(name string) bool {
+	if p.Off {
+		return false
+	}
+	for _, r := range p.Allow {
+		if r.hostMatches(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// allowsHostPort reports whether some rule allows name on port.
+func (p Policy) allowsHostPort(name string, port uint16) bool {
+	if p.Off {
+		return false
+	}
+	for _, r := range p.Allow {
+		if r.hostMatches(name) && (r.Port == 0 || r.Port == port) {
+			return true
+		}
+	}
+	return false
+}
+
+// allowsAddr reports whether some address rule allows addr on port.
+func (p Policy) allowsAddr(addr netip.Addr, port uint16) bool {
+	if p.Off {
+		return false
+	}
+	for _, r := range p.Allow {
+		if r.Host == "" && r.Prefix.Contains(addr) && (r.Port == 0 || r.Port == port) {
+			return true
+		}
+	}
+	return false
+}
+
+// namesExactly reports whether an address rule names addr itself (a /32),
+// the only way a name may lead to a special address.
+func (p Policy) namesExactly(addr netip.Addr) bool {
+	for _, r := range p.Allow {
+		if r.Host == "" && r.Prefix.Bits() == 32 && r.Prefix.Addr() == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// special reports whether addr is one a name must not lead to unless the
+// policy names it: loopback, private, link-local (the metadata service's
+// 169.254.169.254 among them), unspecified, multicast, CGNAT, and the
+// benchmarking range the gateway's synthetic addresses come from.
+func special(addr netip.Addr) bool {
+	addr = addr.Unmap()
+	return addr.IsLoopback() || addr.IsPrivate() || addr.IsLinkLocalUnicast() || addr.IsUnspecified() ||
+		addr.IsMulticast() || addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() ||
+		cgnat.Contains(addr) || syntheticRange.Contains(addr) || addr == netip.AddrFrom4([4]byte{255, 255, 255, 255}) ||
+		!addr.Is4()
+}
+
+var cgnat = netip.MustParsePrefix("100.64.0.0/10")
