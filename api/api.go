@@ -48,7 +48,11 @@ type Health struct {
 // CreateSandbox is the body of POST /v1/sandboxes. Zero values take the
 // server's defaults (see the OpenAPI document).
 type CreateSandbox struct {
-	Template       string            `json:"template,omitempty"`
+	Template string `json:"template,omitempty"`
+	// Network gives the sandbox a network behind its own egress gateway
+	// with this policy; nil = no network interface. A sandbox of a built
+	// template always has one (nil = allow nothing).
+	Network        *Network          `json:"network,omitempty"`
 	VCPUs          int               `json:"vcpus,omitempty"`
 	MemoryMiB      int64             `json:"memory_mib,omitempty"`
 	DiskMiB        int64             `json:"disk_mib,omitempty"`
@@ -79,6 +83,7 @@ type Sandbox struct {
 	DiskMiB   int64             `json:"disk_mib"`
 	Env       map[string]string `json:"env,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
+	Network   *Network          `json:"network,omitempty"` // its egress policy; nil = no network
 	CreatedAt time.Time         `json:"created_at"`
 	UpdatedAt time.Time         `json:"updated_at"`
 	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
@@ -433,4 +438,38 @@ type BuildEvent struct {
 	Template *Template    `json:"template,omitempty"`
 	Report   *BuildReport `json:"report,omitempty"`
 	Error    *ErrorBody   `json:"error,omitempty"`
+}
+
+// Network is a sandbox's egress policy. With it the sandbox has a network
+// interface whose far end is a gateway of its own; every connection and
+// DNS query goes through it and is decided by name. Without it (null) the
+// sandbox has no network interface.
+type Network struct {
+	// Allow are rules: "host", "*.suffix", an IPv4 address or CIDR, each
+	// with an optional ":port". Empty allows nothing.
+	Allow []string `json:"allow,omitempty"`
+	// Off takes the network away, DNS included.
+	Off bool `json:"off,omitempty"`
+}
+
+// EgressEvent is one line of the NDJSON reply of
+// GET /v1/sandboxes/{id}/egress: a decision of the sandbox's egress
+// gateway. An allowed connection is logged when it closes, with its byte
+// counts; a dropped packet once per kind of destination.
+type EgressEvent struct {
+	Time    time.Time `json:"time"`
+	Allowed bool      `json:"allowed"`
+	// Proto is "tcp", "dns", "udp", "icmp", "ipv6" or "ip".
+	Proto string `json:"proto"`
+	// Name is the host name the decision was about, if any.
+	Name string `json:"name,omitempty"`
+	// Addr and Port are where the guest sent it (for a name, the address
+	// the gateway dialed once allowed; for a DNS answer, the address the
+	// guest got).
+	Addr     string `json:"addr,omitempty"`
+	Port     uint16 `json:"port,omitempty"`
+	BytesOut int64  `json:"bytes_out,omitempty"` // guest to upstream
+	BytesIn  int64  `json:"bytes_in,omitempty"`  // upstream to guest
+	// Reason says why it was refused.
+	Reason string `json:"reason,omitempty"`
 }

@@ -182,6 +182,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"RestoreSandbox": RestoreSandbox{}, "ForkSandbox": ForkSandbox{},
 		"Template": Template{}, "TemplateList": TemplateList{},
 		"BuildReport": BuildReport{}, "BuildEvent": BuildEvent{},
+		"Network": Network{}, "EgressEvent": EgressEvent{},
 	}
 	doc := loadSpec(t)
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)

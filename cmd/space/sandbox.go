@@ -26,7 +26,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		newSandboxStateCmd(g, "pause", "Pause sandboxes (vCPUs stop; memory stays)", (*client.Client).PauseSandbox),
 		newSandboxStateCmd(g, "suspend", "Suspend sandboxes to storage (the VM stops; memory is freed)", (*client.Client).SuspendSandbox),
 		newSandboxStateCmd(g, "resume", "Resume paused or suspended sandboxes", (*client.Client).ResumeSandbox),
-		newSandboxRestoreCmd(g), newSandboxForkCmd(g))
+		newSandboxRestoreCmd(g), newSandboxForkCmd(g), newSandboxNetworkCmd(g), newSandboxEgressLogCmd(g))
 }
 
 func newSandboxCreateCmd(g *globals) *cobra.Command {
@@ -35,11 +35,21 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		timeout     time.Duration
 		env, labels []string
 		output      string
+		nf          networkFlags
+		network     bool
 	)
 	c := &cobra.Command{
 		Use:   "create [flags]",
 		Short: "Create a sandbox and print its ID",
-		Args:  cobra.NoArgs,
+		Long: `Create a sandbox and print its ID.
+
+Without --network or an --allow-* flag the sandbox has no network interface
+(a sandbox of a built template always has one), and none can be added
+later. With one, it has a network behind an egress gateway of its own that
+lets through only what --allow-host and --allow-cidr name; change that
+later with "space sandbox network", and see what it decided with
+"space sandbox egress-log".`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
 				return err
@@ -53,6 +63,13 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 			}
 			if req.TimeoutSeconds, err = seconds("timeout", timeout); err != nil {
 				return err
+			}
+			if network || nf.set() {
+				n, err := nf.network()
+				if err != nil {
+					return err
+				}
+				req.Network = &n
 			}
 			cl, err := g.client()
 			if err != nil {
@@ -80,6 +97,8 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&labels, "label", nil, "a label, `key=value` (repeatable)")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start as a copy of this `snapshot` (ID or name) instead of booting")
 	f.BoolVar(&req.ColdBoot, "cold-boot", false, "boot the VM rather than restore the template's warm snapshot")
+	f.BoolVar(&network, "network", false, "give the sandbox a network even without --allow-* flags (it allows nothing until \"space sandbox network\" changes that)")
+	nf.register(f, "network-off", "give the sandbox a network that is off, DNS included, until \"space sandbox network\" turns it on")
 	outputFlag(f, &output)
 	return c
 }
@@ -151,30 +170,35 @@ func newSandboxGetCmd(g *globals) *cobra.Command {
 			if output == "json" {
 				return g.printJSON(sb)
 			}
-			kv := []string{
-				"id", sb.ID,
-				"team", sb.Team,
-				"state", sb.State,
-				"template", sb.Template,
-				"worker", sb.Worker,
-				"vcpus", strconv.Itoa(sb.VCPUs),
-				"memory", fmt.Sprintf("%d MiB", sb.MemoryMiB),
-				"disk", fmt.Sprintf("%d MiB", sb.DiskMiB),
-				"created", sb.CreatedAt.Local().Format(time.RFC3339),
-				"updated", sb.UpdatedAt.Local().Format(time.RFC3339),
-			}
-			if sb.ExpiresAt != nil {
-				kv = append(kv, "expires", sb.ExpiresAt.Local().Format(time.RFC3339))
-			}
-			kv = append(kv, "env", joinKV(sb.Env), "labels", joinKV(sb.Labels))
-			if vm := sb.VM; vm != nil {
-				kv = append(kv, "vm", fmt.Sprintf("%s %s (%s), %s in %d ms", vm.VMM, vm.VMMVersion, vm.Accel, vm.StartedBy, vm.BootMS))
-			}
-			return g.printFields(kv...)
+			return g.printSandbox(sb)
 		},
 	}
 	outputFlag(c.Flags(), &output)
 	return c
+}
+
+// printSandbox prints sb as fields, one a line.
+func (g *globals) printSandbox(sb api.Sandbox) error {
+	kv := []string{
+		"id", sb.ID,
+		"team", sb.Team,
+		"state", sb.State,
+		"template", sb.Template,
+		"worker", sb.Worker,
+		"vcpus", strconv.Itoa(sb.VCPUs),
+		"memory", fmt.Sprintf("%d MiB", sb.MemoryMiB),
+		"disk", fmt.Sprintf("%d MiB", sb.DiskMiB),
+		"created", sb.CreatedAt.Local().Format(time.RFC3339),
+		"updated", sb.UpdatedAt.Local().Format(time.RFC3339),
+	}
+	if sb.ExpiresAt != nil {
+		kv = append(kv, "expires", sb.ExpiresAt.Local().Format(time.RFC3339))
+	}
+	kv = append(kv, "env", joinKV(sb.Env), "labels", joinKV(sb.Labels), "network", networkText(sb.Network))
+	if vm := sb.VM; vm != nil {
+		kv = append(kv, "vm", fmt.Sprintf("%s %s (%s), %s in %d ms", vm.VMM, vm.VMMVersion, vm.Accel, vm.StartedBy, vm.BootMS))
+	}
+	return g.printFields(kv...)
 }
 
 func newSandboxRemoveCmd(g *globals) *cobra.Command {

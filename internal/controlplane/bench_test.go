@@ -36,6 +36,9 @@ func (w *instantWorker) Create(_ context.Context, req worker.CreateRequest) (wor
 		VM: &api.VMInfo{VMM: "none", StartedBy: "boot"}}, nil
 }
 func (w *instantWorker) Delete(context.Context, string) error { return nil }
+func (w *instantWorker) SetNetwork(_ context.Context, id string, _ worker.Network) (worker.Info, error) {
+	return worker.Info{ID: id, State: sandbox.Running}, nil
+}
 func (w *instantWorker) Snapshot(_ context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error) {
 	return worker.SnapshotInfo{ID: req.SnapshotID, SandboxID: id}, nil
 }

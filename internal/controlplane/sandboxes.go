@@ -30,6 +30,7 @@ type createBody struct {
 	Env            map[string]string `json:"env"`
 	Labels         map[string]string `json:"labels"`
 	FromSnapshot   *string           `json:"from_snapshot"`
+	Network        *api.Network      `json:"network"`
 	ColdBoot       bool              `json:"cold_boot"`
 	OnTimeout      *string           `json:"on_timeout"`
 }
@@ -135,6 +136,13 @@ func (s *Server) validate(b createBody) (spec, error) {
 	}
 	sp.Env = b.Env
 	sp.ColdBoot = b.ColdBoot
+	if b.Network != nil {
+		n := &worker.Network{Allow: b.Network.Allow, Off: b.Network.Off}
+		if _, err := n.Policy(); err != nil {
+			return sp, &httpapi.FieldError{Field: "network", Err: err}
+		}
+		sp.Network = n
+	}
 	if b.OnTimeout != nil {
 		if *b.OnTimeout != onTimeoutDelete && *b.OnTimeout != onTimeoutSuspend {
 			return sp, httpapi.Invalid("on_timeout", "%.64q is neither %s nor %s", *b.OnTimeout, onTimeoutDelete, onTimeoutSuspend)
@@ -179,7 +187,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 		sp, pl = tsp, tpl
 	}
 	if b.FromSnapshot != nil {
-		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil || b.ColdBoot {
+		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil || b.ColdBoot || b.Network != nil {
 			httpapi.WriteError(w, httpapi.Invalid("from_snapshot", "a sandbox from a snapshot has the snapshot's template, resources and environment"))
 			return
 		}
@@ -478,6 +486,9 @@ func (s *Server) view(sb store.Sandbox) api.Sandbox {
 		VCPUs: sp.VCPUs, MemoryMiB: sp.MemoryMiB, DiskMiB: sp.DiskMiB, Env: sp.Env, Labels: sb.Labels,
 		CreatedAt: sb.Created, UpdatedAt: sb.Updated, OnTimeout: cmp.Or(sp.OnTimeout, onTimeoutDelete),
 	}
+	if sp.Network != nil {
+		v.Network = &api.Network{Allow: sp.Network.Allow, Off: sp.Network.Off}
+	}
 	if !sb.Expires.IsZero() {
 		e := sb.Expires
 		v.ExpiresAt = &e
@@ -699,4 +710,47 @@ func jsonUnmarshal(b []byte, v any) error {
 		return fmt.Errorf("stored record: %v: %w", err, errkind.Internal)
 	}
 	return nil
+}
+
+// handleSetNetwork replaces a running sandbox's egress policy: its worker
+// applies it to new connections, then the record keeps it (so forks and
+// resumes start with it).
+func (s *Server) handleSetNetwork(w http.ResponseWriter, r *http.Request) {
+	var n api.Network
+	if err := httpapi.DecodeJSON(r, &n); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	wn := worker.Network{Allow: n.Allow, Off: n.Off}
+	if _, err := wn.Policy(); err != nil {
+		httpapi.WriteError(w, &httpapi.FieldError{Field: "allow", Err: err})
+		return
+	}
+	sb, wk, err := s.running(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	ctx := context.WithoutCancel(r.Context())
+	if _, err := wk.SetNetwork(ctx, sb.ID, wn); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	for {
+		sp := specOf(sb)
+		sp.Network = &wn
+		sb.Spec, _ = json.Marshal(sp)
+		updated, err := s.cfg.Store.UpdateSandbox(ctx, sb)
+		if errors.Is(err, store.ErrVersionConflict) {
+			if sb, err = s.cfg.Store.Sandbox(ctx, sb.TeamID, sb.ID); err == nil {
+				continue
+			}
+		}
+		if err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		httpapi.WriteJSON(w, http.StatusOK, s.view(updated))
+		return
+	}
 }

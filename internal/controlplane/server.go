@@ -364,6 +364,8 @@ func (s *Server) routes() []route {
 		{"DELETE", sb + "/files", fwd, false},
 		{"GET", sb + "/files/list", fwd, false},
 		{"GET", sb + "/ports/{port}", fwd, false},
+		{"PUT", sb + "/network", s.handleSetNetwork, false},
+		{"GET", sb + "/egress", fwd, false},
 		{"POST", "/v1/templates", s.handleBuildTemplate, false},
 		{"GET", "/v1/templates", s.handleListTemplates, false},
 		{"GET", "/v1/templates/{name}", s.handleGetTemplate, false},

@@ -273,6 +273,15 @@ func (s *Server) fromTemplate(ctx context.Context, team, ref string, b createBod
 		return spec{}, placement{}, err
 	}
 	sp := spec{Spec: m.Spec, TemplateRef: templateRef(t.Name, t.Version)}
+	// The template's snapshot has a network interface: its sandboxes get
+	// the create's policy, or one that allows nothing.
+	sp.Network = &worker.Network{}
+	if b.Network != nil {
+		sp.Network = &worker.Network{Allow: b.Network.Allow, Off: b.Network.Off}
+		if _, err := sp.Network.Policy(); err != nil {
+			return spec{}, placement{}, &httpapi.FieldError{Field: "network", Err: err}
+		}
+	}
 	if len(b.Env) > 0 {
 		sp.Env = map[string]string{}
 		for k, v := range m.Spec.Env {
@@ -496,8 +505,12 @@ const buildLabel = "space.template-build"
 
 func (b *buildSandboxes) labels() map[string]string { return map[string]string{buildLabel: b.ref} }
 
-func (b *buildSandboxes) Boot(ctx context.Context, image string, res templatespec.Resources) (templatebuild.Sandbox, error) {
-	sp := spec{Spec: worker.Spec{Template: image, VCPUs: res.VCPUs, MemoryMiB: res.MemoryMiB, DiskMiB: res.DiskMiB, ColdBoot: true},
+// Build sandboxes always have a network interface (allowing only what the
+// spec's network.allow names), so that the template's snapshot has one and
+// its sandboxes can be given a network.
+func (b *buildSandboxes) Boot(ctx context.Context, image string, res templatespec.Resources, allow []string) (templatebuild.Sandbox, error) {
+	sp := spec{Spec: worker.Spec{Template: image, VCPUs: res.VCPUs, MemoryMiB: res.MemoryMiB, DiskMiB: res.DiskMiB, ColdBoot: true,
+		Network: &worker.Network{Allow: allow}},
 		TimeoutSeconds: int64(buildTTL / time.Second)}
 	sb, err := b.s.create(ctx, b.team, sp, b.labels(), placement{})
 	if err != nil {
@@ -506,7 +519,7 @@ func (b *buildSandboxes) Boot(ctx context.Context, image string, res templatespe
 	return b.open(ctx, sb)
 }
 
-func (b *buildSandboxes) Restore(ctx context.Context, snapshotID string) (templatebuild.Sandbox, error) {
+func (b *buildSandboxes) Restore(ctx context.Context, snapshotID string, allow []string) (templatebuild.Sandbox, error) {
 	sn, err := b.s.cfg.Store.Snapshot(ctx, b.team, snapshotID)
 	if err != nil {
 		return nil, err
@@ -519,7 +532,9 @@ func (b *buildSandboxes) Restore(ctx context.Context, snapshotID string) (templa
 	if err != nil {
 		return nil, err
 	}
-	sb, err := b.s.create(ctx, b.team, spec{Spec: m.Spec, TimeoutSeconds: int64(buildTTL / time.Second)}, b.labels(), pl)
+	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(buildTTL / time.Second)}
+	sp.Network = &worker.Network{Allow: allow}
+	sb, err := b.s.create(ctx, b.team, sp, b.labels(), pl)
 	if err != nil {
 		return nil, err
 	}

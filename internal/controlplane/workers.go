@@ -28,6 +28,7 @@ type Worker interface {
 	Restore(ctx context.Context, id, snapID string) (worker.Info, error)
 	DeleteSnapshot(ctx context.Context, snapID string) error
 	Resume(ctx context.Context, id string) (worker.Info, error)
+	SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error)
 	Sandbox(ctx context.Context, id string) (worker.Info, error)
 	Status(ctx context.Context) (worker.Status, error)
 	http.Handler
@@ -60,6 +61,9 @@ func (l *Local) DeleteSnapshot(_ context.Context, snapID string) error {
 	return l.W.DeleteSnapshot(snapID)
 }
 func (l *Local) Delete(ctx context.Context, id string) error { return l.W.Delete(ctx, id) }
+func (l *Local) SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error) {
+	return l.W.SetNetwork(ctx, id, n)
+}
 func (l *Local) Pause(ctx context.Context, id string) (worker.Info, error) {
 	return l.W.Pause(ctx, id)
 }
@@ -167,6 +171,10 @@ func (rm *Remote) Pause(ctx context.Context, id string) (worker.Info, error) {
 func (rm *Remote) Resume(ctx context.Context, id string) (worker.Info, error) {
 	var inf worker.Info
 	return inf, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/resume", nil, &inf)
+}
+func (rm *Remote) SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error) {
+	var inf worker.Info
+	return inf, rm.call(ctx, http.MethodPut, "/sandboxes/"+id+"/network", n, &inf)
 }
 func (rm *Remote) Sandbox(ctx context.Context, id string) (worker.Info, error) {
 	var inf worker.Info

@@ -26,6 +26,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
+	"space/api"
 	"space/internal/errkind"
 )
 
@@ -53,23 +54,9 @@ type Config struct {
 	Log *slog.Logger
 }
 
-// Event is one egress decision. It never holds a secret's value.
-type Event struct {
-	Time    time.Time `json:"time"`
-	Allowed bool      `json:"allowed"`
-	// Proto is "tcp", "dns", "udp", "icmp" or "ipv6".
-	Proto string `json:"proto"`
-	// Name is the host name the decision was about, if any.
-	Name string `json:"name,omitempty"`
-	// Addr and Port are where the guest sent it (for a name, the address
-	// the gateway dialed once allowed).
-	Addr     string `json:"addr,omitempty"`
-	Port     uint16 `json:"port,omitempty"`
-	BytesOut int64  `json:"bytes_out,omitempty"` // guest to upstream
-	BytesIn  int64  `json:"bytes_in,omitempty"`  // upstream to guest
-	// Reason says why it was refused.
-	Reason string `json:"reason,omitempty"`
-}
+// Event is one egress decision, as the API reports it. It never holds a
+// secret's value.
+type Event = api.EgressEvent
 
 // Gateway is a sandbox's network: a netstack on the far end of its NIC.
 type Gateway struct {

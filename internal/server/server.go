@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +33,7 @@ import (
 	"space/internal/controlplane"
 	"space/internal/errkind"
 	"space/internal/imagebuild"
+	"space/internal/netns"
 	"space/internal/storage"
 	"space/internal/store"
 	"space/internal/store/postgres"
@@ -99,6 +101,8 @@ type Config struct {
 	// restored and ready once prewarmed, so a create takes one at once;
 	// 0 = none.
 	Pool int
+	// Egress says how sandboxes' gateways reach the outside.
+	Egress Egress
 	// Version is reported by the health route.
 	Version string
 	// Progress receives human-readable progress lines; nil = discard.
@@ -158,7 +162,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	w, err := newWorker(ctx, workerConfig{
 		ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 		Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB,
-		Chunks: chunks,
+		Chunks: chunks, Egress: cfg.Egress,
 	})
 	if err != nil {
 		return err
@@ -295,8 +299,37 @@ func buildImages(ctx context.Context, cacheBase, agent string, log *slog.Logger)
 	return imagebuild.Build(ctx, imagebuild.Config{Cache: cache, AgentPath: agent, Log: log})
 }
 
+// Egress configures how sandboxes' gateways resolve names and connect.
+type Egress struct {
+	// Hosts pins names to addresses (as /etc/hosts would, for the
+	// gateways only); other names go to the host's resolver.
+	Hosts map[string][]netip.Addr
+	// Netns is a network namespace (a path like /run/netns/NAME) the
+	// gateways connect from; "" = the worker's own.
+	Netns string
+}
+
+// resolve is the gateways' resolver.
+func (e Egress) resolve(ctx context.Context, host string) ([]netip.Addr, error) {
+	if a, ok := e.Hosts[host]; ok {
+		return a, nil
+	}
+	return net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
+}
+
+// dial is the gateways' dialer.
+func (e Egress) dial(ctx context.Context, network, addr string) (c net.Conn, err error) {
+	d := net.Dialer{Timeout: 10 * time.Second}
+	err = netns.Do(e.Netns, func() error {
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
 // workerConfig is what newWorker needs.
 type workerConfig struct {
+	Egress                 Egress
 	ID, DataDir, CacheBase string
 	Images                 *imagebuild.Artifacts
 	VCPUs                  int
@@ -368,6 +401,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, BootTimeout: bootTimeout,
 		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
 		Cgroups:   cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
+		EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial,
 	})
 	if err != nil {
 		return nil, err

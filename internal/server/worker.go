@@ -52,6 +52,8 @@ type WorkerConfig struct {
 	// ChunkDir is the chunk store's directory; "" = DataDir/chunks. Give
 	// it the server's (same host) to share snapshots with it.
 	ChunkDir string
+	// Egress is as in Config.
+	Egress Egress
 	// CrashAt names a worker crash point; for tests.
 	CrashAt string
 	// Progress, Log and Ready are as in Config.
@@ -97,7 +99,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	}
 	w, err := newWorker(ctx, workerConfig{
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
-		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks,
+		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, Egress: cfg.Egress,
 	})
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"space/api"
+	"space/internal/egress"
 	"space/internal/errkind"
 	"space/internal/image/rootfs"
 	"space/internal/templatespec"
@@ -26,10 +27,12 @@ import (
 
 // Sandboxes starts build sandboxes.
 type Sandboxes interface {
-	// Boot starts a sandbox from base image with resources res.
-	Boot(ctx context.Context, image string, res templatespec.Resources) (Sandbox, error)
-	// Restore starts a sandbox from snapshot id (a cached step).
-	Restore(ctx context.Context, snapshotID string) (Sandbox, error)
+	// Boot starts a sandbox from base image with resources res, and a
+	// network that reaches only what allow names (egress rules).
+	Boot(ctx context.Context, image string, res templatespec.Resources, allow []string) (Sandbox, error)
+	// Restore starts a sandbox from snapshot id (a cached step), with
+	// the network allow names.
+	Restore(ctx context.Context, snapshotID string, allow []string) (Sandbox, error)
 }
 
 // Sandbox is a running build sandbox.
@@ -182,8 +185,8 @@ func Build(ctx context.Context, req Request) (res Result, err error) {
 		}
 	}
 	spec := req.Spec
-	if len(spec.Network.Allow) > 0 {
-		return res, fmt.Errorf("network.allow: this server cannot give build sandboxes network access yet; build without network (copy what the steps need from the build context): %w", errkind.FailedPrecondition)
+	if _, err := egress.ParseRules(spec.Network.Allow); err != nil {
+		return res, fmt.Errorf("network.allow: %w", err)
 	}
 	res.Resources = withDefaults(spec.Resources, req.Defaults)
 	res.Report.Steps = len(spec.Steps)
@@ -239,11 +242,11 @@ func Build(ctx context.Context, req Request) (res Result, err error) {
 	var sb Sandbox
 	if snap != "" {
 		emit(api.BuildEvent{Type: "phase", Text: "build sandbox from the cache of step " + fmt.Sprint(from)})
-		sb, err = req.Sandboxes.Restore(ctx, snap)
+		sb, err = req.Sandboxes.Restore(ctx, snap, spec.Network.Allow)
 		res.Report.VMStarted = "restore"
 	} else {
 		emit(api.BuildEvent{Type: "phase", Text: "build sandbox from the base image"})
-		sb, err = req.Sandboxes.Boot(ctx, res.Image.Name, res.Resources)
+		sb, err = req.Sandboxes.Boot(ctx, res.Image.Name, res.Resources, spec.Network.Allow)
 		res.Report.VMStarted = "boot"
 	}
 	if err != nil {

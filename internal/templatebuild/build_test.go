@@ -25,12 +25,12 @@ type fakeSandboxes struct {
 	fail  string // a run step whose shell is this exits 3
 }
 
-func (f *fakeSandboxes) Boot(_ context.Context, image string, res templatespec.Resources) (Sandbox, error) {
-	f.log = append(f.log, fmt.Sprintf("boot %d MiB", res.MemoryMiB))
+func (f *fakeSandboxes) Boot(_ context.Context, image string, res templatespec.Resources, allow []string) (Sandbox, error) {
+	f.log = append(f.log, fmt.Sprintf("boot %d MiB", res.MemoryMiB)+strings.Join(append([]string{""}, allow...), " allow "))
 	return &fakeSandbox{f: f}, nil
 }
 
-func (f *fakeSandboxes) Restore(_ context.Context, id string) (Sandbox, error) {
+func (f *fakeSandboxes) Restore(_ context.Context, id string, _ []string) (Sandbox, error) {
 	f.log = append(f.log, "restore "+id)
 	return &fakeSandbox{f: f}, nil
 }
@@ -184,9 +184,14 @@ func TestBuildCache(t *testing.T) {
 		t.Errorf("failing build: err %v, log %q, report %+v", err, f.log, res.Report)
 	}
 
-	// Network for the build is refused before anything happens.
-	f, _, err = run(spec+"network: {allow: [example.com]}\n", "")
-	if !errors.Is(err, errkind.FailedPrecondition) || len(f.log) != 0 {
-		t.Errorf("build with network = %v (log %q), want failed precondition and nothing done", err, f.log)
+	// The build sandbox gets the spec's network (which is not in the
+	// cache keys: the same steps are reused).
+	f, _, err = run(strings.Replace(spec, "step6", "step6n", 1)+"network: {allow: [example.com]}\n", "")
+	if err != nil || len(f.log) == 0 || f.log[0] != "restore snap3" {
+		t.Errorf("build with network: %v, log %q", err, f.log)
+	}
+	f, _, err = run(spec+"resources: {memory_mib: 128}\nnetwork: {allow: [example.com]}\n", "")
+	if err != nil || f.log[0] != "boot 128 MiB allow example.com" {
+		t.Errorf("build with network: %v, log %q; want a boot with the network", err, f.log)
 	}
 }

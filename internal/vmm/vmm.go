@@ -85,6 +85,12 @@ type Disk struct {
 // NIC connects the guest to a tap device the worker prepared (in a network
 // namespace of its own); the far end is the sandbox's egress gateway.
 type NIC struct {
+	// Socket, when set, is a unix socket path at which the VMM accepts
+	// the NIC's backend: a userspace network stack (see package egress)
+	// connects there and exchanges Ethernet frames, each after its
+	// length (4 bytes, big endian). It may reconnect after a
+	// disconnect. TapName and Netns are then unused.
+	Socket  string
 	TapName string // the tap device
 	// Netns is the path of the network namespace the tap lives in (e.g.
 	// /run/netns/<name>); "" = the VMM's own. QEMU gets the tap as an open

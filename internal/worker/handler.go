@@ -62,6 +62,29 @@ func (w *Worker) Handler(token string) http.Handler {
 		httpapi.WriteJSON(rw, http.StatusOK, w.Status())
 	})
 	mux.HandleFunc("POST "+p+"/sandboxes", w.handleCreate)
+	mux.HandleFunc("PUT "+p+"/sandboxes/{id}/network", func(rw http.ResponseWriter, r *http.Request) {
+		var n Network
+		if err := httpapi.DecodeJSON(r, &n); err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		inf, err := w.SetNetwork(r.Context(), r.PathValue("id"), n)
+		if err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		httpapi.WriteJSON(rw, http.StatusOK, inf)
+	})
+	mux.HandleFunc("GET "+p+"/sandboxes/{id}/egress", func(rw http.ResponseWriter, r *http.Request) {
+		if _, err := w.Sandbox(r.PathValue("id")); err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		rw.Header().Set("Content-Type", "application/x-ndjson")
+		if err := w.EgressLog(r.PathValue("id"), rw); err != nil {
+			w.log.Warn("egress log", "sandbox_id", r.PathValue("id"), "err", err)
+		}
+	})
 	mux.HandleFunc("GET "+p+"/sandboxes", func(rw http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(rw, http.StatusOK, w.List())
 	})

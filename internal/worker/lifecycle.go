@@ -162,6 +162,9 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) 
 		return err
 	}
 	cfg := w.guestConfig(s, spec, img)
+	if cfg.NIC, err = w.nicFor(s); err != nil {
+		return err
+	}
 	if w.cfg.Cgroups != nil {
 		g, err := w.cfg.Cgroups.Create(w.cgroupName(id), limits(spec))
 		if err != nil {
@@ -200,7 +203,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) 
 			startedBy = "restore"
 			gv, err = guestvm.Restore(bctx, cfg, filepath.Join(dir, "vm"))
 		}
-	case !spec.ColdBoot && w.warmReady(spec, img):
+	case !spec.ColdBoot && spec.Network == nil && w.warmReady(spec, img):
 		startedBy = "warm"
 		gv, err = guestvm.Restore(bctx, cfg, filepath.Join(w.warmDir(spec, img), "vm"))
 		if errors.Is(err, vmm.ErrIncompatible) {
@@ -216,7 +219,9 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) 
 	if err != nil {
 		return err
 	}
-	if startedBy == "boot" && !spec.ColdBoot && !w.warmReady(spec, img) {
+	// Warm templates and pools are of sandboxes without network so far: a
+	// NIC is part of the snapshot's device layout.
+	if startedBy == "boot" && !spec.ColdBoot && spec.Network == nil && !w.warmReady(spec, img) {
 		// The first sandbox of its shape: capture it, fresh from boot, as
 		// the warm template the next ones restore from.
 		if err := w.captureWarm(ctx, gv.VMM, spec, img); err != nil {
@@ -236,7 +241,11 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) 
 	if err == nil {
 		err = s.save()
 	}
+	if err == nil {
+		err = w.attachGateway(ctx, s)
+	}
 	if err != nil {
+		s.closeGateway()
 		return errors.Join(err, gv.Close(context.WithoutCancel(ctx)))
 	}
 	w.watch(s, gv.VMM)
@@ -355,6 +364,7 @@ func (w *Worker) Delete(ctx context.Context, id string) error {
 // destroy stops the VM, kills whatever is left in the control group and
 // removes the files, the record last. The caller holds s.op.
 func (w *Worker) destroy(ctx context.Context, s *sbx) error {
+	s.closeGateway()
 	s.mu.Lock()
 	vm, agent := s.vm, s.agent
 	s.vm, s.agent = nil, nil

@@ -192,7 +192,7 @@ func (w *Worker) takeMember(key, id string) *sbx {
 // spec's shape is ready. It reports whether it did; on false nothing
 // changed for id (a member that failed the handover is gone).
 func (w *Worker) fromPool(ctx context.Context, id, team string, spec Spec) (Info, bool) {
-	if spec.ColdBoot || !store.ValidSandboxID(id) || !store.ValidID(team) || spec.validate() != nil {
+	if spec.ColdBoot || spec.Network != nil || !store.ValidSandboxID(id) || !store.ValidID(team) || spec.validate() != nil {
 		return Info{}, false // create says what is wrong
 	}
 	s := w.takeMember(shapeKey(spec), id)

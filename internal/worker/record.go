@@ -42,6 +42,8 @@ type record struct {
 	// was made under another ID: a pool member handed to a create keeps
 	// its own. "" = ID.
 	Slot string `json:"slot,omitempty"`
+	// Net are the sandbox's link addresses when it has network.
+	Net *netAddrs `json:"net,omitempty"`
 }
 
 // slot is the name of the sandbox's directories.

@@ -103,6 +103,9 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 				log.Warn("sandbox vm does not answer", "err", err)
 				return w.fail(ctx, s, fmt.Sprintf("vm does not answer after the worker restarted: %v", err))
 			}
+			if err := w.attachGateway(ctx, s); err != nil {
+				log.Warn("sandbox network not reattached", "err", err)
+			}
 			log.Info("re-adopted sandbox", "vm_pid", rec.Handle.PID, "state", rec.State)
 			w.watch(s, vm)
 			return nil
@@ -125,6 +128,9 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 		}
 		if err := s.save(); err != nil {
 			return err
+		}
+		if err := w.attachGateway(ctx, s); err != nil {
+			log.Warn("sandbox network not attached", "err", err)
 		}
 		log.Info("completed interrupted create", "vm_pid", rec.Handle.PID)
 		w.watch(s, vm)
@@ -199,6 +205,7 @@ func (w *Worker) killStray(ctx context.Context, s *sbx) error {
 // fail marks a sandbox failed and releases its VM resources; the record
 // stays until the sandbox is deleted.
 func (w *Worker) fail(ctx context.Context, s *sbx, why string) error {
+	s.closeGateway()
 	if err := w.killStray(ctx, s); err != nil {
 		return err
 	}

@@ -363,6 +363,14 @@ func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string
 				snapID, sp.VCPUs, sp.MemoryMiB, sp.DiskMiB, sp.Template, spec.VCPUs, spec.MemoryMiB, spec.DiskMiB, spec.Template, errkind.InvalidArgument)
 		}
 		sp.Env, sp.Workdir, sp.User = spec.Env, spec.Workdir, spec.User
+		switch {
+		case sp.Network != nil && spec.Network != nil:
+			sp.Network = spec.Network
+		case sp.Network != nil:
+			sp.Network = &Network{} // the NIC is in the snapshot: allow nothing
+		case spec.Network != nil:
+			return Info{}, fmt.Errorf("snapshot %s was taken without a network interface: %w", snapID, errkind.InvalidArgument)
+		}
 	}
 	return w.create(ctx, id, team, sp, createOpts{snapID: snapID})
 }
@@ -414,6 +422,7 @@ func (w *Worker) Restore(ctx context.Context, id, snapID string) (Info, error) {
 // s.rec.RestoreFrom. On failure the sandbox is failed: its previous VM is
 // already gone. The caller holds s.op.
 func (w *Worker) restoreLocked(ctx context.Context, s *sbx) (Info, error) {
+	s.closeGateway()
 	s.mu.Lock()
 	id, snapID, vm, agent := s.rec.ID, s.rec.RestoreFrom, s.vm, s.agent
 	s.vm, s.agent = nil, nil

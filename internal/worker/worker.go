@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,6 +20,7 @@ import (
 	"space/internal/agent/client"
 	"space/internal/cgroup"
 	"space/internal/chunkstore"
+	"space/internal/egress"
 	"space/internal/errkind"
 	"space/internal/guestvm"
 	"space/internal/imagebuild"
@@ -70,6 +73,11 @@ type Config struct {
 	// CrashAt names a crash point (see CrashPoints) at which the process
 	// kills itself; "" = never. For tests.
 	CrashAt string
+	// EgressResolve and EgressDial are how sandboxes' gateways resolve
+	// names and open connections; nil = the host's resolver and a plain
+	// dialer (see egress.Config).
+	EgressResolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	EgressDial    func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Log receives the worker's events; nil = discard.
 	Log *slog.Logger
 }
@@ -85,6 +93,9 @@ type Spec struct {
 	// names none ("" = / and root): a template's.
 	Workdir string `json:"workdir,omitempty"`
 	User    string `json:"user,omitempty"`
+	// Network gives the sandbox a NIC behind an egress gateway with this
+	// policy; nil = no NIC at all.
+	Network *Network `json:"network,omitempty"`
 	// ColdBoot boots the VM even when a warm template could be restored.
 	ColdBoot bool `json:"cold_boot,omitempty"`
 }
@@ -99,6 +110,11 @@ func (s Spec) validate() error {
 		return fmt.Errorf("memory_mib %d out of range: %w", s.MemoryMiB, errkind.InvalidArgument)
 	case s.DiskMiB < 64 || s.DiskMiB > 1<<22:
 		return fmt.Errorf("disk_mib %d out of range: %w", s.DiskMiB, errkind.InvalidArgument)
+	}
+	if s.Network != nil {
+		if _, err := s.Network.Policy(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -311,6 +327,10 @@ type sbx struct {
 	agent *client.Client // or nil until connected; replaced when its session ends
 	// +checklocks:mu
 	failure string
+	// +checklocks:mu
+	gw *egress.Gateway // the NIC's far end, or nil (no network, or not attached)
+	// +checklocks:mu
+	audit *auditFile // gw's audit file
 }
 
 func (s *sbx) info() Info {
@@ -324,8 +344,10 @@ func (s *sbx) info() Info {
 	return inf
 }
 
-// detach lets go of the VM and agent without stopping the VM.
+// detach lets go of the VM and agent without stopping the VM. Its
+// gateway goes; the next worker attaches another.
 func (s *sbx) detach() error {
+	s.closeGateway()
 	s.mu.Lock()
 	vm, agent := s.vm, s.agent
 	s.vm, s.agent = nil, nil

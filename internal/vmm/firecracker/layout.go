@@ -128,6 +128,11 @@ func normalize(spec vmm.Spec, forBoot bool) (vmm.Spec, error) {
 		nic := *spec.NIC
 		spec.NIC = &nic
 		devices++
+		if nic.Socket != "" {
+			// Firecracker's NICs are taps only; a userspace gateway
+			// would have to sit on the tap's host side.
+			return spec, fmt.Errorf("nic: firecracker has no socket network backend (use a tap): %w", errkind.FailedPrecondition)
+		}
 		if nic.TapName == "" || len(nic.TapName) > 15 || strings.ContainsAny(nic.TapName, "/ \t\n") {
 			return bad("tap name %q", nic.TapName)
 		}

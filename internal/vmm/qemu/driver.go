@@ -40,7 +40,7 @@ func (d *Driver) Boot(ctx context.Context, s vmm.Spec) (vmm.VM, error) {
 		return nil, err
 	}
 	if nic != nil {
-		defer nic.Tap.Close() // QEMU has its own copy
+		defer nic.closeTap() // QEMU has its own copy
 		spec.NIC = nic
 	}
 	if !d.noVsock && vsockAvailable() {
@@ -195,6 +195,9 @@ func (v *VM) Detach() error {
 func openNIC(n *vmm.NIC) (*NIC, error) {
 	if n == nil {
 		return nil, nil
+	}
+	if n.Socket != "" {
+		return &NIC{Socket: n.Socket, MAC: n.MAC}, nil
 	}
 	f, err := tap.Open(n.Netns, n.TapName)
 	if err != nil {

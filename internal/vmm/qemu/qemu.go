@@ -187,8 +187,17 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	undo.push(stderr.Close)
 
 	extra := append([]*os.File(nil), listeners...)
-	if spec.NIC != nil {
-		extra = append(extra, spec.NIC.Tap) // tapFD
+	switch {
+	case spec.NIC != nil && spec.NIC.Tap != nil:
+		extra = append(extra, spec.NIC.Tap) // nicFD
+	case spec.NIC != nil:
+		f, err := listen(spec.NIC.Socket)
+		if err != nil {
+			return nil, fmt.Errorf("nic socket: %w", err)
+		}
+		undo.push(func() error { return removeIfExists(spec.NIC.Socket) })
+		listeners = append(listeners, f) // closed with the others once QEMU runs
+		extra = append(extra, f)         // nicFD
 	}
 	if spec.Vsock != nil {
 		extra = append(extra, spec.Vsock.FD) // spec.vsockFD()

@@ -330,7 +330,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM,
 		return nil, fmt.Errorf("restore %s: %w", dir, err)
 	}
 	if nic != nil {
-		defer nic.Tap.Close() // QEMU has its own copy
+		defer nic.closeTap() // QEMU has its own copy
 		spec.NIC = nic
 	}
 	if m.Vsock {

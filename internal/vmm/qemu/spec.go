@@ -84,11 +84,14 @@ type Spec struct {
 	MemoryPath string
 }
 
-// NIC is a virtio-net interface on an open tap descriptor. Start hands the
-// descriptor to QEMU; the caller keeps (and closes) its own.
+// NIC is a virtio-net interface on an open tap descriptor, or on a unix
+// socket QEMU listens on (a stream netdev) for a userspace network stack.
+// Start hands a tap descriptor to QEMU; the caller keeps (and closes) its
+// own.
 type NIC struct {
-	Tap *os.File `json:"-"`
-	MAC string
+	Tap    *os.File `json:"-"`
+	Socket string   // instead of Tap
+	MAC    string
 }
 
 // Vsock is a vhost-vsock device on an open /dev/vhost-vsock descriptor
@@ -162,8 +165,11 @@ func (s Spec) normalize() (Spec, error) {
 		}
 	}
 	if s.NIC != nil {
-		if s.NIC.Tap == nil {
-			return s, invalid("nic without a tap descriptor")
+		if (s.NIC.Tap == nil) == (s.NIC.Socket == "") {
+			return s, invalid("nic needs a tap descriptor or a socket path, not both")
+		}
+		if strings.ContainsRune(s.NIC.Socket, ',') {
+			return s, invalid("nic socket %q has a comma", s.NIC.Socket)
 		}
 		if _, err := net.ParseMAC(s.NIC.MAC); err != nil || strings.ContainsRune(s.NIC.MAC, ',') {
 			return s, invalid("nic mac %q", s.NIC.MAC)
@@ -216,7 +222,7 @@ const (
 	qmpFD    = 3
 	serialFD = 4
 	agentFD  = 5
-	tapFD    = 6 // only with a NIC
+	nicFD    = 6 // only with a NIC: its tap, or its listening socket
 )
 
 // args returns QEMU's arguments for a normalized spec. The vCPUs always
@@ -283,9 +289,17 @@ func (s Spec) argsWith(sandbox bool, paths map[string]string) []string {
 		// (and leave holes in the memory file, which keeps snapshots small).
 		"-device", "virtio-balloon-pci,id=balloon0,free-page-reporting=on",
 	)
-	if s.NIC != nil {
+	switch {
+	case s.NIC != nil && s.NIC.Socket != "":
+		// QEMU listens (on a socket Start made and hands it); the
+		// gateway connects, and may again after a restart of the worker.
 		a = append(a,
-			"-netdev", "tap,id=n0,fd="+strconv.Itoa(tapFD),
+			"-netdev", "stream,id=n0,server=on,addr.type=fd,addr.str="+strconv.Itoa(nicFD),
+			"-device", "virtio-net-pci,netdev=n0,mac="+s.NIC.MAC,
+		)
+	case s.NIC != nil:
+		a = append(a,
+			"-netdev", "tap,id=n0,fd="+strconv.Itoa(nicFD),
 			"-device", "virtio-net-pci,netdev=n0,mac="+s.NIC.MAC,
 		)
 	}
@@ -321,7 +335,14 @@ func optEscape(v string) string { return strings.ReplaceAll(v, ",", ",,") }
 // as: right after the sockets and the tap.
 func (s Spec) vsockFD() int {
 	if s.NIC != nil {
-		return tapFD + 1
+		return nicFD + 1
 	}
-	return tapFD
+	return nicFD
+}
+
+// closeTap closes the caller's copy of the tap descriptor, if any.
+func (n *NIC) closeTap() {
+	if n.Tap != nil {
+		n.Tap.Close()
+	}
 }

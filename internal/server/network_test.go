@@ -1,0 +1,196 @@
+package server
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"space/api"
+	"space/client"
+	"space/internal/netns"
+	"space/internal/testenv"
+)
+
+// upstreamAddr is the test upstream's address: a documentation address
+// on the loopback of a network namespace of the test's own, reachable
+// only from there.
+var upstreamAddr = netip.MustParseAddr("198.51.100.10")
+
+// netUpstream starts HTTPS (443, a certificate of a CA of its own for
+// api.test and other.test) and HTTP (80) servers at upstreamAddr in a new
+// network namespace, and returns the namespace's path and the CA in PEM.
+func netUpstream(t *testing.T) (nsPath string, caPEM []byte) {
+	t.Helper()
+	testenv.RequireRoot(t, testenv.TierNetns)
+	testenv.RequireTool(t, testenv.TierNetns, "ip", "iproute2")
+	ns := fmt.Sprintf("space-nettest-%d", os.Getpid())
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("setup: ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	exec.Command("ip", "netns", "del", ns).Run()
+	run("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	run("-n", ns, "link", "set", "lo", "up")
+	run("-n", ns, "addr", "add", upstreamAddr.String()+"/32", "dev", "lo")
+	nsPath = "/run/netns/" + ns
+
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "space test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(2),
+		DNSNames: []string{"api.test", "other.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello %s", r.Host) })
+	for _, port := range []string{"443", "80"} {
+		var l net.Listener
+		if err := netns.Do(nsPath, func() (err error) {
+			l, err = net.Listen("tcp", net.JoinHostPort(upstreamAddr.String(), port))
+			return err
+		}); err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		if port == "443" {
+			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
+		}
+		srv := &http.Server{Handler: h}
+		go srv.Serve(l)
+		t.Cleanup(func() { srv.Close() })
+	}
+	return nsPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+}
+
+// TestSandboxNetwork runs a sandbox with a network behind its gateway
+// against an HTTPS upstream in a namespace of the test's own: the allowed
+// name works from the guest's own tools; other names, raw addresses,
+// other resolvers and forged answers fail; a policy change applies to new
+// connections; a fork keeps the policy with an address of its own; every
+// decision is in the egress log.
+func TestSandboxNetwork(t *testing.T) {
+	nsPath, caPEM := netUpstream(t)
+	up := []netip.Addr{upstreamAddr}
+	ts := startServerWith(t, Config{Egress: Egress{Netns: nsPath, Hosts: map[string][]netip.Addr{
+		"api.test": up, "other.test": up,
+		"loop.test": {netip.MustParseAddr("127.0.0.1")}, "meta.test": {netip.MustParseAddr("169.254.169.254")},
+	}}})
+	ts.deleteAllOnCleanup(t)
+	c := ts.client
+	ctx := t.Context()
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256, Network: &api.Network{Allow: []string{"api.test", "loop.test", "meta.test"}}})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if _, err := c.WriteFile(ctx, sb.ID, "/tmp/ca.pem", strings.NewReader(string(caPEM)), client.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	curl := func(id, args string) (string, int) {
+		out, errOut, code := execOut(t, c, id, sh("curl -sS --max-time 10 --cacert /tmp/ca.pem "+args))
+		return out + errOut, code
+	}
+	if out, code := curl(sb.ID, "https://api.test/"); code != 0 || out != "hello api.test" {
+		t.Errorf("curl https://api.test/ = %q (exit %d)", out, code)
+	}
+	if out, code := curl(sb.ID, "http://api.test/plain"); code != 0 || out != "hello api.test" {
+		t.Errorf("curl http://api.test/plain = %q (exit %d)", out, code)
+	}
+	for what, args := range map[string]string{
+		"an unlisted name":           "https://other.test/",
+		"the upstream by IP":         "--connect-timeout 5 http://" + upstreamAddr.String() + "/",
+		"a name leading to loopback": "http://loop.test/",
+		"a name leading to metadata": "http://meta.test/",
+	} {
+		if out, code := curl(sb.ID, args); code == 0 {
+			t.Errorf("%s: curl %s = %q, want a failure", what, args, out)
+		}
+	}
+	// A forged answer: other.test at api.test's address.
+	apiAddr, _, _ := execOut(t, c, sb.ID, sh("getent hosts api.test | cut -d' ' -f1"))
+	apiAddr = strings.TrimSpace(apiAddr)
+	if out, code := curl(sb.ID, "--resolve other.test:443:"+apiAddr+" https://other.test/"); code == 0 {
+		t.Errorf("other.test through api.test's address (%s) = %q, want a failure", apiAddr, out)
+	}
+	// Another resolver: no answer ever comes back.
+	const py = `import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+q=bytes.fromhex("123401000001000000000000056f7468657204746573740000010001")
+s.sendto(q, ("8.8.8.8", 53))
+try:
+    s.recv(512); print("answered")
+except OSError as e:
+    print("no answer")`
+	if out, _, _ := execOut(t, c, sb.ID, api.Exec{Command: []string{"python3", "-c", py}}); strings.TrimSpace(out) != "no answer" {
+		t.Errorf("DNS to 8.8.8.8 from the guest: %q", out)
+	}
+
+	// A policy change applies to new connections.
+	if _, err := c.SetNetwork(ctx, sb.ID, api.Network{Allow: []string{"other.test"}}); err != nil {
+		t.Fatalf("SetNetwork: %v", err)
+	}
+	if out, code := curl(sb.ID, "https://other.test/"); code != 0 || out != "hello other.test" {
+		t.Errorf("after allowing other.test: %q (exit %d)", out, code)
+	}
+	if out, code := curl(sb.ID, "https://api.test/"); code == 0 {
+		t.Errorf("after dropping api.test: %q, want a failure", out)
+	}
+
+	// A fork keeps the policy, with an address of its own.
+	addrOf := func(id string) string {
+		out, _, _ := execOut(t, c, id, api.Exec{Command: []string{"python3", "-c",
+			`import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(("203.0.113.1", 9)); print(s.getsockname()[0])`}})
+		return strings.TrimSpace(out)
+	}
+	kids, err := c.ForkSandbox(ctx, sb.ID, 1)
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	if a, b := addrOf(sb.ID), addrOf(kids[0].ID); a == "" || a == b {
+		t.Errorf("parent at %q, fork at %q: want addresses of their own", a, b)
+	}
+	if kids[0].Network == nil || strings.Join(kids[0].Network.Allow, ",") != "other.test" {
+		t.Errorf("fork's network = %+v, want the parent's policy", kids[0].Network)
+	}
+	if out, code := curl(kids[0].ID, "https://other.test/"); code != 0 || out != "hello other.test" {
+		t.Errorf("fork: curl https://other.test/ = %q (exit %d)", out, code)
+	}
+
+	events, err := c.EgressLog(ctx, sb.ID)
+	if err != nil {
+		t.Fatalf("EgressLog: %v", err)
+	}
+	var allowedAPI, deniedDNS, deniedIP bool
+	for _, e := range events {
+		allowedAPI = allowedAPI || e.Allowed && e.Proto == "tcp" && e.Name == "api.test" && e.BytesIn > 0
+		deniedDNS = deniedDNS || !e.Allowed && e.Proto == "dns" && e.Name == "other.test"
+		deniedIP = deniedIP || !e.Allowed && e.Proto == "tcp" && e.Addr == upstreamAddr.String()
+	}
+	if !allowedAPI || !deniedDNS || !deniedIP {
+		t.Errorf("egress log lacks a decision (allowed api.test %v, denied DNS other.test %v, denied raw IP %v): %+v",
+			allowedAPI, deniedDNS, deniedIP, events)
+	}
+}

@@ -1,0 +1,314 @@
+package worker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"space/internal/agent/proto"
+	"space/internal/egress"
+	"space/internal/errkind"
+	"space/internal/vmm"
+)
+
+// Network is a sandbox's egress: with it the sandbox has a NIC whose far
+// end is a gateway of its own (package egress); without it, no NIC.
+type Network struct {
+	// Allow are egress rules (see egress.ParseRule): host names, *.suffix,
+	// IPv4 addresses or ranges, each with an optional ":port". Empty
+	// allows nothing (DNS answers NXDOMAIN).
+	Allow []string `json:"allow,omitempty"`
+	// Off takes the network away, DNS included.
+	Off bool `json:"off,omitempty"`
+}
+
+const maxRules = 256
+
+// Policy checks n and returns its egress policy.
+func (n *Network) Policy() (egress.Policy, error) {
+	if len(n.Allow) > maxRules {
+		return egress.Policy{}, fmt.Errorf("network: more than %d rules: %w", maxRules, errkind.InvalidArgument)
+	}
+	rules, err := egress.ParseRules(n.Allow)
+	if err != nil {
+		return egress.Policy{}, fmt.Errorf("network: %w", err)
+	}
+	return egress.Policy{Allow: rules, Off: n.Off}, nil
+}
+
+// netAddrs are a sandbox's addresses on its own link: a /30 of
+// netBlocks, the gateway at .1 and the guest at .2.
+type netAddrs struct {
+	Block int    `json:"block"`
+	MAC   string `json:"mac"`
+}
+
+// guestMAC is every guest NIC's address: each link is the sandbox's own,
+// and a fork or restore keeps the MAC its snapshot's device has.
+const guestMAC = "02:fc:00:00:00:02"
+
+// netBlocks is where sandboxes' links are numbered from; each sandbox's
+// link is its own (nothing routes between them), but distinct addresses
+// keep logs and forks apart.
+var netBlocks = netip.MustParsePrefix("10.200.0.0/16")
+
+func (a netAddrs) gateway() netip.Addr { return blockAddr(a.Block, 1) }
+func (a netAddrs) guest() netip.Addr   { return blockAddr(a.Block, 2) }
+
+func blockAddr(block, host int) netip.Addr {
+	b := netBlocks.Addr().As4()
+	n := block*4 + host
+	b[2], b[3] = byte(n>>8), byte(n)
+	return netip.AddrFrom4(b)
+}
+
+// allocNet gives s a link block no other sandbox of the worker has.
+func (w *Worker) allocNet(s *sbx) (netAddrs, error) {
+	used := map[int]bool{}
+	w.mu.Lock()
+	for _, o := range w.sandboxes {
+		if o == s {
+			continue
+		}
+		o.mu.Lock()
+		if o.rec.Net != nil {
+			used[o.rec.Net.Block] = true
+		}
+		o.mu.Unlock()
+	}
+	w.mu.Unlock()
+	for b := 1; b < 1<<14; b++ {
+		if !used[b] {
+			return netAddrs{Block: b, MAC: guestMAC}, nil
+		}
+	}
+	return netAddrs{}, fmt.Errorf("no free network block: %w", errkind.ResourceExhausted)
+}
+
+// nicFor returns the NIC a sandbox with network gets, giving it its
+// addresses on first use; nil without network.
+func (w *Worker) nicFor(s *sbx) (*vmm.NIC, error) {
+	s.mu.Lock()
+	net, addrs := s.rec.Spec.Network, s.rec.Net
+	s.mu.Unlock()
+	if net == nil {
+		return nil, nil
+	}
+	if addrs == nil {
+		a, err := w.allocNet(s)
+		if err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		s.rec.Net = &a
+		s.mu.Unlock()
+		addrs = &a
+	}
+	return &vmm.NIC{Socket: s.netSocket(), MAC: addrs.MAC}, nil
+}
+
+// netSocket is where the sandbox's VMM accepts its gateway.
+func (s *sbx) netSocket() string { return filepath.Join(s.runDir, "vm", "net.sock") }
+
+// egressLog is the sandbox's audit file of egress decisions (JSON lines).
+func (s *sbx) egressLog() string { return filepath.Join(s.dir, "egress.log") }
+
+// maxEgressLog is the size at which the audit file is rotated (one
+// previous file is kept).
+const maxEgressLog = 16 << 20
+
+// attachGateway connects a gateway to the sandbox's NIC and gives the
+// guest its addresses, once its VM runs and its agent answers. A sandbox
+// without network has nothing to attach.
+func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
+	s.mu.Lock()
+	spec, addrs, agent := s.rec.Spec.Network, s.rec.Net, s.agent
+	s.mu.Unlock()
+	if spec == nil || addrs == nil {
+		return nil
+	}
+	policy, err := spec.Policy()
+	if err != nil {
+		return err
+	}
+	var conn net.Conn
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "unix", s.netSocket())
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("connect the gateway: %w", err)
+	}
+	audit := w.auditor(s)
+	gw, err := egress.New(egress.Config{
+		Conn: conn, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
+		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write,
+		Log: w.log.With("sandbox_id", s.id()),
+	})
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	s.mu.Lock()
+	old := s.gw
+	s.gw = gw
+	s.audit = audit
+	s.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	if agent == nil {
+		return nil // re-adopted: the guest keeps its addresses
+	}
+	return agent.ConfigureNetwork(ctx, proto.NetConfig{
+		Interfaces: []proto.Interface{{MAC: addrs.MAC, Addresses: []string{netip.PrefixFrom(addrs.guest(), 30).String()},
+			Gateway: addrs.gateway().String(), MTU: 1500}},
+		Nameservers: []string{addrs.gateway().String()},
+	})
+}
+
+// closeGateway stops the sandbox's gateway, if it has one.
+func (s *sbx) closeGateway() {
+	s.mu.Lock()
+	gw, audit := s.gw, s.audit
+	s.gw, s.audit = nil, nil
+	s.mu.Unlock()
+	if gw != nil {
+		gw.Close()
+	}
+	if audit != nil {
+		audit.close()
+	}
+}
+
+// SetNetwork replaces a running sandbox's egress policy: new connections
+// and DNS queries follow it. A sandbox created without network has no NIC
+// to give one.
+func (w *Worker) SetNetwork(ctx context.Context, id string, n Network) (Info, error) {
+	policy, err := n.Policy()
+	if err != nil {
+		return Info{}, err
+	}
+	s, err := w.get(id)
+	if err != nil {
+		return Info{}, err
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	has, gw := s.rec.Spec.Network != nil, s.gw
+	if has {
+		s.rec.Spec.Network = &n
+	}
+	s.mu.Unlock()
+	if !has {
+		return Info{}, fmt.Errorf("%s was created without network; create it with a network policy (even an empty one) to change it later: %w", id, errkind.FailedPrecondition)
+	}
+	if err := s.save(); err != nil {
+		return Info{}, err
+	}
+	if gw != nil {
+		gw.SetPolicy(policy)
+	}
+	w.log.Info("sandbox network policy set", "sandbox_id", id, "rules", len(n.Allow), "off", n.Off)
+	return s.info(), nil
+}
+
+// EgressLog copies the sandbox's audit of egress decisions (JSON lines,
+// oldest first) to out.
+func (w *Worker) EgressLog(id string, out io.Writer) error {
+	s, err := w.get(id)
+	if err != nil {
+		return err
+	}
+	for _, p := range []string{s.egressLog() + ".1", s.egressLog()} {
+		f, err := os.Open(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(out, f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// auditFile appends egress events to a sandbox's audit file.
+type auditFile struct {
+	path string
+	ch   chan egress.Event
+	done chan struct{}
+}
+
+func (w *Worker) auditor(s *sbx) *auditFile {
+	a := &auditFile{path: s.egressLog(), ch: make(chan egress.Event, 1024), done: make(chan struct{})}
+	go a.run(w)
+	return a
+}
+
+// write queues an event; when the writer falls behind, events are
+// counted as lost rather than blocking the gateway.
+func (a *auditFile) write(ev egress.Event) {
+	select {
+	case a.ch <- ev:
+	default:
+	}
+}
+
+func (a *auditFile) close() {
+	close(a.ch)
+	<-a.done
+}
+
+func (a *auditFile) run(w *Worker) {
+	defer close(a.done)
+	f, err := os.OpenFile(a.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		w.log.Warn("egress audit file", "err", err)
+		for range a.ch {
+		}
+		return
+	}
+	bw := bufio.NewWriter(f)
+	size, _ := f.Seek(0, io.SeekEnd)
+	for ev := range a.ch {
+		b, _ := json.Marshal(ev)
+		n, _ := bw.Write(append(b, '\n'))
+		size += int64(n)
+		if len(a.ch) == 0 {
+			bw.Flush()
+		}
+		if size > maxEgressLog {
+			bw.Flush()
+			f.Close()
+			os.Rename(a.path, a.path+".1")
+			if f, err = os.OpenFile(a.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+				w.log.Warn("egress audit file", "err", err)
+				for range a.ch {
+				}
+				return
+			}
+			bw.Reset(f)
+			size = 0
+		}
+	}
+	bw.Flush()
+	f.Close()
+}
