@@ -472,4 +472,7 @@ type EgressEvent struct {
 	BytesIn  int64  `json:"bytes_in,omitempty"`  // upstream to guest
 	// Reason says why it was refused.
 	Reason string `json:"reason,omitempty"`
+	// Injected says the gateway added secrets to the connection's
+	// requests (their values are never logged).
+	Injected bool `json:"secret_injected,omitempty"`
 }

@@ -3,6 +3,7 @@ package egress
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -48,6 +49,12 @@ type Config struct {
 	// Dial opens the gateway's connections; nil = a net.Dialer with a 10
 	// second timeout.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// CA signs the certificates the gateway shows the guest for hosts
+	// it adds secrets for; nil = secrets are never added.
+	CA *CA
+	// UpstreamRoots verify upstream servers where the gateway speaks
+	// TLS itself; nil = the host's roots.
+	UpstreamRoots *x509.CertPool
 	// Audit receives every decision; nil = none. It must not block.
 	Audit func(Event)
 	// Log receives the gateway's own events; nil = discard.
@@ -317,7 +324,7 @@ func (g *Gateway) release() {
 // the name itself and dials an address the name may lead to.
 func (g *Gateway) proxyName(guest net.Conn, name string, port uint16) {
 	ev := Event{Proto: "tcp", Name: name, Port: port}
-	said, _, head, err := peekName(guest, 30*time.Second)
+	said, isTLS, head, err := peekName(guest, 30*time.Second)
 	switch {
 	case err != nil:
 		ev.Reason = "reading the first message: " + err.Error()
@@ -355,6 +362,10 @@ func (g *Gateway) proxyName(guest net.Conn, name string, port uint16) {
 		return
 	}
 	defer up.Close()
+	if secrets := p.secretsFor(name); len(secrets) > 0 && isTLS && g.cfg.CA != nil {
+		g.inject(guest, up, head, name, secrets, &ev)
+		return
+	}
 	g.splice(guest, up, head, &ev)
 }
 

@@ -119,6 +119,10 @@ type upstream struct {
 	mu   sync.Mutex
 	// +checklocks:mu
 	hits []string // "host path" of every request served
+	// +checklocks:mu
+	requests []*http.Request // with their bodies read into bodies
+	// +checklocks:mu
+	bodies []string
 }
 
 func newUpstream(t testing.TB) *upstream {
@@ -143,8 +147,11 @@ func newUpstream(t testing.TB) *upstream {
 	u.pool.AddCert(ca)
 	cert := leaf(t, ca, caKey, "api.test", "other.test", "x.wild.test")
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
 		u.hits = append(u.hits, r.Host+" "+r.URL.Path)
+		u.requests = append(u.requests, r)
+		u.bodies = append(u.bodies, string(body))
 		u.mu.Unlock()
 		if r.URL.Path == "/big" {
 			w.Write(make([]byte, bigBody))
@@ -219,6 +226,12 @@ const bigBody = 64 << 20
 // the upstream except loop.test and meta.test.
 func setup(t testing.TB, policy ...string) (*Gateway, *guest, *upstream, *auditLog) {
 	t.Helper()
+	return setupWith(t, func(*Config) {}, policy...)
+}
+
+// setupWith is setup with the gateway's configuration edited by edit.
+func setupWith(t testing.TB, edit func(*Config), policy ...string) (*Gateway, *guest, *upstream, *auditLog) {
+	t.Helper()
 	u := newUpstream(t)
 	rules, err := ParseRules(policy)
 	if err != nil {
@@ -230,7 +243,7 @@ func setup(t testing.TB, policy ...string) (*Gateway, *guest, *upstream, *auditL
 	}
 	vmmEnd, guestEnd := os.NewFile(uintptr(fds[0]), "vmm"), os.NewFile(uintptr(fds[1]), "guest")
 	log := &auditLog{}
-	g, err := New(Config{
+	cfg := Config{
 		Conn: vmmEnd, Gateway: gatewayIP, Guest: guestIP, Policy: Policy{Allow: rules}, Audit: log.add, Dial: u.dial,
 		Resolve: func(_ context.Context, host string) ([]netip.Addr, error) {
 			switch host {
@@ -241,7 +254,10 @@ func setup(t testing.TB, policy ...string) (*Gateway, *guest, *upstream, *auditL
 			}
 			return []netip.Addr{upstreamIP}, nil
 		},
-	})
+	}
+	cfg.UpstreamRoots = u.pool
+	edit(&cfg)
+	g, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,9 @@ type Policy struct {
 	// BytesPerSecond bounds the throughput of all connections together,
 	// each direction; 0 = unlimited.
 	BytesPerSecond int64
+	// Secrets are added to requests for the hosts they are bound to
+	// (see Secret); the gateway needs Config.CA for them.
+	Secrets []Secret
 }
 
 // DefaultMaxConns is Policy.MaxConns when it is 0.

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -542,4 +543,34 @@ func TestCrashDuringTemplateBuild(t *testing.T) {
 		t.Errorf("delete template: %v", err)
 	}
 	c.kill(t, syscall.SIGTERM)
+}
+
+// TestTemplateBuildNetwork gives a build the network its spec allows: a
+// step fetches from the allowed name (an HTTPS upstream in a namespace of
+// the test's own), and a build whose step fetches another name fails.
+func TestTemplateBuildNetwork(t *testing.T) {
+	nsPath, _ := netUpstream(t)
+	ts := startServerWith(t, Config{Egress: Egress{Netns: nsPath, Hosts: map[string][]netip.Addr{
+		"api.test": {upstreamAddr}, "other.test": {upstreamAddr}}}})
+	ts.deleteAllOnCleanup(t)
+	dir := t.TempDir()
+	writeTestImage(t, buildTplsrv(t, t.TempDir()), filepath.Join(dir, "image.tar"))
+	spec := func(host string) string {
+		return "name: fetch\nbase: {oci: ./image.tar}\nsteps:\n  - run: [/bin/tplsrv, get, \"http://" + host +
+			"/\"]\nnetwork: {allow: [api.test]}\nready: {tcp: 8080}\nresources: {memory_mib: 256}\n"
+	}
+	os.WriteFile(filepath.Join(dir, "space.yaml"), []byte(spec("api.test")), 0o644)
+	var out strings.Builder
+	_, rep, err := ts.client.BuildTemplate(t.Context(), tarDir(t, dir), client.BuildOptions{}, func(ev api.BuildEvent) {
+		if ev.Type == "output" {
+			out.Write(ev.Data)
+		}
+	})
+	if err != nil || rep.Executed != 1 || !strings.Contains(out.String(), "hello api.test") {
+		t.Fatalf("build fetching the allowed name: %v, %+v, output %q", err, rep, out.String())
+	}
+	os.WriteFile(filepath.Join(dir, "space.yaml"), []byte(spec("other.test")), 0o644)
+	if _, rep, err := build(t, ts.client, dir); err == nil || rep.FailedStep != 1 {
+		t.Errorf("build fetching a name its spec does not allow: %v, %+v; want step 1 failed", err, rep)
+	}
 }

@@ -1,0 +1,282 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"mime"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Secret is a credential the gateway adds to requests for the hosts it is
+// bound to; the guest only ever sees its placeholder.
+type Secret struct {
+	Name string
+	// Placeholder is what the guest holds instead of the value (in an
+	// environment variable or a file); the gateway replaces it.
+	Placeholder string
+	// Value is the real credential. It never reaches the guest.
+	Value []byte
+	// Hosts are the exact names whose requests may carry it.
+	Hosts []string
+	// Header, if set, is a header the gateway sets on every request to
+	// the hosts: Format with "{}" replaced by the value ("" = the value).
+	Header string
+	Format string
+}
+
+// bodyTypes are the content types whose bodies the placeholder is
+// replaced in (besides headers and the query string).
+var bodyTypes = map[string]bool{
+	"application/json": true, "application/x-www-form-urlencoded": true, "text/plain": true,
+}
+
+// maxInjectBody bounds a request body the gateway rewrites.
+const maxInjectBody = 16 << 20
+
+// CA is a sandbox's certificate authority: the guest trusts it, and the
+// gateway signs with it the certificates of the hosts whose TLS it
+// terminates to add secrets. The key never leaves the host.
+type CA struct {
+	Cert *x509.Certificate
+	Key  crypto.Signer
+
+	mu sync.Mutex
+	// +checklocks:mu
+	leaves map[string]*tls.Certificate
+}
+
+// NewCA makes a CA for one sandbox, valid for validity.
+func NewCA(name string, validity time.Duration) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: name, Organization: []string{"SPACE sandbox egress"}},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(validity),
+		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{Cert: cert, Key: key}, nil
+}
+
+// leaf returns a certificate for host signed by the CA.
+func (ca *CA) leaf(host string) (*tls.Certificate, error) {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	if c, ok := ca.leaves[host]; ok && time.Until(c.Leaf.NotAfter) > time.Hour {
+		return c, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: ca.Cert.NotAfter,
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return nil, err
+	}
+	leaf, _ := x509.ParseCertificate(der)
+	c := &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}
+	if ca.leaves == nil {
+		ca.leaves = map[string]*tls.Certificate{}
+	}
+	ca.leaves[host] = c
+	return c, nil
+}
+
+// secretsFor returns the secrets bound to host.
+func (p Policy) secretsFor(host string) []Secret {
+	var out []Secret
+	for _, s := range p.Secrets {
+		for _, h := range s.Hosts {
+			if h == host {
+				out = append(out, s)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// inject terminates the guest's TLS to name with a certificate of the
+// sandbox's CA, and forwards its requests over TLS verified for real to
+// the upstream, each with the secrets bound to name put in: placeholders
+// in headers, the query string and bodies of bodyTypes replaced, and a
+// secret's header set. The Host of every request must be name. Responses
+// (redirects too) go back to the guest as they are: the gateway follows
+// nothing, so a secret never goes to another host.
+func (g *Gateway) inject(guest net.Conn, up net.Conn, head []byte, name string, secrets []Secret, ev *Event) {
+	cert, err := g.cfg.CA.leaf(name)
+	if err != nil {
+		ev.Reason = "certificate: " + err.Error()
+		g.audit(*ev)
+		return
+	}
+	gtls := tls.Server(&prefixConn{Conn: guest, r: io.MultiReader(bytes.NewReader(head), guest)}, &tls.Config{
+		Certificates: []tls.Certificate{*cert}, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12,
+	})
+	defer gtls.Close()
+	utls := tls.Client(up, &tls.Config{ServerName: name, RootCAs: g.cfg.UpstreamRoots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
+	defer utls.Close()
+	if err := gtls.Handshake(); err != nil {
+		ev.Reason = "TLS from the guest: " + err.Error()
+		g.audit(*ev)
+		return
+	}
+	if err := utls.Handshake(); err != nil {
+		ev.Reason = "TLS to " + name + ": " + err.Error()
+		g.audit(*ev)
+		return
+	}
+	ev.Allowed = true
+	cr := &countingReader{r: gtls}
+	br, ubr := bufio.NewReader(cr), bufio.NewReader(utls)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			break
+		}
+		host := req.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if normalize(host) != name {
+			ev.Reason = fmt.Sprintf("a request for %q on a connection to %s", host, name)
+			writeStatus(gtls, http.StatusMisdirectedRequest)
+			break
+		}
+		if err := injectRequest(req, secrets); err != nil {
+			ev.Reason = err.Error()
+			writeStatus(gtls, http.StatusBadRequest)
+			break
+		}
+		ev.Injected = true
+		if err := req.Write(utls); err != nil {
+			break
+		}
+		resp, err := http.ReadResponse(ubr, req)
+		if err != nil {
+			break
+		}
+		cw := &countingWriter{w: gtls}
+		err = resp.Write(cw)
+		resp.Body.Close()
+		ev.BytesIn += cw.n
+		if err != nil || resp.Close || req.Close {
+			break
+		}
+	}
+	ev.BytesOut = cr.n
+	g.audit(*ev)
+}
+
+// injectRequest puts the secrets into req.
+func injectRequest(req *http.Request, secrets []Secret) error {
+	for _, s := range secrets {
+		val := string(s.Value)
+		for k, vs := range req.Header {
+			for i, v := range vs {
+				req.Header[k][i] = strings.ReplaceAll(v, s.Placeholder, val)
+			}
+		}
+		if s.Header != "" {
+			f := s.Format
+			if f == "" {
+				f = "{}"
+			}
+			req.Header.Set(s.Header, strings.ReplaceAll(f, "{}", val))
+		}
+		req.URL.RawQuery = strings.ReplaceAll(req.URL.RawQuery, s.Placeholder, url.QueryEscape(val))
+	}
+	mt, _, _ := mime.ParseMediaType(req.Header.Get("Content-Type"))
+	if req.Body == nil || req.Body == http.NoBody || !bodyTypes[mt] {
+		return nil
+	}
+	b, err := io.ReadAll(io.LimitReader(req.Body, maxInjectBody+1))
+	req.Body.Close()
+	if err != nil {
+		return err
+	}
+	if len(b) > maxInjectBody {
+		return errors.New("a request body to rewrite is larger than 16 MiB")
+	}
+	for _, s := range secrets {
+		v := s.Value
+		if mt == "application/x-www-form-urlencoded" {
+			v = []byte(url.QueryEscape(string(v)))
+		}
+		b = bytes.ReplaceAll(b, []byte(s.Placeholder), v)
+	}
+	req.Body = io.NopCloser(bytes.NewReader(b))
+	req.ContentLength = int64(len(b))
+	req.Header.Set("Content-Length", strconv.Itoa(len(b)))
+	req.TransferEncoding = nil
+	return nil
+}
+
+func writeStatus(w io.Writer, code int) {
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", code, http.StatusText(code))
+}
+
+// prefixConn is a net.Conn that reads r (bytes already read, then the
+// connection).
+type prefixConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
