@@ -89,8 +89,9 @@ func NewCA(name string, validity time.Duration) (*CA, error) {
 // leaf returns a certificate for host signed by the CA.
 func (ca *CA) leaf(host string) (*tls.Certificate, error) {
 	ca.mu.Lock()
-	defer ca.mu.Unlock()
-	if c, ok := ca.leaves[host]; ok && time.Until(c.Leaf.NotAfter) > time.Hour {
+	c, ok := ca.leaves[host]
+	ca.mu.Unlock()
+	if ok && time.Until(c.Leaf.NotAfter) > time.Hour {
 		return c, nil
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -108,11 +109,13 @@ func (ca *CA) leaf(host string) (*tls.Certificate, error) {
 		return nil, err
 	}
 	leaf, _ := x509.ParseCertificate(der)
-	c := &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}
+	c = &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}
+	ca.mu.Lock()
 	if ca.leaves == nil {
 		ca.leaves = map[string]*tls.Certificate{}
 	}
 	ca.leaves[host] = c
+	ca.mu.Unlock()
 	return c, nil
 }
 
