@@ -26,7 +26,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		newSandboxStateCmd(g, "pause", "Pause sandboxes (vCPUs stop; memory stays)", (*client.Client).PauseSandbox),
 		newSandboxStateCmd(g, "suspend", "Suspend sandboxes to storage (the VM stops; memory is freed)", (*client.Client).SuspendSandbox),
 		newSandboxStateCmd(g, "resume", "Resume paused or suspended sandboxes", (*client.Client).ResumeSandbox),
-		newSandboxRestoreCmd(g), newSandboxForkCmd(g), newSandboxNetworkCmd(g), newSandboxEgressLogCmd(g))
+		newSandboxRestoreCmd(g), newSandboxForkCmd(g), newSandboxNetworkCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g))
 }
 
 func newSandboxCreateCmd(g *globals) *cobra.Command {

@@ -365,6 +365,11 @@ func (s *Server) routes() []route {
 		{"GET", sb + "/files/list", fwd, false},
 		{"GET", sb + "/ports/{port}", fwd, false},
 		{"PUT", sb + "/network", s.handleSetNetwork, false},
+		{"GET", sb + "/ports/{port}/http/{path...}", fwd, false},
+		{"POST", sb + "/ports/{port}/http/{path...}", fwd, false},
+		{"PUT", sb + "/ports/{port}/http/{path...}", fwd, false},
+		{"PATCH", sb + "/ports/{port}/http/{path...}", fwd, false},
+		{"DELETE", sb + "/ports/{port}/http/{path...}", fwd, false},
 		{"GET", sb + "/egress", fwd, false},
 		{"POST", "/v1/templates", s.handleBuildTemplate, false},
 		{"GET", "/v1/templates", s.handleListTemplates, false},
@@ -380,11 +385,13 @@ func (s *Server) routes() []route {
 	}
 }
 
-// Routes returns "METHOD /path" of every public route, sorted.
+// Routes returns "METHOD /path" of every public route, sorted, with a
+// wildcard that spans segments ("{path...}") written as OpenAPI writes
+// it ("{path}").
 func (s *Server) Routes() []string {
 	var out []string
 	for _, rt := range s.routes() {
-		out = append(out, rt.method+" "+rt.path)
+		out = append(out, rt.method+" "+strings.ReplaceAll(rt.path, "...}", "}"))
 	}
 	sort.Strings(out)
 	return out

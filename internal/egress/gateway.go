@@ -437,3 +437,10 @@ func closeWrite(c net.Conn) {
 	}
 	c.Close()
 }
+
+// DialGuest opens a TCP connection from the gateway to port on the guest:
+// the way in for a port the sandbox exposes (nothing else connects to the
+// guest).
+func (g *Gateway) DialGuest(ctx context.Context, port uint16) (net.Conn, error) {
+	return gonet.DialContextTCP(ctx, g.stack, tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom4(g.cfg.Guest.As4()), Port: port}, ipv4.ProtocolNumber)
+}

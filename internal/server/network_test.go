@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -177,6 +178,36 @@ except OSError as e:
 	}
 	if out, code := curl(kids[0].ID, "https://other.test/"); code != 0 || out != "hello other.test" {
 		t.Errorf("fork: curl https://other.test/ = %q (exit %d)", out, code)
+	}
+
+	// A port exposed through the API: a server in the guest answers an
+	// authenticated request from outside; without the key, nothing.
+	if _, err := c.StartDetached(ctx, sb.ID, api.Exec{Command: []string{"python3", "-m", "http.server", "8000", "--directory", "/tmp"}}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { open, _ := c.PortOpen(ctx, sb.ID, 8000); return open })
+	exposed := ts.url + "/v1/sandboxes/" + sb.ID + "/ports/8000/http/ca.pem"
+	for key, want := range map[string]int{ts.key: http.StatusOK, "": http.StatusUnauthorized} {
+		req, _ := http.NewRequestWithContext(ctx, "GET", exposed, nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", exposed, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || want == http.StatusOK && string(body) != string(caPEM) {
+			t.Errorf("GET the exposed port (key %t) = %d %.80q, want %d", key != "", resp.StatusCode, body, want)
+		}
+	}
+	plain, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := rawCall(t, ts, "GET", "/v1/sandboxes/"+plain.ID+"/ports/8000/http/", ""); code != http.StatusConflict {
+		t.Errorf("exposing a port of a sandbox without network = %d %s, want 409", code, body)
 	}
 
 	events, err := c.EgressLog(ctx, sb.ID)

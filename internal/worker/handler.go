@@ -202,6 +202,7 @@ func (w *Worker) dataRoutes(mux *http.ServeMux, base string) {
 	mux.HandleFunc("DELETE "+base+"/files", w.withAgent(handleRemoveFile))
 	mux.HandleFunc("GET "+base+"/files/list", w.withAgent(handleListFiles))
 	mux.HandleFunc("GET "+base+"/ports/{port}", w.withAgent(handlePort))
+	mux.HandleFunc(base+"/ports/{port}/http/{path...}", w.handleExposed)
 }
 
 // agentHandler serves a data-plane request with the sandbox's agent. An

@@ -8,14 +8,19 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httputil"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"space/internal/agent/proto"
 	"space/internal/egress"
 	"space/internal/errkind"
+	"space/internal/httpapi"
 	"space/internal/vmm"
 )
 
@@ -311,4 +316,47 @@ func (a *auditFile) run(w *Worker) {
 	}
 	bw.Flush()
 	f.Close()
+}
+
+// handleExposed proxies an HTTP request to a port of the guest through
+// its gateway: /sandboxes/{id}/ports/{port}/http/{path...} reaches
+// http://guest:port/{path}. Upgrades (WebSockets) pass through.
+func (w *Worker) handleExposed(rw http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		httpapi.WriteError(rw, httpapi.Invalid("port", "%.16q is not a port (1-65535)", r.PathValue("port")))
+		return
+	}
+	s, err := w.get(id)
+	if err != nil {
+		httpapi.WriteError(rw, err)
+		return
+	}
+	s.mu.Lock()
+	gw := s.gw
+	s.mu.Unlock()
+	if gw == nil {
+		httpapi.WriteError(rw, fmt.Errorf("%s has no network interface (create it with a network policy to expose ports): %w", id, errkind.FailedPrecondition))
+		return
+	}
+	target := &url.URL{Scheme: "http", Host: "sandbox:" + strconv.Itoa(port)}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.URL.Path = "/" + pr.In.PathValue("path")
+			pr.Out.URL.RawPath = ""
+			pr.Out.Host = pr.In.Host
+		},
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return gw.DialGuest(ctx, uint16(port))
+			},
+			MaxIdleConns: 1, IdleConnTimeout: 30 * time.Second, ResponseHeaderTimeout: 5 * time.Minute,
+		},
+		ErrorHandler: func(rw http.ResponseWriter, _ *http.Request, err error) {
+			httpapi.WriteError(rw, fmt.Errorf("port %d of %s: %v: %w", port, id, err, errkind.Unavailable))
+		},
+	}
+	rp.ServeHTTP(rw, r)
 }
