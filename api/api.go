@@ -476,3 +476,37 @@ type EgressEvent struct {
 	// requests (their values are never logged).
 	Injected bool `json:"secret_injected,omitempty"`
 }
+
+// CreateSecret is the body of POST /v1/secrets: a credential of the team
+// that sandboxes may later be granted. The server keeps it encrypted and
+// never returns the value.
+type CreateSecret struct {
+	// Name is 1-64 characters of [A-Za-z0-9_.-], unique in the team.
+	Name string `json:"name"`
+	// Value is the credential: 1 byte to 64 KiB (base64 in JSON). Sent in
+	// a header (Header set), it may hold no control character other than
+	// tab.
+	Value []byte `json:"value"`
+	// Hosts are the exact host names (lower case, no wildcard, no port)
+	// whose requests may carry the value: 1 to 16.
+	Hosts []string `json:"hosts"`
+	// Header is an HTTP header name the value is sent in, or "" for none.
+	Header string `json:"header,omitempty"`
+	// Format is the header's value, with "{}" (exactly once) standing for
+	// the secret's, e.g. "Bearer {}"; "" = "{}". Only with Header.
+	Format string `json:"format,omitempty"`
+}
+
+// Secret describes a team secret. It never carries the value.
+type Secret struct {
+	Name      string    `json:"name"`
+	Hosts     []string  `json:"hosts"`
+	Header    string    `json:"header,omitempty"`
+	Format    string    `json:"format,omitempty"` // with Header: "{}" at least
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// SecretList is the reply of GET /v1/secrets, ordered by name.
+type SecretList struct {
+	Secrets []Secret `json:"secrets"`
+}

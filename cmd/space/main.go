@@ -202,6 +202,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		newQuotaCmd(g),
 		newSnapshotCmd(g),
 		newTemplateCmd(g),
+		newSecretCmd(g),
 	)
 	markRunErrors(root)
 	return root

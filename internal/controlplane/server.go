@@ -31,6 +31,7 @@ import (
 	"space/api"
 	"space/internal/errkind"
 	"space/internal/httpapi"
+	"space/internal/secrets"
 	"space/internal/store"
 	"space/internal/templatebuild"
 )
@@ -71,6 +72,10 @@ type Config struct {
 	Images *templatebuild.Images
 	// BuildDir holds build contexts while their templates are built.
 	BuildDir string
+	// Secrets seals the teams' secrets before they are stored; nil = this
+	// server keeps no secrets (the /v1/secrets routes answer 409
+	// failed_precondition).
+	Secrets *secrets.Box
 	// Limits bound a sandbox's resources; zero value = DefaultLimits.
 	Limits Limits
 	// Quota is each team's quota; zero value = DefaultQuota.
@@ -378,6 +383,9 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/apikeys", s.handleCreateKey, false},
 		{"GET", "/v1/apikeys", s.handleListKeys, false},
 		{"DELETE", "/v1/apikeys/{id}", s.handleDeleteKey, false},
+		{"POST", "/v1/secrets", s.handleCreateSecret, false},
+		{"GET", "/v1/secrets", s.handleListSecrets, false},
+		{"DELETE", "/v1/secrets/{name}", s.handleDeleteSecret, false},
 		{"GET", "/v1/quota", s.handleQuota, false},
 		{"PUT", "/v1/quota", s.handleSetQuota, false},
 		{"POST", "/v1/workers", s.handleRegister, true}, // worker token, checked by the handler

@@ -46,10 +46,7 @@ func NewLocal(w *worker.Worker) *Local { return &Local{W: w, h: w.Handler("")} }
 
 func (l *Local) ID() string { return l.W.ID() }
 func (l *Local) Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error) {
-	if req.FromSnapshot != "" {
-		return l.W.CreateFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot, req.Overrides())
-	}
-	return l.W.Create(ctx, req.ID, req.Team, req.Spec)
+	return l.W.CreateWith(ctx, req)
 }
 func (l *Local) Snapshot(ctx context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error) {
 	return l.W.Snapshot(ctx, id, req)

@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -34,6 +35,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/imagebuild"
 	"space/internal/netns"
+	"space/internal/secrets"
 	"space/internal/storage"
 	"space/internal/store"
 	"space/internal/store/postgres"
@@ -182,10 +184,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := os.RemoveAll(buildDir); err != nil {
 		return err
 	}
+	// The teams' secrets are sealed under a key kept next to the store,
+	// never in it.
+	secretBox, err := secrets.LoadOrCreateKey(filepath.Join(cfg.DataDir, "secrets.key"))
+	if err != nil {
+		return err
+	}
 	cp, err := controlplane.New(controlplane.Config{
 		Store: st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
+		Secrets: secretBox,
 	})
 	if err != nil {
 		return err
@@ -307,6 +316,9 @@ type Egress struct {
 	// Netns is a network namespace (a path like /run/netns/NAME) the
 	// gateways connect from; "" = the worker's own.
 	Netns string
+	// Roots verify upstream servers where a gateway speaks TLS itself
+	// (to add secrets); nil = the host's roots.
+	Roots *x509.CertPool
 }
 
 // resolve is the gateways' resolver.
@@ -397,11 +409,17 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		return nil, err
 	}
 	wc.Log.Info("worker storage", "dir", st.Dir, "mode", st.Mode)
+	// The worker's own key seals what it keeps of secrets; it lives next
+	// to its data, outside the database.
+	box, err := secrets.LoadOrCreateKey(filepath.Join(filepath.Dir(wc.DataDir), "worker-secrets.key"))
+	if err != nil {
+		return nil, err
+	}
 	w, err := worker.New(worker.Config{
 		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, BootTimeout: bootTimeout,
 		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
 		Cgroups:   cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
-		EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial,
+		EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 	})
 	if err != nil {
 		return nil, err

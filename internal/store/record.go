@@ -192,6 +192,26 @@ type BuildCacheEntry struct {
 	Created    time.Time // set by the store
 }
 
+// Secret is a team's named credential, as the control plane sealed it
+// (see package secrets): the store never sees the value itself.
+type Secret struct {
+	TeamID string
+	Name   string // see ValidSecretName; unique within the team
+	// Sealed is the sealed value: 1 byte to MaxSealedSecret.
+	Sealed []byte
+	// Hosts are the exact host names whose requests may carry the value:
+	// 1 to 16 names of 1 to 253 bytes of [a-z0-9._-].
+	Hosts []string
+	// Header is an HTTP header the value is sent in, or "": at most 256
+	// bytes.
+	Header string
+	// Format is the header's value with "{}" standing for the secret's,
+	// or "": at most 1 KiB.
+	Format  string
+	Created time.Time // set by the store
+	Updated time.Time // set by the store on every write
+}
+
 // Worker is a host that runs sandboxes.
 type Worker struct {
 	ID            string // see ValidID
@@ -214,7 +234,16 @@ const (
 	maxTemplateLen  = 64
 	maxCacheKeyLen  = 128
 	maxTemplateMeta = 1 << 20 // bytes
+	maxSecretName   = 64
+	maxSecretHosts  = 16
+	maxHostLen      = 253
+	maxHeaderLen    = 256
+	maxFormatLen    = 1 << 10 // bytes
 )
+
+// MaxSealedSecret bounds [Secret.Sealed]: a value of 64 KiB and the
+// sealing overhead, with room to spare.
+const MaxSealedSecret = 64<<10 + 1<<10
 
 // lowercase RFC 4648 base32 alphabet
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
@@ -272,6 +301,10 @@ func ValidID(id string) bool {
 // a ValidID of at most 64 characters (so never containing ':', which
 // separates a name from a version in references like "base:3").
 func ValidTemplateName(name string) bool { return ValidID(name) && len(name) <= maxTemplateLen }
+
+// ValidSecretName reports whether name is acceptable as a secret name: a
+// ValidID of at most 64 characters.
+func ValidSecretName(name string) bool { return ValidID(name) && len(name) <= maxSecretName }
 
 // ValidCacheKey reports whether key is acceptable as a build cache key: 1
 // to 128 lowercase hexadecimal characters.
@@ -503,3 +536,46 @@ func (f *Filter) Match(sb *Sandbox) bool {
 // StoredTime returns t in the precision and zone the stores keep: UTC, whole
 // microseconds.
 func StoredTime(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
+
+// Validate checks sc's caller-set fields; errors wrap ErrInvalid. It checks
+// form and size only: what the hosts, header and format mean is the
+// control plane's to check.
+func (sc *Secret) Validate() error {
+	if !ValidID(sc.TeamID) {
+		return invalid("secret: team id %q", sc.TeamID)
+	}
+	if !ValidSecretName(sc.Name) {
+		return invalid("secret name %.100q", sc.Name)
+	}
+	if len(sc.Sealed) == 0 || len(sc.Sealed) > MaxSealedSecret {
+		return invalid("secret %s: sealed value of %d bytes, want 1 to %d", sc.Name, len(sc.Sealed), MaxSealedSecret)
+	}
+	if len(sc.Hosts) == 0 || len(sc.Hosts) > maxSecretHosts {
+		return invalid("secret %s: %d hosts, want 1 to %d", sc.Name, len(sc.Hosts), maxSecretHosts)
+	}
+	for _, h := range sc.Hosts {
+		if !validHostChars(h) {
+			return invalid("secret %s: host %.100q", sc.Name, h)
+		}
+	}
+	if len(sc.Header) > maxHeaderLen {
+		return invalid("secret %s: header longer than %d bytes", sc.Name, maxHeaderLen)
+	}
+	if len(sc.Format) > maxFormatLen {
+		return invalid("secret %s: format longer than %d bytes", sc.Name, maxFormatLen)
+	}
+	return nil
+}
+
+// validHostChars reports whether h is 1 to 253 bytes of [a-z0-9._-].
+func validHostChars(h string) bool {
+	if h == "" || len(h) > maxHostLen {
+		return false
+	}
+	for _, c := range h {
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}

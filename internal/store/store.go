@@ -1,6 +1,6 @@
 // Package store defines the control plane's durable state: teams, API keys,
-// sandboxes, snapshots, templates, the build cache and workers, and the
-// [Store] contract its backends implement.
+// sandboxes, snapshots, templates, the build cache, sealed secrets and
+// workers, and the [Store] contract its backends implement.
 //
 // Backends live in subpackages (sqlite for the embedded single-host setup,
 // postgres for scale-out); both pass the conformance suite in storetest.
@@ -24,7 +24,7 @@ var (
 	// another team.
 	ErrNotFound = fmt.Errorf("not found: %w", errkind.NotFound)
 	// ErrAlreadyExists is returned when creating a record whose ID (or API
-	// key hash, snapshot name or build cache key) is taken.
+	// key hash, snapshot name, build cache key or secret name) is taken.
 	ErrAlreadyExists = fmt.Errorf("already exists: %w", errkind.Conflict)
 	// ErrVersionConflict is returned by UpdateSandbox, UpdateSnapshot and
 	// UpdateTemplate when the stored version (Rev for a template) differs
@@ -45,6 +45,7 @@ type Store interface {
 	SnapshotIndex
 	Templates
 	TemplateIndex
+	Secrets
 	Workers
 	// Close releases the store's connections. It is idempotent.
 	Close() error
@@ -203,6 +204,26 @@ type TemplateIndex interface {
 	// are building or deleting, oldest first: what a crash may have left
 	// half done.
 	UnsettledTemplates(ctx context.Context) ([]Template, error)
+}
+
+// Secrets manages team secrets on behalf of one team at a time. A secret
+// of another team is reported as ErrNotFound; a malformed name is
+// ErrInvalid.
+type Secrets interface {
+	// CreateSecret stores sc with Created/Updated set to now.
+	// ErrAlreadyExists if the team has a secret of that name, ErrNotFound
+	// if the team does not exist, ErrInvalid if sc fails
+	// [Secret.Validate].
+	CreateSecret(ctx context.Context, sc Secret) (Secret, error)
+	// Secret returns the team's secret name, Sealed included, or
+	// ErrNotFound.
+	Secret(ctx context.Context, teamID, name string) (Secret, error)
+	// ListSecrets returns the team's secrets ordered bytewise by name,
+	// without their sealed values (Sealed is nil): what to show, not what
+	// to use. Use Secret for the value.
+	ListSecrets(ctx context.Context, teamID string) ([]Secret, error)
+	// DeleteSecret removes the team's secret name, or returns ErrNotFound.
+	DeleteSecret(ctx context.Context, teamID, name string) error
 }
 
 // Workers records the hosts that run sandboxes.

@@ -52,6 +52,9 @@ func (w *Worker) procStart(ctx context.Context, a *client.Client, id string, req
 	}
 	s.mu.Lock()
 	env := map[string]string{}
+	if len(s.rec.Spec.Secrets) > 0 {
+		env = secretEnv(s.rec.Spec)
+	}
 	for k, v := range s.rec.Spec.Env {
 		env[k] = v
 	}

@@ -32,6 +32,10 @@ type CreateRequest struct {
 	// FromSnapshot restores the sandbox from this worker's snapshot
 	// instead of booting it; "" boots.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// SecretValues are the values of the secrets Spec grants, by name.
+	// The worker keeps them sealed (Config.Secrets) and gives them only
+	// to the sandbox's gateway.
+	SecretValues map[string][]byte `json:"secret_values,omitempty"`
 }
 
 // Overrides is the spec CreateFromSnapshot gets for the request.
@@ -174,13 +178,7 @@ func (w *Worker) handleCreate(rw http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(rw, err)
 		return
 	}
-	var inf Info
-	var err error
-	if req.FromSnapshot != "" {
-		inf, err = w.CreateFromSnapshot(r.Context(), req.ID, req.Team, req.FromSnapshot, req.Overrides())
-	} else {
-		inf, err = w.Create(r.Context(), req.ID, req.Team, req.Spec)
-	}
+	inf, err := w.CreateWith(r.Context(), req)
 	if err != nil {
 		httpapi.WriteError(rw, err)
 		return

@@ -67,10 +67,22 @@ var ErrNotRunning = fmt.Errorf("sandbox is not running: %w", errkind.FailedPreco
 // answers. On error nothing of it remains. The record is durable before
 // Create returns.
 func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, error) {
-	if inf, ok := w.fromPool(ctx, id, team, spec); ok {
-		return inf, nil
+	return w.CreateWith(ctx, CreateRequest{ID: id, Team: team, Spec: spec})
+}
+
+// CreateWith does what a CreateRequest asks: Create, or
+// CreateFromSnapshot with req.FromSnapshot, with the granted secrets'
+// values.
+func (w *Worker) CreateWith(ctx context.Context, req CreateRequest) (Info, error) {
+	if req.FromSnapshot != "" {
+		return w.createFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot, req.Overrides(), req.SecretValues)
 	}
-	return w.create(ctx, id, team, spec, createOpts{})
+	if len(req.Spec.Secrets) == 0 {
+		if inf, ok := w.fromPool(ctx, req.ID, req.Team, req.Spec); ok {
+			return inf, nil
+		}
+	}
+	return w.create(ctx, req.ID, req.Team, req.Spec, createOpts{secretValues: req.SecretValues})
 }
 
 // createOpts are create's variants.
@@ -78,6 +90,8 @@ type createOpts struct {
 	snapID   string // restore this snapshot; "" boots (or restores the warm template)
 	internal bool   // the worker's own sandbox (see record.Internal)
 	pool     string // a member of this pool (see record.Pool)
+	// secretValues are the values of spec's granted secrets.
+	secretValues map[string][]byte
 }
 
 // create makes sandbox id by booting or by restoring a snapshot.
@@ -94,13 +108,17 @@ func (w *Worker) create(ctx context.Context, id, team string, spec Spec, opts cr
 	if _, err := w.cfg.Templates.Template(ctx, spec.Template); err != nil {
 		return Info{}, err
 	}
+	sealed, err := w.sealValues(id, spec, opts.secretValues)
+	if err != nil {
+		return Info{}, err
+	}
 	s := &sbx{
 		dir:    filepath.Join(w.sandboxesDir(), id),
 		runDir: filepath.Join(w.cfg.RunRoot, id),
 	}
 	s.mu.Lock()
 	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC(), RestoreFrom: opts.snapID,
-		Internal: opts.internal, Pool: opts.pool}
+		Internal: opts.internal, Pool: opts.pool, Secrets: sealed}
 	s.mu.Unlock()
 	s.op.Lock()
 	defer s.op.Unlock()

@@ -140,9 +140,15 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	if spec == nil || addrs == nil {
 		return nil
 	}
-	policy, err := spec.Policy()
+	policy, err := w.fullPolicy(s, *spec)
 	if err != nil {
 		return err
+	}
+	var ca *egress.CA
+	if len(policy.Secrets) > 0 {
+		if ca, err = w.sandboxCA(s); err != nil {
+			return err
+		}
 	}
 	var conn net.Conn
 	for deadline := time.Now().Add(10 * time.Second); ; {
@@ -159,7 +165,7 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	audit := w.auditor(s)
 	gw, err := egress.New(egress.Config{
 		Conn: conn, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
-		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write,
+		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
 		Log: w.log.With("sandbox_id", s.id()),
 	})
 	if err != nil {
@@ -175,13 +181,34 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 		old.Close()
 	}
 	if agent == nil {
-		return nil // re-adopted: the guest keeps its addresses
+		return nil // re-adopted: the guest keeps its addresses and CA
+	}
+	if ca != nil {
+		s.mu.Lock()
+		grants := s.rec.Spec.Secrets
+		s.mu.Unlock()
+		if err := installCA(ctx, agent, ca, grants); err != nil {
+			return err
+		}
 	}
 	return agent.ConfigureNetwork(ctx, proto.NetConfig{
 		Interfaces: []proto.Interface{{MAC: addrs.MAC, Addresses: []string{netip.PrefixFrom(addrs.guest(), 30).String()},
 			Gateway: addrs.gateway().String(), MTU: 1500}},
 		Nameservers: []string{addrs.gateway().String()},
 	})
+}
+
+// fullPolicy is the gateway's policy for network n of s: its rules, the
+// granted secrets, and the hosts those are bound to.
+func (w *Worker) fullPolicy(s *sbx, n Network) (egress.Policy, error) {
+	p, err := n.Policy()
+	if err != nil {
+		return p, err
+	}
+	if p.Secrets, err = w.policySecrets(s); err != nil {
+		return p, err
+	}
+	return withSecretHosts(p), nil
 }
 
 // closeGateway stops the sandbox's gateway, if it has one.
@@ -202,11 +229,14 @@ func (s *sbx) closeGateway() {
 // and DNS queries follow it. A sandbox created without network has no NIC
 // to give one.
 func (w *Worker) SetNetwork(ctx context.Context, id string, n Network) (Info, error) {
-	policy, err := n.Policy()
-	if err != nil {
+	if _, err := n.Policy(); err != nil {
 		return Info{}, err
 	}
 	s, err := w.get(id)
+	if err != nil {
+		return Info{}, err
+	}
+	policy, err := w.fullPolicy(s, n)
 	if err != nil {
 		return Info{}, err
 	}

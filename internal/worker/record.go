@@ -44,6 +44,9 @@ type record struct {
 	Slot string `json:"slot,omitempty"`
 	// Net are the sandbox's link addresses when it has network.
 	Net *netAddrs `json:"net,omitempty"`
+	// Secrets are the granted secrets' values, sealed with the worker's
+	// key (see Config.Secrets), by name.
+	Secrets map[string][]byte `json:"secrets,omitempty"`
 }
 
 // slot is the name of the sandbox's directories.

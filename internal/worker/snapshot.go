@@ -349,6 +349,12 @@ func (w *Worker) DeleteSnapshot(id string) error {
 // template and resources and gives its own exec defaults (Env, Workdir,
 // User).
 func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string, spec *Spec) (Info, error) {
+	return w.createFromSnapshot(ctx, id, team, snapID, spec, nil)
+}
+
+// createFromSnapshot is CreateFromSnapshot with the values of the
+// secrets spec grants.
+func (w *Worker) createFromSnapshot(ctx context.Context, id, team, snapID string, spec *Spec, secretValues map[string][]byte) (Info, error) {
 	if _, err := w.fetch(ctx, snapID); err != nil {
 		return Info{}, err
 	}
@@ -362,7 +368,7 @@ func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string
 			return Info{}, fmt.Errorf("snapshot %s has %d vcpus, %d MiB of memory and %d MiB of disk of %s, asked %d, %d and %d of %s: %w",
 				snapID, sp.VCPUs, sp.MemoryMiB, sp.DiskMiB, sp.Template, spec.VCPUs, spec.MemoryMiB, spec.DiskMiB, spec.Template, errkind.InvalidArgument)
 		}
-		sp.Env, sp.Workdir, sp.User = spec.Env, spec.Workdir, spec.User
+		sp.Env, sp.Workdir, sp.User, sp.Secrets = spec.Env, spec.Workdir, spec.User, spec.Secrets
 		switch {
 		case sp.Network != nil && spec.Network != nil:
 			sp.Network = spec.Network
@@ -372,7 +378,7 @@ func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string
 			return Info{}, fmt.Errorf("snapshot %s was taken without a network interface: %w", snapID, errkind.InvalidArgument)
 		}
 	}
-	return w.create(ctx, id, team, sp, createOpts{snapID: snapID})
+	return w.create(ctx, id, team, sp, createOpts{snapID: snapID, secretValues: secretValues})
 }
 
 // Restore rolls sandbox id back to snapshot snapID in place: its VM is

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,6 +26,7 @@ import (
 	"space/internal/guestvm"
 	"space/internal/imagebuild"
 	"space/internal/sandbox"
+	"space/internal/secrets"
 	"space/internal/store"
 	"space/internal/vmm"
 )
@@ -78,6 +80,12 @@ type Config struct {
 	// dialer (see egress.Config).
 	EgressResolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	EgressDial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	// EgressRoots verify upstream servers where a gateway speaks TLS
+	// itself (to add secrets); nil = the host's roots.
+	EgressRoots *x509.CertPool
+	// Secrets seals what the worker keeps of secrets (granted values,
+	// sandboxes' CA keys) on its disk; nil = sandboxes get no secrets.
+	Secrets *secrets.Box
 	// Log receives the worker's events; nil = discard.
 	Log *slog.Logger
 }
@@ -96,6 +104,9 @@ type Spec struct {
 	// Network gives the sandbox a NIC behind an egress gateway with this
 	// policy; nil = no NIC at all.
 	Network *Network `json:"network,omitempty"`
+	// Secrets are granted to the sandbox (they need Network): values
+	// come with the create (CreateRequest.SecretValues), never in here.
+	Secrets []SecretGrant `json:"secrets,omitempty"`
 	// ColdBoot boots the VM even when a warm template could be restored.
 	ColdBoot bool `json:"cold_boot,omitempty"`
 }
@@ -116,7 +127,7 @@ func (s Spec) validate() error {
 			return err
 		}
 	}
-	return nil
+	return checkGrants(s)
 }
 
 // Info describes one of the worker's sandboxes.

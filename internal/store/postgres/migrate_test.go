@@ -50,7 +50,7 @@ func TestUpgradeAddsTeamQuota(t *testing.T) {
 		t.Fatalf("Open() of a version 1 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	want := store.Team{ID: "t1", Name: "old", Created: created}
@@ -98,7 +98,7 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 		t.Fatalf("Open() of a version 2 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Team(ctx, "t1"); err != nil {
@@ -151,7 +151,7 @@ func TestUpgradeAddsTemplates(t *testing.T) {
 		t.Fatalf("Open() of a version 3 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Snapshot(ctx, "t1", sn.ID); err != nil {
@@ -170,5 +170,51 @@ func TestUpgradeAddsTemplates(t *testing.T) {
 	}
 	if used, err := s.SnapshotInUse(ctx, "t1", sn.ID); err != nil || !used {
 		t.Errorf("SnapshotInUse(t1, %s) after upgrade = %t, %v; want true", sn.ID, used, err)
+	}
+}
+
+// TestUpgradeAddsSecrets opens a database written at schema version 4
+// (before secrets) and expects Open to upgrade it in place.
+func TestUpgradeAddsSecrets(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.Start(t)
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	old, err := open(ctx, dsn, ms[:4])
+	if err != nil {
+		t.Fatalf("setup: open at version 4: %v", err)
+	}
+	if _, err := old.CreateTeam(ctx, store.Team{ID: "t1", Name: "old"}); err != nil {
+		t.Fatalf("setup: CreateTeam: %v", err)
+	}
+	tm, err := old.CreateTemplate(ctx, store.Template{TeamID: "t1", Name: "base", State: store.TemplateBuilding})
+	if err != nil {
+		t.Fatalf("setup: CreateTemplate: %v", err)
+	}
+	old.Close()
+
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("Open() of a version 4 database = %v", err)
+	}
+	defer s.Close()
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5}, schemaVersions(t, s)); diff != "" {
+		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
+	}
+	if got, err := s.Template(ctx, "t1", "base", 1); err != nil {
+		t.Errorf("Template(base, 1) after upgrade = %v", err)
+	} else if diff := cmp.Diff(tm, got); diff != "" {
+		t.Errorf("Template(base, 1) after upgrade (-want +got):\n%s", diff)
+	}
+	sc, err := s.CreateSecret(ctx, store.Secret{TeamID: "t1", Name: "token", Sealed: []byte("sealed"), Hosts: []string{"api.example.com"}})
+	if err != nil {
+		t.Fatalf("CreateSecret() after upgrade = %v", err)
+	}
+	if got, err := s.Secret(ctx, "t1", "token"); err != nil {
+		t.Errorf("Secret(token) after upgrade = %v", err)
+	} else if diff := cmp.Diff(sc, got); diff != "" {
+		t.Errorf("Secret(token) after upgrade (-want +got):\n%s", diff)
 	}
 }

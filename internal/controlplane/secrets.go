@@ -1,0 +1,191 @@
+package controlplane
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strings"
+
+	"space/api"
+	"space/internal/egress"
+	"space/internal/errkind"
+	"space/internal/httpapi"
+	"space/internal/store"
+)
+
+// Bounds of a secret.
+const (
+	maxSecretValue  = 64 << 10 // bytes
+	maxSecretHosts  = 16
+	maxSecretHeader = 256  // bytes
+	maxSecretFormat = 1024 // bytes
+)
+
+// reservedHeaders are the headers HTTP itself manages: a secret sent in
+// one would break the request or smuggle another.
+var reservedHeaders = map[string]bool{
+	"Host": true, "Content-Length": true, "Content-Type": true, "Transfer-Encoding": true,
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true, "Trailer": true,
+	"Upgrade": true, "Expect": true,
+}
+
+// secretView is what the API shows of a secret: never its value.
+func secretView(sc store.Secret) api.Secret {
+	return api.Secret{Name: sc.Name, Hosts: sc.Hosts, Header: sc.Header, Format: sc.Format, CreatedAt: sc.Created}
+}
+
+// errNoSecrets answers the secret routes of a server without a key.
+var errNoSecrets = fmt.Errorf("this server keeps no secrets (it was started without a secrets key): %w", errkind.FailedPrecondition)
+
+func (s *Server) handleCreateSecret(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Secrets == nil {
+		httpapi.WriteError(w, errNoSecrets)
+		return
+	}
+	var req api.CreateSecret
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if err := checkSecret(&req); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	team := callerOf(r).team
+	sc, err := s.cfg.Store.CreateSecret(r.Context(), store.Secret{
+		TeamID: team, Name: req.Name, Sealed: s.cfg.Secrets.Seal(team, req.Name, req.Value),
+		Hosts: req.Hosts, Header: req.Header, Format: req.Format,
+	})
+	if errors.Is(err, store.ErrAlreadyExists) {
+		err = &httpapi.FieldError{Field: "name", Err: fmt.Errorf("your team has a secret %s already (delete it first to replace it): %w", req.Name, errkind.Conflict)}
+	}
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusCreated, secretView(sc))
+}
+
+// checkSecret checks req, naming the offending field, and normalizes it:
+// the header name in canonical form, the format "{}" when a header has
+// none.
+func checkSecret(req *api.CreateSecret) error {
+	if !store.ValidSecretName(req.Name) {
+		return httpapi.Invalid("name", "%.80q: want 1-64 characters of [A-Za-z0-9_.-]", req.Name)
+	}
+	if len(req.Value) == 0 || len(req.Value) > maxSecretValue {
+		return httpapi.Invalid("value", "%d bytes, want 1 byte to 64 KiB", len(req.Value))
+	}
+	if len(req.Hosts) == 0 || len(req.Hosts) > maxSecretHosts {
+		return httpapi.Invalid("hosts", "%d hosts, want 1 to %d host names the secret may be sent to", len(req.Hosts), maxSecretHosts)
+	}
+	seen := map[string]bool{}
+	for _, h := range req.Hosts {
+		if err := checkSecretHost(h); err != nil {
+			return err
+		}
+		if seen[h] {
+			return httpapi.Invalid("hosts", "%q is listed twice", h)
+		}
+		seen[h] = true
+	}
+	if req.Header == "" {
+		if req.Format != "" {
+			return httpapi.Invalid("format", "given without a header: the format is the header's value")
+		}
+		return nil
+	}
+	if len(req.Header) > maxSecretHeader || !validHeaderName(req.Header) {
+		return httpapi.Invalid("header", "%.80q is not an HTTP header name", req.Header)
+	}
+	req.Header = textproto.CanonicalMIMEHeaderKey(req.Header)
+	if reservedHeaders[req.Header] {
+		return httpapi.Invalid("header", "%s is managed by HTTP itself; a secret cannot be sent in it", req.Header)
+	}
+	if req.Format == "" {
+		req.Format = "{}"
+	}
+	switch {
+	case len(req.Format) > maxSecretFormat:
+		return httpapi.Invalid("format", "longer than %d bytes", maxSecretFormat)
+	case strings.Count(req.Format, "{}") != 1:
+		return httpapi.Invalid("format", "%.80q: want \"{}\" exactly once, where the value goes (e.g. \"Bearer {}\")", req.Format)
+	case controlChar(req.Format) >= 0:
+		return httpapi.Invalid("format", "%.80q holds a control character, which a header value may not", req.Format)
+	}
+	if i := controlChar(string(req.Value)); i >= 0 {
+		// Never quote the value: name the offending byte only.
+		return httpapi.Invalid("value", "byte %d is control character %#02x, which a value sent in a header may not hold (a trailing newline from the file?)", i, req.Value[i])
+	}
+	return nil
+}
+
+// checkSecretHost checks that h is an exact host name as an egress rule
+// writes it: lower case, no trailing dot, no wildcard, port or address.
+func checkSecretHost(h string) error {
+	r, err := egress.ParseRule(h)
+	if err != nil || r.Host != h || r.Port != 0 || strings.HasPrefix(h, "*.") {
+		return httpapi.Invalid("hosts", "%.100q: want an exact lower-case host name (no wildcard, port or address)", h)
+	}
+	return nil
+}
+
+// validHeaderName reports whether s is an HTTP field name: a token of
+// RFC 9110 (tchar).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// controlChar returns the index of the first control character in s other
+// than tab (which header values may hold), or -1.
+func controlChar(s string) int {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 && c != '\t' || c == 0x7f {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *Server) handleListSecrets(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Secrets == nil {
+		httpapi.WriteError(w, errNoSecrets)
+		return
+	}
+	all, err := s.cfg.Store.ListSecrets(r.Context(), callerOf(r).team)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	out := api.SecretList{Secrets: make([]api.Secret, 0, len(all))}
+	for _, sc := range all {
+		out.Secrets = append(out.Secrets, secretView(sc))
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Secrets == nil {
+		httpapi.WriteError(w, errNoSecrets)
+		return
+	}
+	name := r.PathValue("name")
+	if !store.ValidSecretName(name) {
+		httpapi.WriteError(w, fmt.Errorf("secret %.80q: %w", name, store.ErrNotFound))
+		return
+	}
+	if err := s.cfg.Store.DeleteSecret(r.Context(), callerOf(r).team, name); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
