@@ -52,7 +52,12 @@ type CreateSandbox struct {
 	// Network gives the sandbox a network behind its own egress gateway
 	// with this policy; nil = no network interface. A sandbox of a built
 	// template always has one (nil = allow nothing).
-	Network        *Network          `json:"network,omitempty"`
+	Network *Network `json:"network,omitempty"`
+	// Secrets grants the team's secrets by name: the sandbox sees only
+	// placeholders, and its gateway adds the values to requests for the
+	// hosts each secret is bound to (allowed on port 443). A sandbox with
+	// secrets has a network (one allowing nothing else if Network is nil).
+	Secrets        []string          `json:"secrets,omitempty"`
 	VCPUs          int               `json:"vcpus,omitempty"`
 	MemoryMiB      int64             `json:"memory_mib,omitempty"`
 	DiskMiB        int64             `json:"disk_mib,omitempty"`
@@ -84,6 +89,7 @@ type Sandbox struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	Network   *Network          `json:"network,omitempty"` // its egress policy; nil = no network
+	Secrets   []string          `json:"secrets,omitempty"` // the secrets granted to it (names)
 	CreatedAt time.Time         `json:"created_at"`
 	UpdatedAt time.Time         `json:"updated_at"`
 	ExpiresAt *time.Time        `json:"expires_at,omitempty"`

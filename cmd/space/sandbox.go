@@ -96,6 +96,7 @@ later with "space sandbox network", and see what it decided with
 	f.StringArrayVar(&env, "env", nil, "environment of every command, `KEY=VALUE` (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "a label, `key=value` (repeatable)")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start as a copy of this `snapshot` (ID or name) instead of booting")
+	f.StringArrayVar(&req.Secrets, "secret", nil, "grant this secret of the team (`name`; repeatable): the sandbox sees a placeholder, its gateway adds the value for the secret's hosts")
 	f.BoolVar(&req.ColdBoot, "cold-boot", false, "boot the VM rather than restore the template's warm snapshot")
 	f.BoolVar(&network, "network", false, "give the sandbox a network even without --allow-* flags (it allows nothing until \"space sandbox network\" changes that)")
 	nf.register(f, "network-off", "give the sandbox a network that is off, DNS included, until \"space sandbox network\" turns it on")

@@ -31,6 +31,7 @@ type createBody struct {
 	Labels         map[string]string `json:"labels"`
 	FromSnapshot   *string           `json:"from_snapshot"`
 	Network        *api.Network      `json:"network"`
+	Secrets        []string          `json:"secrets"`
 	ColdBoot       bool              `json:"cold_boot"`
 	OnTimeout      *string           `json:"on_timeout"`
 }
@@ -187,7 +188,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 		sp, pl = tsp, tpl
 	}
 	if b.FromSnapshot != nil {
-		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil || b.ColdBoot || b.Network != nil {
+		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil || b.ColdBoot || b.Network != nil || b.Secrets != nil {
 			httpapi.WriteError(w, httpapi.Invalid("from_snapshot", "a sandbox from a snapshot has the snapshot's template, resources and environment"))
 			return
 		}
@@ -205,6 +206,15 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 		if pl, err = s.snapshotPlacement(sn); err != nil {
 			httpapi.WriteError(w, err)
 			return
+		}
+	}
+	if len(b.Secrets) > 0 {
+		if sp.Secrets, err = s.grants(ctx, c.team, b.Secrets); err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		if sp.Network == nil {
+			sp.Network = &worker.Network{}
 		}
 	}
 	sb, err := s.create(ctx, c.team, sp, b.Labels, pl)
@@ -257,7 +267,11 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		return store.Sandbox{}, err
 	}
 	s.crash("api.create.recorded")
-	inf, err := wk.Create(ctx, worker.CreateRequest{ID: rec.ID, Team: team, Spec: sp.Spec, FromSnapshot: pl.snapshot})
+	values, err := s.secretValues(ctx, team, sp.Secrets)
+	if err != nil {
+		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
+	}
+	inf, err := wk.Create(ctx, worker.CreateRequest{ID: rec.ID, Team: team, Spec: sp.Spec, FromSnapshot: pl.snapshot, SecretValues: values})
 	if err != nil {
 		s.log.Warn("create failed", "sandbox_id", rec.ID, "worker_id", wk.ID(), "err", err)
 		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
@@ -488,6 +502,9 @@ func (s *Server) view(sb store.Sandbox) api.Sandbox {
 	}
 	if sp.Network != nil {
 		v.Network = &api.Network{Allow: sp.Network.Allow, Off: sp.Network.Off}
+	}
+	for _, g := range sp.Secrets {
+		v.Secrets = append(v.Secrets, g.Name)
 	}
 	if !sb.Expires.IsZero() {
 		e := sb.Expires

@@ -1,6 +1,9 @@
 package controlplane
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +15,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/store"
+	"space/internal/worker"
 )
 
 // Bounds of a secret.
@@ -188,4 +192,69 @@ func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// maxGrants bounds the secrets one sandbox is granted.
+const maxGrants = 32
+
+// grants turns a create's secret names into grants, each with a fresh
+// placeholder: the only thing of the secret the sandbox will see.
+func (s *Server) grants(ctx context.Context, team string, names []string) ([]worker.SecretGrant, error) {
+	if s.cfg.Secrets == nil {
+		return nil, fmt.Errorf("this server keeps no secrets: %w", errkind.FailedPrecondition)
+	}
+	if len(names) > maxGrants {
+		return nil, httpapi.Invalid("secrets", "more than %d", maxGrants)
+	}
+	var out []worker.SecretGrant
+	seen := map[string]bool{}
+	for _, n := range names {
+		if seen[n] {
+			return nil, httpapi.Invalid("secrets", "%.64q granted twice", n)
+		}
+		seen[n] = true
+		sc, err := s.cfg.Store.Secret(ctx, team, n)
+		if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalid) {
+			return nil, httpapi.Invalid("secrets", "no secret %.64q (space secret ls lists yours)", n)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, worker.SecretGrant{Name: sc.Name, Placeholder: "SPACE_SECRET_" + strings.ToUpper(hex.EncodeToString(randomBytes(16))),
+			Hosts: sc.Hosts, Header: sc.Header, Format: sc.Format})
+	}
+	return out, nil
+}
+
+// secretValues opens the values of a sandbox's granted secrets for its
+// worker. A secret deleted since the grant fails the create.
+func (s *Server) secretValues(ctx context.Context, team string, grants []worker.SecretGrant) (map[string][]byte, error) {
+	if len(grants) == 0 {
+		return nil, nil
+	}
+	if s.cfg.Secrets == nil {
+		return nil, fmt.Errorf("this server keeps no secrets: %w", errkind.FailedPrecondition)
+	}
+	out := map[string][]byte{}
+	for _, g := range grants {
+		sc, err := s.cfg.Store.Secret(ctx, team, g.Name)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("secret %s granted to the sandbox no longer exists: %w", g.Name, errkind.FailedPrecondition)
+		}
+		if err != nil {
+			return nil, err
+		}
+		v, err := s.cfg.Secrets.Open(team, g.Name, sc.Sealed)
+		if err != nil {
+			return nil, err
+		}
+		out[g.Name] = v
+	}
+	return out, nil
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
 }

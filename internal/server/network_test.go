@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,13 +11,16 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,8 +37,9 @@ var upstreamAddr = netip.MustParseAddr("198.51.100.10")
 
 // netUpstream starts HTTPS (443, a certificate of a CA of its own for
 // api.test and other.test) and HTTP (80) servers at upstreamAddr in a new
-// network namespace, and returns the namespace's path and the CA in PEM.
-func netUpstream(t *testing.T) (nsPath string, caPEM []byte) {
+// network namespace, and returns the namespace's path, the CA in PEM and
+// the log of what it was sent.
+func netUpstream(t *testing.T) (nsPath string, caPEM []byte, seen *upstreamLog) {
 	t.Helper()
 	testenv.RequireRoot(t, testenv.TierNetns)
 	testenv.RequireTool(t, testenv.TierNetns, "ip", "iproute2")
@@ -69,7 +74,14 @@ func netUpstream(t *testing.T) (nsPath string, caPEM []byte) {
 		t.Fatal(err)
 	}
 	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello %s", r.Host) })
+	seen = &upstreamLog{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		seen.mu.Lock()
+		seen.requests = append(seen.requests, fmt.Sprintf("%s %s %s %q", r.Host, r.URL, r.Header.Get("Authorization"), body))
+		seen.mu.Unlock()
+		fmt.Fprintf(w, "hello %s", r.Host)
+	})
 	for _, port := range []string{"443", "80"} {
 		var l net.Listener
 		if err := netns.Do(nsPath, func() (err error) {
@@ -85,7 +97,21 @@ func netUpstream(t *testing.T) (nsPath string, caPEM []byte) {
 		go srv.Serve(l)
 		t.Cleanup(func() { srv.Close() })
 	}
-	return nsPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	return nsPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), seen
+}
+
+// upstreamLog is what the test upstream was sent: "host url
+// authorization body" per request.
+type upstreamLog struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	requests []string
+}
+
+func (l *upstreamLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.requests...)
 }
 
 // TestSandboxNetwork runs a sandbox with a network behind its gateway
@@ -95,7 +121,7 @@ func netUpstream(t *testing.T) (nsPath string, caPEM []byte) {
 // connections; a fork keeps the policy with an address of its own; every
 // decision is in the egress log.
 func TestSandboxNetwork(t *testing.T) {
-	nsPath, caPEM := netUpstream(t)
+	nsPath, caPEM, _ := netUpstream(t)
 	up := []netip.Addr{upstreamAddr}
 	ts := startServerWith(t, Config{Egress: Egress{Netns: nsPath, Hosts: map[string][]netip.Addr{
 		"api.test": up, "other.test": up,
@@ -223,5 +249,114 @@ except OSError as e:
 	if !allowedAPI || !deniedDNS || !deniedIP {
 		t.Errorf("egress log lacks a decision (allowed api.test %v, denied DNS other.test %v, denied raw IP %v): %+v",
 			allowedAPI, deniedDNS, deniedIP, events)
+	}
+}
+
+// TestSandboxSecret grants a sandbox a secret bound to api.test: a real
+// VM's curl sends its placeholder, the upstream gets the value from the
+// gateway (TLS terminated with the sandbox's CA, which the guest's system
+// store trusts); other.test gets the placeholder; and after the request
+// the value is in neither the guest's environment, its disk, nor its
+// memory (the VM's own memory file), nor the worker's record.
+func TestSandboxSecret(t *testing.T) {
+	nsPath, caPEM, seen := netUpstream(t)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	up := []netip.Addr{upstreamAddr}
+	ts := startServerWith(t, Config{Egress: Egress{Netns: nsPath, Roots: roots,
+		Hosts: map[string][]netip.Addr{"api.test": up, "other.test": up}}})
+	ts.deleteAllOnCleanup(t)
+	c := ts.client
+	ctx := t.Context()
+	secret := "sk-live-" + rand.Text() + rand.Text()
+	if _, err := c.CreateSecret(ctx, api.CreateSecret{Name: "apikey", Value: []byte(secret), Hosts: []string{"api.test"}}); err != nil {
+		t.Fatalf("CreateSecret: %v", err)
+	}
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256, Secrets: []string{"apikey"},
+		Network: &api.Network{Allow: []string{"other.test"}}})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if len(sb.Secrets) != 1 || sb.Secrets[0] != "apikey" {
+		t.Errorf("sandbox secrets = %v", sb.Secrets)
+	}
+	placeholder, _, _ := execOut(t, c, sb.ID, sh("cat /etc/space/secrets/apikey"))
+	if env, _, _ := execOut(t, c, sb.ID, sh(`printf %s "$APIKEY"`)); env != placeholder || !strings.HasPrefix(placeholder, "SPACE_SECRET_") {
+		t.Fatalf("placeholder: file %q, $APIKEY %q", placeholder, env)
+	}
+	// The system store (curl's default) trusts the sandbox's CA.
+	out, errOut, code := execOut(t, c, sb.ID, sh(`curl -sS --max-time 10 -H "Authorization: Bearer $APIKEY" https://api.test/v1`))
+	if code != 0 || out != "hello api.test" {
+		t.Fatalf("curl api.test = %q %q (exit %d)", out, errOut, code)
+	}
+	if _, err := c.WriteFile(ctx, sb.ID, "/tmp/ca.pem", strings.NewReader(string(caPEM)), client.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := execOut(t, c, sb.ID, sh(`curl -sS --max-time 10 --cacert /tmp/ca.pem -H "Authorization: Bearer $APIKEY" https://other.test/`)); code != 0 || out != "hello other.test" {
+		t.Fatalf("curl other.test = %q %q (exit %d)", out, errOut, code)
+	}
+	got := seen.all()
+	if len(got) != 2 || !strings.HasPrefix(got[0], "api.test /v1 Bearer "+secret) || !strings.HasPrefix(got[1], "other.test / Bearer "+placeholder) {
+		t.Errorf("the upstream saw %q; want the secret for api.test only", got)
+	}
+
+	// Nowhere in the sandbox, nor in the worker's files.
+	if out, _, _ := execOut(t, c, sb.ID, sh("env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'")); strings.Contains(out, secret) {
+		t.Errorf("the secret is in the guest's environment")
+	}
+	// The sandbox's directory holds its disk (the writable layer) and,
+	// on reflink storage, its memory file; otherwise that is in the run
+	// directory. Scanned from the host: the value never enters the guest,
+	// not even to look for it.
+	execOut(t, c, sb.ID, sh("sync"))
+	dir := filepath.Join(ts.dataDir, "worker", "sandboxes", sb.ID)
+	scanned := 0
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if found, err := fileContains(p, []byte(secret)); err != nil || found {
+			t.Errorf("%s holds the secret (or cannot be read: %v)", p, err)
+		}
+		if d.Name() == "memory" || d.Name() == "rw.img" {
+			scanned++
+		}
+		return nil
+	})
+	if run := filepath.Join("/dev/shm", "space-"+ts.workerID, sb.ID, "vm", "memory"); scanned < 2 {
+		if found, err := fileContains(run, []byte(secret)); err != nil || found {
+			t.Errorf("%s holds the secret (or cannot be read: %v)", run, err)
+		} else {
+			scanned++
+		}
+	}
+	if scanned != 2 {
+		t.Errorf("scanned %d of the VM's memory file and disk, want both", scanned)
+	}
+}
+
+// fileContains reports whether the file at path holds b, reading it in
+// pieces (a memory file is large).
+func fileContains(path string, b []byte) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	chunk := make([]byte, 4<<20)
+	var tail []byte // the last len(b)-1 bytes read, for a match across pieces
+	for {
+		n, err := f.Read(chunk)
+		window := append(tail, chunk[:n]...)
+		if bytes.Contains(window, b) {
+			return true, nil
+		}
+		tail = append([]byte(nil), window[max(0, len(window)-len(b)+1):]...)
+		if err == io.EOF {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
 	}
 }

@@ -549,7 +549,7 @@ func TestCrashDuringTemplateBuild(t *testing.T) {
 // step fetches from the allowed name (an HTTPS upstream in a namespace of
 // the test's own), and a build whose step fetches another name fails.
 func TestTemplateBuildNetwork(t *testing.T) {
-	nsPath, _ := netUpstream(t)
+	nsPath, _, _ := netUpstream(t)
 	ts := startServerWith(t, Config{Egress: Egress{Netns: nsPath, Hosts: map[string][]netip.Addr{
 		"api.test": {upstreamAddr}, "other.test": {upstreamAddr}}}})
 	ts.deleteAllOnCleanup(t)
