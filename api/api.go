@@ -456,6 +456,11 @@ type Network struct {
 	Allow []string `json:"allow,omitempty"`
 	// Off takes the network away, DNS included.
 	Off bool `json:"off,omitempty"`
+	// MaxConnections bounds the connections open at once (0 = 256);
+	// BytesPerSecond bounds the throughput of all of them together, each
+	// direction (0 = unlimited).
+	MaxConnections int   `json:"max_connections,omitempty"`
+	BytesPerSecond int64 `json:"bytes_per_second,omitempty"`
 }
 
 // EgressEvent is one line of the NDJSON reply of

@@ -138,7 +138,7 @@ func (s *Server) validate(b createBody) (spec, error) {
 	sp.Env = b.Env
 	sp.ColdBoot = b.ColdBoot
 	if b.Network != nil {
-		n := &worker.Network{Allow: b.Network.Allow, Off: b.Network.Off}
+		n := &worker.Network{Allow: b.Network.Allow, Off: b.Network.Off, MaxConnections: b.Network.MaxConnections, BytesPerSecond: b.Network.BytesPerSecond}
 		if _, err := n.Policy(); err != nil {
 			return sp, &httpapi.FieldError{Field: "network", Err: err}
 		}
@@ -501,7 +501,7 @@ func (s *Server) view(sb store.Sandbox) api.Sandbox {
 		CreatedAt: sb.Created, UpdatedAt: sb.Updated, OnTimeout: cmp.Or(sp.OnTimeout, onTimeoutDelete),
 	}
 	if sp.Network != nil {
-		v.Network = &api.Network{Allow: sp.Network.Allow, Off: sp.Network.Off}
+		v.Network = &api.Network{Allow: sp.Network.Allow, Off: sp.Network.Off, MaxConnections: sp.Network.MaxConnections, BytesPerSecond: sp.Network.BytesPerSecond}
 	}
 	for _, g := range sp.Secrets {
 		v.Secrets = append(v.Secrets, g.Name)
@@ -738,7 +738,7 @@ func (s *Server) handleSetNetwork(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	wn := worker.Network{Allow: n.Allow, Off: n.Off}
+	wn := worker.Network{Allow: n.Allow, Off: n.Off, MaxConnections: n.MaxConnections, BytesPerSecond: n.BytesPerSecond}
 	if _, err := wn.Policy(); err != nil {
 		httpapi.WriteError(w, &httpapi.FieldError{Field: "allow", Err: err})
 		return

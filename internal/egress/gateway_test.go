@@ -569,3 +569,42 @@ func BenchmarkGateway(b *testing.B) {
 }
 
 func first[A, B any](a A, _ B) A { return a }
+
+// TestLimits checks the connection limit refuses what goes beyond it and
+// the bandwidth limit slows a download to at most its rate.
+func TestLimits(t *testing.T) {
+	gw, g, _, log := setup(t, "api.test")
+	gw.SetPolicy(Policy{Allow: mustRules(t, "api.test"), MaxConns: 1})
+	api, _, _ := g.resolve(t, gatewayIP, "api.test")
+	held, err := g.dial(api[0], 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first connection is accepted once its handler runs; wait for
+	// the gateway to count it by sending half a request.
+	fmt.Fprintf(held, "GET / HTTP/1.1\r\n")
+	time.Sleep(200 * time.Millisecond)
+	if got, err := httpGet(g, api[0], "api.test", "/"); err == nil {
+		t.Errorf("a second connection beyond max_conns 1 = %q", got)
+	}
+	log.find(t, func(e Event) bool { return strings.Contains(e.Reason, "too many connections") })
+	held.Close()
+
+	const rate = 4 << 20 // bytes per second; the download is 64 MiB
+	gw.SetPolicy(Policy{Allow: mustRules(t, "api.test"), BytesPerSecond: rate})
+	t0 := time.Now()
+	c, err := g.dial(api[0], 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(time.Minute))
+	fmt.Fprintf(c, "GET /big HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n")
+	n, _ := io.Copy(io.Discard, io.LimitReader(c, 16<<20))
+	c.Close()
+	took := time.Since(t0)
+	// 16 MiB at 4 MiB/s, less the first burst (1 MiB): at least 3.5 s.
+	if n != 16<<20 || took < 3500*time.Millisecond {
+		t.Errorf("read %d bytes in %v through a %d B/s limit, want 16 MiB in at least 3.5 s", n, took, rate)
+	}
+	t.Logf("16 MiB in %v at a limit of 4 MiB/s", took.Round(time.Millisecond))
+}

@@ -33,6 +33,10 @@ type Network struct {
 	Allow []string `json:"allow,omitempty"`
 	// Off takes the network away, DNS included.
 	Off bool `json:"off,omitempty"`
+	// MaxConnections and BytesPerSecond are egress.Policy's MaxConns
+	// and BytesPerSecond.
+	MaxConnections int   `json:"max_connections,omitempty"`
+	BytesPerSecond int64 `json:"bytes_per_second,omitempty"`
 }
 
 const maxRules = 256
@@ -46,7 +50,11 @@ func (n *Network) Policy() (egress.Policy, error) {
 	if err != nil {
 		return egress.Policy{}, fmt.Errorf("network: %w", err)
 	}
-	return egress.Policy{Allow: rules, Off: n.Off}, nil
+	if n.MaxConnections < 0 || n.MaxConnections > 65536 || n.BytesPerSecond < 0 {
+		return egress.Policy{}, fmt.Errorf("network: max_connections %d (0..65536) or bytes_per_second %d (>= 0) out of range: %w",
+			n.MaxConnections, n.BytesPerSecond, errkind.InvalidArgument)
+	}
+	return egress.Policy{Allow: rules, Off: n.Off, MaxConns: n.MaxConnections, BytesPerSecond: n.BytesPerSecond}, nil
 }
 
 // netAddrs are a sandbox's addresses on its own link: a /30 of
