@@ -175,6 +175,35 @@ except OSError as e:
 		t.Errorf("DNS to 8.8.8.8 from the guest: %q", out)
 	}
 
+	// ICMP out, IPv6, a CONNECT through the allowed host and a Host that
+	// disagrees with the name all fail.
+	const icmp = `import socket, struct, time
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); s.settimeout(3)
+def csum(b):
+    t = sum(struct.unpack("!%dH" % (len(b)//2), b)); t = (t >> 16) + (t & 0xffff); return ~(t + (t >> 16)) & 0xffff
+p = struct.pack("!BBHHH", 8, 0, 0, 7, 1) + b"space"*4
+p = p[:2] + struct.pack("!H", csum(p)) + p[4:]
+s.sendto(p, ("8.8.8.8", 0))
+try:
+    s.recv(1024); print("answered")
+except OSError:
+    print("no answer")`
+	if out, errOut, _ := execOut(t, c, sb.ID, api.Exec{Command: []string{"python3", "-c", icmp}}); strings.TrimSpace(out) != "no answer" {
+		t.Errorf("ping 8.8.8.8 from the guest: %q %q", out, errOut)
+	}
+	if out, _, code := execOut(t, c, sb.ID, api.Exec{Command: []string{"python3", "-c",
+		`import socket; socket.create_connection(("2001:db8::10", 443), timeout=3)`}}); code == 0 {
+		t.Errorf("an IPv6 connection from the guest succeeded: %q", out)
+	}
+	for what, args := range map[string]string{
+		"CONNECT to other.test through api.test": "-p -x http://api.test:80 https://other.test/",
+		"Host other.test to api.test":            "-H 'Host: other.test' http://api.test/",
+	} {
+		if out, code := curl(sb.ID, args); code == 0 {
+			t.Errorf("%s = %q, want a failure", what, out)
+		}
+	}
+
 	// A policy change applies to new connections.
 	if _, err := c.SetNetwork(ctx, sb.ID, api.Network{Allow: []string{"other.test"}}); err != nil {
 		t.Fatalf("SetNetwork: %v", err)
@@ -298,6 +327,27 @@ func TestSandboxSecret(t *testing.T) {
 	got := seen.all()
 	if len(got) != 2 || !strings.HasPrefix(got[0], "api.test /v1 Bearer "+secret) || !strings.HasPrefix(got[1], "other.test / Bearer "+placeholder) {
 		t.Errorf("the upstream saw %q; want the secret for api.test only", got)
+	}
+
+	// A fork has a CA of its own, trusts it, and its gateway adds the
+	// secret too.
+	kids, err := c.ForkSandbox(ctx, sb.ID, 1)
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	parentCA, _, _ := execOut(t, c, sb.ID, sh("cat /etc/space/egress-ca.pem"))
+	childCA, _, _ := execOut(t, c, kids[0].ID, sh("cat /etc/space/egress-ca.pem"))
+	if parentCA == "" || parentCA == childCA {
+		t.Errorf("the fork's CA is its parent's (or missing)")
+	}
+	if out, errOut, code := execOut(t, c, kids[0].ID, sh(`curl -sS --max-time 10 -H "Authorization: Bearer $APIKEY" https://api.test/fork`)); code != 0 || out != "hello api.test" {
+		t.Errorf("curl api.test in the fork = %q %q (exit %d)", out, errOut, code)
+	}
+	if got := seen.all(); !strings.HasPrefix(got[len(got)-1], "api.test /fork Bearer "+secret) {
+		t.Errorf("the fork's request reached the upstream as %q", got[len(got)-1])
+	}
+	if err := c.DeleteSandbox(ctx, kids[0].ID); err != nil {
+		t.Fatal(err)
 	}
 
 	// Nowhere in the sandbox, nor in the worker's files.
