@@ -3,20 +3,13 @@ package egress
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,16 +27,14 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
-	"space/internal/netns"
-	"space/internal/testenv"
+	"space/internal/egress/egresstest"
 )
 
 var (
 	gatewayIP = netip.MustParseAddr("10.77.0.1")
 	guestIP   = netip.MustParseAddr("10.77.0.2")
-	// upstreamIP is the test upstream's address, in a namespace of the
-	// test's own: a documentation address, so not a special one.
-	upstreamIP = netip.MustParseAddr("198.51.100.10")
+	// upstreamIP is the test upstream's address (see egresstest).
+	upstreamIP = egresstest.Addr
 )
 
 // guest is a netstack playing the sandbox: the same stack a kernel would
@@ -111,128 +102,17 @@ func (g *guest) dial(addr netip.Addr, port uint16) (net.Conn, error) {
 	return gonet.DialContextTCP(ctx, g.s, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4(addr.As4()), Port: port}, ipv4.ProtocolNumber)
 }
 
-// upstream is an HTTPS (443) and HTTP (80) server at upstreamIP in a
-// network namespace of its own, with a CA of its own.
-type upstream struct {
-	ns   string
-	pool *x509.CertPool
-	mu   sync.Mutex
-	// +checklocks:mu
-	hits []string // "host path" of every request served
-	// +checklocks:mu
-	requests []*http.Request // with their bodies read into bodies
-	// +checklocks:mu
-	bodies []string
-}
-
-func newUpstream(t testing.TB) *upstream {
-	t.Helper()
-	testenv.RequireRoot(t, testenv.TierNetns)
-	testenv.RequireTool(t, testenv.TierNetns, "ip", "iproute2")
-	ns := fmt.Sprintf("space-egress-%d", os.Getpid())
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("setup: ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	exec.Command("ip", "netns", "del", ns).Run()
-	run("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	run("-n", ns, "link", "set", "lo", "up")
-	run("-n", ns, "addr", "add", upstreamIP.String()+"/32", "dev", "lo")
-
-	ca, caKey := newCA(t)
-	u := &upstream{ns: "/run/netns/" + ns, pool: x509.NewCertPool()}
-	u.pool.AddCert(ca)
-	cert := leaf(t, ca, caKey, "api.test", "other.test", "x.wild.test")
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		u.mu.Lock()
-		u.hits = append(u.hits, r.Host+" "+r.URL.Path)
-		u.requests = append(u.requests, r)
-		u.bodies = append(u.bodies, string(body))
-		u.mu.Unlock()
-		if r.URL.Path == "/big" {
-			w.Write(make([]byte, bigBody))
-			return
-		}
-		if r.URL.Path == "/redirect" {
-			http.Redirect(w, r, "https://other.test/landed", http.StatusFound)
-			return
-		}
-		fmt.Fprintf(w, "hello %s", r.Host)
-	})
-	for _, port := range []string{"443", "80"} {
-		var l net.Listener
-		err := netns.Do(u.ns, func() (err error) {
-			l, err = net.Listen("tcp", net.JoinHostPort(upstreamIP.String(), port))
-			return err
-		})
-		if err != nil {
-			t.Fatalf("setup: listen: %v", err)
-		}
-		if port == "443" {
-			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
-		}
-		srv := &http.Server{Handler: h}
-		go srv.Serve(l)
-		t.Cleanup(func() { srv.Close() })
-	}
-	return u
-}
-
-// dial opens a connection from inside the upstream's namespace: the
-// gateway's way out in this test.
-func (u *upstream) dial(ctx context.Context, network, addr string) (c net.Conn, err error) {
-	err = netns.Do(u.ns, func() error {
-		var d net.Dialer
-		c, err = d.DialContext(ctx, network, addr)
-		return err
-	})
-	return c, err
-}
-
-func newCA(t testing.TB) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "egress test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(der)
-	return ca, key
-}
-
-func leaf(t testing.TB, ca *x509.Certificate, caKey *ecdsa.PrivateKey, names ...string) tls.Certificate {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
-// bigBody is what GET /big answers.
-const bigBody = 64 << 20
-
 // setup connects a guest to a gateway with policy, resolving names to
 // the upstream except loop.test and meta.test.
-func setup(t testing.TB, policy ...string) (*Gateway, *guest, *upstream, *auditLog) {
+func setup(t testing.TB, policy ...string) (*Gateway, *guest, *egresstest.Upstream, *auditLog) {
 	t.Helper()
 	return setupWith(t, func(*Config) {}, policy...)
 }
 
 // setupWith is setup with the gateway's configuration edited by edit.
-func setupWith(t testing.TB, edit func(*Config), policy ...string) (*Gateway, *guest, *upstream, *auditLog) {
+func setupWith(t testing.TB, edit func(*Config), policy ...string) (*Gateway, *guest, *egresstest.Upstream, *auditLog) {
 	t.Helper()
-	u := newUpstream(t)
+	u := egresstest.Start(t)
 	rules, err := ParseRules(policy)
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +124,7 @@ func setupWith(t testing.TB, edit func(*Config), policy ...string) (*Gateway, *g
 	vmmEnd, guestEnd := os.NewFile(uintptr(fds[0]), "vmm"), os.NewFile(uintptr(fds[1]), "guest")
 	log := &auditLog{}
 	cfg := Config{
-		Conn: vmmEnd, Gateway: gatewayIP, Guest: guestIP, Policy: Policy{Allow: rules}, Audit: log.add, Dial: u.dial,
+		Conn: vmmEnd, Gateway: gatewayIP, Guest: guestIP, Policy: Policy{Allow: rules}, Audit: log.add, Dial: u.Dial,
 		Resolve: func(_ context.Context, host string) ([]netip.Addr, error) {
 			switch host {
 			case "loop.test":
@@ -255,7 +135,7 @@ func setupWith(t testing.TB, edit func(*Config), policy ...string) (*Gateway, *g
 			return []netip.Addr{upstreamIP}, nil
 		},
 	}
-	cfg.UpstreamRoots = u.pool
+	cfg.UpstreamRoots = u.Pool
 	edit(&cfg)
 	g, err := New(cfg)
 	if err != nil {
@@ -299,14 +179,14 @@ func (l *auditLog) find(t *testing.T, match func(Event) bool) Event {
 }
 
 // httpsGet fetches https://name/path through a connection to addr.
-func httpsGet(g *guest, u *upstream, addr netip.Addr, sni, host, path string) (string, error) {
+func httpsGet(g *guest, u *egresstest.Upstream, addr netip.Addr, sni, host, path string) (string, error) {
 	c, err := g.dial(addr, 443)
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: u.pool})
+	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: u.Pool})
 	fmt.Fprintf(tc, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, host)
 	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
 	if err != nil {
@@ -466,14 +346,12 @@ func TestGateway(t *testing.T) {
 			t.Errorf("DNS answered with the network off")
 		}
 	})
-	u.mu.Lock()
-	t.Logf("upstream served %q", u.hits)
-	for _, h := range u.hits {
-		if strings.HasPrefix(h, "other.test") && !strings.HasSuffix(h, " /") {
-			t.Errorf("upstream served a request it should never have seen: %s", h)
+	for _, r := range u.Requests() {
+		t.Logf("upstream served %s %s", r.Host, r.Path)
+		if r.Host == "other.test" && r.Path != "/" {
+			t.Errorf("upstream served a request it should never have seen: %s %s", r.Host, r.Path)
 		}
 	}
-	u.mu.Unlock()
 }
 
 func mustRules(t *testing.T, ss ...string) []Rule {
@@ -534,7 +412,7 @@ func BenchmarkGateway(b *testing.B) {
 	}
 	via := func() (net.Conn, error) { return g.dial(api[0], 80) }
 	direct := func() (net.Conn, error) {
-		return u.dial(context.Background(), "tcp4", netip.AddrPortFrom(upstreamIP, 80).String())
+		return u.Dial(context.Background(), "tcp4", netip.AddrPortFrom(upstreamIP, 80).String())
 	}
 	timed := func(dial func() (net.Conn, error), path string) (time.Duration, int) {
 		t0 := time.Now()

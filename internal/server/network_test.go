@@ -2,117 +2,22 @@ package server
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"fmt"
 	"io"
 	"io/fs"
-	"math/big"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"space/api"
 	"space/client"
-	"space/internal/netns"
+	"space/internal/egress/egresstest"
 	"space/internal/testenv"
 )
-
-// upstreamAddr is the test upstream's address: a documentation address
-// on the loopback of a network namespace of the test's own, reachable
-// only from there.
-var upstreamAddr = netip.MustParseAddr("198.51.100.10")
-
-// netUpstream starts HTTPS (443, a certificate of a CA of its own for
-// api.test and other.test) and HTTP (80) servers at upstreamAddr in a new
-// network namespace, and returns the namespace's path, the CA in PEM and
-// the log of what it was sent.
-func netUpstream(t *testing.T) (nsPath string, caPEM []byte, seen *upstreamLog) {
-	t.Helper()
-	testenv.RequireRoot(t, testenv.TierNetns)
-	testenv.RequireTool(t, testenv.TierNetns, "ip", "iproute2")
-	ns := fmt.Sprintf("space-nettest-%d", os.Getpid())
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("setup: ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	exec.Command("ip", "netns", "del", ns).Run()
-	run("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	run("-n", ns, "link", "set", "lo", "up")
-	run("-n", ns, "addr", "add", upstreamAddr.String()+"/32", "dev", "lo")
-	nsPath = "/run/netns/" + ns
-
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "space test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(2),
-		DNSNames: []string{"api.test", "other.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	seen = &upstreamLog{}
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		seen.mu.Lock()
-		seen.requests = append(seen.requests, fmt.Sprintf("%s %s %s %q", r.Host, r.URL, r.Header.Get("Authorization"), body))
-		seen.mu.Unlock()
-		fmt.Fprintf(w, "hello %s", r.Host)
-	})
-	for _, port := range []string{"443", "80"} {
-		var l net.Listener
-		if err := netns.Do(nsPath, func() (err error) {
-			l, err = net.Listen("tcp", net.JoinHostPort(upstreamAddr.String(), port))
-			return err
-		}); err != nil {
-			t.Fatalf("setup: %v", err)
-		}
-		if port == "443" {
-			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
-		}
-		srv := &http.Server{Handler: h}
-		go srv.Serve(l)
-		t.Cleanup(func() { srv.Close() })
-	}
-	return nsPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), seen
-}
-
-// upstreamLog is what the test upstream was sent: "host url
-// authorization body" per request.
-type upstreamLog struct {
-	mu sync.Mutex
-	// +checklocks:mu
-	requests []string
-}
-
-func (l *upstreamLog) all() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.requests...)
-}
 
 // TestSandboxNetwork runs a sandbox with a network behind its gateway
 // against an HTTPS upstream in a namespace of the test's own: the allowed
@@ -121,8 +26,9 @@ func (l *upstreamLog) all() []string {
 // connections; a fork keeps the policy with an address of its own; every
 // decision is in the egress log.
 func TestSandboxNetwork(t *testing.T) {
-	nsPath, caPEM, _ := netUpstream(t)
-	up := []netip.Addr{upstreamAddr}
+	u := egresstest.Start(t)
+	nsPath, caPEM := u.Netns, u.CAPEM
+	up := []netip.Addr{egresstest.Addr}
 	ts := startServerWith(t, Config{Egress: Egress{Netns: nsPath, Hosts: map[string][]netip.Addr{
 		"api.test": up, "other.test": up,
 		"loop.test": {netip.MustParseAddr("127.0.0.1")}, "meta.test": {netip.MustParseAddr("169.254.169.254")},
@@ -149,7 +55,7 @@ func TestSandboxNetwork(t *testing.T) {
 	}
 	for what, args := range map[string]string{
 		"an unlisted name":           "https://other.test/",
-		"the upstream by IP":         "--connect-timeout 5 http://" + upstreamAddr.String() + "/",
+		"the upstream by IP":         "--connect-timeout 5 http://" + egresstest.Addr.String() + "/",
 		"a name leading to loopback": "http://loop.test/",
 		"a name leading to metadata": "http://meta.test/",
 	} {
@@ -273,7 +179,7 @@ except OSError:
 	for _, e := range events {
 		allowedAPI = allowedAPI || e.Allowed && e.Proto == "tcp" && e.Name == "api.test" && e.BytesIn > 0
 		deniedDNS = deniedDNS || !e.Allowed && e.Proto == "dns" && e.Name == "other.test"
-		deniedIP = deniedIP || !e.Allowed && e.Proto == "tcp" && e.Addr == upstreamAddr.String()
+		deniedIP = deniedIP || !e.Allowed && e.Proto == "tcp" && e.Addr == egresstest.Addr.String()
 	}
 	if !allowedAPI || !deniedDNS || !deniedIP {
 		t.Errorf("egress log lacks a decision (allowed api.test %v, denied DNS other.test %v, denied raw IP %v): %+v",
@@ -288,11 +194,10 @@ except OSError:
 // the value is in neither the guest's environment, its disk, nor its
 // memory (the VM's own memory file), nor the worker's record.
 func TestSandboxSecret(t *testing.T) {
-	nsPath, caPEM, seen := netUpstream(t)
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
-	up := []netip.Addr{upstreamAddr}
-	ts := startServerWith(t, Config{Egress: Egress{Netns: nsPath, Roots: roots,
+	u := egresstest.Start(t)
+	caPEM := u.CAPEM
+	up := []netip.Addr{egresstest.Addr}
+	ts := startServerWith(t, Config{Egress: Egress{Netns: u.Netns, Roots: u.Pool,
 		Hosts: map[string][]netip.Addr{"api.test": up, "other.test": up}}})
 	ts.deleteAllOnCleanup(t)
 	c := ts.client
@@ -324,8 +229,8 @@ func TestSandboxSecret(t *testing.T) {
 	if out, errOut, code := execOut(t, c, sb.ID, sh(`curl -sS --max-time 10 --cacert /tmp/ca.pem -H "Authorization: Bearer $APIKEY" https://other.test/`)); code != 0 || out != "hello other.test" {
 		t.Fatalf("curl other.test = %q %q (exit %d)", out, errOut, code)
 	}
-	got := seen.all()
-	if len(got) != 2 || !strings.HasPrefix(got[0], "api.test /v1 Bearer "+secret) || !strings.HasPrefix(got[1], "other.test / Bearer "+placeholder) {
+	got := u.Requests()
+	if len(got) != 2 || !strings.HasPrefix(got[0].String(), "api.test /v1 Bearer "+secret) || !strings.HasPrefix(got[1].String(), "other.test / Bearer "+placeholder) {
 		t.Errorf("the upstream saw %q; want the secret for api.test only", got)
 	}
 
@@ -343,7 +248,7 @@ func TestSandboxSecret(t *testing.T) {
 	if out, errOut, code := execOut(t, c, kids[0].ID, sh(`curl -sS --max-time 10 -H "Authorization: Bearer $APIKEY" https://api.test/fork`)); code != 0 || out != "hello api.test" {
 		t.Errorf("curl api.test in the fork = %q %q (exit %d)", out, errOut, code)
 	}
-	if got := seen.all(); !strings.HasPrefix(got[len(got)-1], "api.test /fork Bearer "+secret) {
+	if got := u.Requests(); !strings.HasPrefix(got[len(got)-1].String(), "api.test /fork Bearer "+secret) {
 		t.Errorf("the fork's request reached the upstream as %q", got[len(got)-1])
 	}
 	if err := c.DeleteSandbox(ctx, kids[0].ID); err != nil {

@@ -31,6 +31,7 @@ import (
 	"space/internal/agent/guesttest"
 	"space/internal/apt"
 	"space/internal/cachedir"
+	"space/internal/egress/egresstest"
 	"space/internal/templatebuild"
 	"space/internal/testenv"
 )
@@ -549,9 +550,9 @@ func TestCrashDuringTemplateBuild(t *testing.T) {
 // step fetches from the allowed name (an HTTPS upstream in a namespace of
 // the test's own), and a build whose step fetches another name fails.
 func TestTemplateBuildNetwork(t *testing.T) {
-	nsPath, _, _ := netUpstream(t)
+	nsPath := egresstest.Start(t).Netns
 	ts := startServerWith(t, Config{Egress: Egress{Netns: nsPath, Hosts: map[string][]netip.Addr{
-		"api.test": {upstreamAddr}, "other.test": {upstreamAddr}}}})
+		"api.test": {egresstest.Addr}, "other.test": {egresstest.Addr}}}})
 	ts.deleteAllOnCleanup(t)
 	dir := t.TempDir()
 	writeTestImage(t, buildTplsrv(t, t.TempDir()), filepath.Join(dir, "image.tar"))
