@@ -470,7 +470,8 @@ type Network struct {
 type EgressEvent struct {
 	Time    time.Time `json:"time"`
 	Allowed bool      `json:"allowed"`
-	// Proto is "tcp", "dns", "udp", "icmp", "ipv6" or "ip".
+	// Proto is "tcp", "dns", "udp", "icmp", "ipv6", "ip", or "audit" (a
+	// note that the log dropped events when it fell behind).
 	Proto string `json:"proto"`
 	// Name is the host name the decision was about, if any.
 	Name string `json:"name,omitempty"`

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"space/internal/agent/proto"
@@ -298,6 +299,7 @@ type auditFile struct {
 	path string
 	ch   chan egress.Event
 	done chan struct{}
+	lost atomic.Int64 // events dropped since the last one written
 }
 
 func (w *Worker) auditor(s *sbx) *auditFile {
@@ -306,12 +308,14 @@ func (w *Worker) auditor(s *sbx) *auditFile {
 	return a
 }
 
-// write queues an event; when the writer falls behind, events are
-// counted as lost rather than blocking the gateway.
+// write queues an event; when the writer falls behind (1024 queued),
+// the event is dropped rather than blocking the gateway, and the next
+// one written says how many were.
 func (a *auditFile) write(ev egress.Event) {
 	select {
 	case a.ch <- ev:
 	default:
+		a.lost.Add(1)
 	}
 }
 
@@ -332,6 +336,10 @@ func (a *auditFile) run(w *Worker) {
 	bw := bufio.NewWriter(f)
 	size, _ := f.Seek(0, io.SeekEnd)
 	for ev := range a.ch {
+		if n := a.lost.Swap(0); n > 0 {
+			b, _ := json.Marshal(egress.Event{Time: ev.Time, Proto: "audit", Reason: fmt.Sprintf("%d events dropped: the log fell behind", n)})
+			bw.Write(append(b, '\n'))
+		}
 		b, _ := json.Marshal(ev)
 		n, _ := bw.Write(append(b, '\n'))
 		size += int64(n)
@@ -390,7 +398,8 @@ func (w *Worker) handleExposed(rw http.ResponseWriter, r *http.Request) {
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return gw.DialGuest(ctx, uint16(port))
 			},
-			MaxIdleConns: 1, IdleConnTimeout: 30 * time.Second, ResponseHeaderTimeout: 5 * time.Minute,
+			// One request per transport: nothing idles after it.
+			DisableKeepAlives: true, ResponseHeaderTimeout: 5 * time.Minute,
 		},
 		ErrorHandler: func(rw http.ResponseWriter, _ *http.Request, err error) {
 			httpapi.WriteError(rw, fmt.Errorf("port %d of %s: %v: %w", port, id, err, errkind.Unavailable))
