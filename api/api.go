@@ -49,9 +49,9 @@ type Health struct {
 // server's defaults (see the OpenAPI document).
 type CreateSandbox struct {
 	Template string `json:"template,omitempty"`
-	// Network gives the sandbox a network behind its own egress gateway
-	// with this policy; nil = no network interface. A sandbox of a built
-	// template always has one (nil = allow nothing).
+	// Network is the policy of the sandbox's egress gateway: every
+	// sandbox has a network interface whose far end is a gateway of its
+	// own. nil = allow nothing (change it later with PUT .../network).
 	Network *Network `json:"network,omitempty"`
 	// Secrets grants the team's secrets by name: the sandbox sees only
 	// placeholders, and its gateway adds the values to requests for the
@@ -446,10 +446,11 @@ type BuildEvent struct {
 	Error    *ErrorBody   `json:"error,omitempty"`
 }
 
-// Network is a sandbox's egress policy. With it the sandbox has a network
+// Network is a sandbox's egress policy. Every sandbox has a network
 // interface whose far end is a gateway of its own; every connection and
-// DNS query goes through it and is decided by name. Without it (null) the
-// sandbox has no network interface.
+// DNS query goes through it and is decided by name. Only sandboxes
+// restored from snapshots taken before every sandbox had an interface
+// have none (null here).
 type Network struct {
 	// Allow are rules: "host", "*.suffix", an IPv4 address or CIDR, each
 	// with an optional ":port". Empty allows nothing.

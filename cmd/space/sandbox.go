@@ -43,11 +43,10 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		Short: "Create a sandbox and print its ID",
 		Long: `Create a sandbox and print its ID.
 
-Without --network or an --allow-* flag the sandbox has no network interface
-(a sandbox of a built template always has one), and none can be added
-later. With one, it has a network behind an egress gateway of its own that
-lets through only what --allow-host and --allow-cidr name; change that
-later with "space sandbox network", and see what it decided with
+Every sandbox has a network interface behind an egress gateway of its own
+that lets through only what --allow-host and --allow-cidr name (without
+them, nothing: DNS answers NXDOMAIN). Change that later with
+"space sandbox network", and see what it decided with
 "space sandbox egress-log".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -98,7 +97,8 @@ later with "space sandbox network", and see what it decided with
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start as a copy of this `snapshot` (ID or name) instead of booting")
 	f.StringArrayVar(&req.Secrets, "secret", nil, "grant this secret of the team (`name`; repeatable): the sandbox sees a placeholder, its gateway adds the value for the secret's hosts")
 	f.BoolVar(&req.ColdBoot, "cold-boot", false, "boot the VM rather than restore the template's warm snapshot")
-	f.BoolVar(&network, "network", false, "give the sandbox a network even without --allow-* flags (it allows nothing until \"space sandbox network\" changes that)")
+	f.BoolVar(&network, "network", false, "a network allowing nothing (the default)")
+	f.MarkHidden("network") // every sandbox has a network now; kept for scripts that pass it
 	nf.register(f, "network-off", "give the sandbox a network that is off, DNS included, until \"space sandbox network\" turns it on")
 	outputFlag(f, &output)
 	return c

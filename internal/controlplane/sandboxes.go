@@ -143,6 +143,8 @@ func (s *Server) validate(b createBody) (spec, error) {
 			return sp, &httpapi.FieldError{Field: "network", Err: err}
 		}
 		sp.Network = n
+	} else {
+		sp.Network = &worker.Network{} // a NIC whose gateway allows nothing
 	}
 	if b.OnTimeout != nil {
 		if *b.OnTimeout != onTimeoutDelete && *b.OnTimeout != onTimeoutSuspend {

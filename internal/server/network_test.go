@@ -141,6 +141,28 @@ except OSError:
 		t.Errorf("fork: curl https://other.test/ = %q (exit %d)", out, code)
 	}
 
+	// A sandbox created without a policy restores the warm template with
+	// a NIC whose gateway allows nothing, until its policy changes.
+	plain, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.VM == nil || plain.VM.StartedBy == "boot" || plain.Network == nil || len(plain.Network.Allow) != 0 {
+		t.Errorf("a sandbox without a policy: started by %+v, network %+v; want a restore and a network allowing nothing", plain.VM, plain.Network)
+	}
+	if _, err := c.WriteFile(ctx, plain.ID, "/tmp/ca.pem", strings.NewReader(string(caPEM)), client.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := curl(plain.ID, "https://api.test/"); code == 0 {
+		t.Errorf("a sandbox without a policy reached api.test: %q", out)
+	}
+	if _, err := c.SetNetwork(ctx, plain.ID, api.Network{Allow: []string{"api.test"}}); err != nil {
+		t.Fatalf("SetNetwork on a sandbox created without a policy: %v", err)
+	}
+	if out, code := curl(plain.ID, "https://api.test/"); code != 0 || out != "hello api.test" {
+		t.Errorf("after allowing api.test: %q (exit %d)", out, code)
+	}
+
 	// A port exposed through the API: a server in the guest answers an
 	// authenticated request from outside; without the key, nothing.
 	if _, err := c.StartDetached(ctx, sb.ID, api.Exec{Command: []string{"python3", "-m", "http.server", "8000", "--directory", "/tmp"}}); err != nil {
@@ -162,13 +184,6 @@ except OSError:
 		if resp.StatusCode != want || want == http.StatusOK && string(body) != string(caPEM) {
 			t.Errorf("GET the exposed port (key %t) = %d %.80q, want %d", key != "", resp.StatusCode, body, want)
 		}
-	}
-	plain, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if code, body := rawCall(t, ts, "GET", "/v1/sandboxes/"+plain.ID+"/ports/8000/http/", ""); code != http.StatusConflict {
-		t.Errorf("exposing a port of a sandbox without network = %d %s, want 409", code, body)
 	}
 
 	events, err := c.EgressLog(ctx, sb.ID)

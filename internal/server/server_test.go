@@ -742,9 +742,17 @@ func TestPoolCreate(t *testing.T) {
 		t.Errorf("a pool member handed to %s was expected to keep its own directory", first.ID)
 	}
 	testenv.Eventually(t, 3*time.Minute, poolReady)
-	second, err := c.CreateSandbox(ctx, api.CreateSandbox{})
+	second, err := c.CreateSandbox(ctx, api.CreateSandbox{Network: &api.Network{Allow: []string{"api.test"}}})
 	if err != nil || second.VM == nil || second.VM.StartedBy != "pool" {
 		t.Fatalf("second CreateSandbox = %+v, %v; want one from the refilled pool", second, err)
+	}
+	// The member's gateway takes the create's policy: its DNS answers for
+	// the allowed name only (the first allows nothing).
+	dns := sh("getent hosts api.test >/dev/null && echo found || echo missing")
+	for sb, want := range map[string]string{first.ID: "missing\n", second.ID: "found\n"} {
+		if out, _, _ := execOut(t, c, sb, dns); out != want {
+			t.Errorf("api.test from pooled sandbox %s: %q, want %q", sb, out, want)
+		}
 	}
 	rnd := sh("head -c 16 /dev/urandom | od -An -tx1; hostname")
 	o1, _, _ := execOut(t, c, first.ID, rnd)

@@ -77,6 +77,7 @@ func (w *Worker) CreateWith(ctx context.Context, req CreateRequest) (Info, error
 	if req.FromSnapshot != "" {
 		return w.createFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot, req.Overrides(), req.SecretValues)
 	}
+	req.Spec = withNIC(req.Spec)
 	if len(req.Spec.Secrets) == 0 {
 		if inf, ok := w.fromPool(ctx, req.ID, req.Team, req.Spec); ok {
 			return inf, nil
@@ -221,7 +222,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) 
 			startedBy = "restore"
 			gv, err = guestvm.Restore(bctx, cfg, filepath.Join(dir, "vm"))
 		}
-	case !spec.ColdBoot && spec.Network == nil && w.warmReady(spec, img):
+	case !spec.ColdBoot && spec.Network != nil && w.warmReady(spec, img):
 		startedBy = "warm"
 		gv, err = guestvm.Restore(bctx, cfg, filepath.Join(w.warmDir(spec, img), "vm"))
 		if errors.Is(err, vmm.ErrIncompatible) {
@@ -237,9 +238,9 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) 
 	if err != nil {
 		return err
 	}
-	// Warm templates and pools are of sandboxes without network so far: a
-	// NIC is part of the snapshot's device layout.
-	if startedBy == "boot" && !spec.ColdBoot && spec.Network == nil && !w.warmReady(spec, img) {
+	// Warm templates and pools are of sandboxes with a NIC (the NIC is
+	// part of a snapshot's device layout; see withNIC).
+	if startedBy == "boot" && !spec.ColdBoot && spec.Network != nil && !w.warmReady(spec, img) {
 		// The first sandbox of its shape: capture it, fresh from boot, as
 		// the warm template the next ones restore from.
 		if err := w.captureWarm(ctx, gv.VMM, spec, img); err != nil {

@@ -25,8 +25,9 @@ import (
 	"space/internal/vmm"
 )
 
-// Network is a sandbox's egress: with it the sandbox has a NIC whose far
-// end is a gateway of its own (package egress); without it, no NIC.
+// Network is a sandbox's egress policy. Every sandbox has a NIC whose far
+// end is a gateway of its own (package egress), which applies it; the
+// zero Network allows nothing.
 type Network struct {
 	// Allow are egress rules (see egress.ParseRule): host names, *.suffix,
 	// IPv4 addresses or ranges, each with an optional ":port". Empty
@@ -56,6 +57,17 @@ func (n *Network) Policy() (egress.Policy, error) {
 			n.MaxConnections, n.BytesPerSecond, errkind.InvalidArgument)
 	}
 	return egress.Policy{Allow: rules, Off: n.Off, MaxConns: n.MaxConnections, BytesPerSecond: n.BytesPerSecond}, nil
+}
+
+// withNIC gives spec the default network (nothing allowed) if it has
+// none, so that its sandbox gets a NIC: the device is fixed when the VM
+// boots, and the policy can then change at any time. Warm templates and
+// pools are of sandboxes with a NIC.
+func withNIC(spec Spec) Spec {
+	if spec.Network == nil {
+		spec.Network = &Network{}
+	}
+	return spec
 }
 
 // netAddrs are a sandbox's addresses on its own link: a /30 of
@@ -258,7 +270,7 @@ func (w *Worker) SetNetwork(ctx context.Context, id string, n Network) (Info, er
 	}
 	s.mu.Unlock()
 	if !has {
-		return Info{}, fmt.Errorf("%s was created without network; create it with a network policy (even an empty one) to change it later: %w", id, errkind.FailedPrecondition)
+		return Info{}, fmt.Errorf("%s has no network interface: it was restored from a snapshot taken before every sandbox had one; a new sandbox has one: %w", id, errkind.FailedPrecondition)
 	}
 	if err := s.save(); err != nil {
 		return Info{}, err

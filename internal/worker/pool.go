@@ -47,6 +47,8 @@ func (w *Worker) KeepPool(spec Spec, n int) error {
 		return fmt.Errorf("pool of %d: want 0..16", n)
 	}
 	spec.Env, spec.ColdBoot = nil, false
+	spec = withNIC(spec)
+	spec.Network = &Network{} // a member allows nothing until a create takes it
 	w.mu.Lock()
 	w.pools[shapeKey(spec)] = poolTarget{spec: spec, size: n}
 	w.mu.Unlock()
@@ -192,7 +194,8 @@ func (w *Worker) takeMember(key, id string) *sbx {
 // spec's shape is ready. It reports whether it did; on false nothing
 // changed for id (a member that failed the handover is gone).
 func (w *Worker) fromPool(ctx context.Context, id, team string, spec Spec) (Info, bool) {
-	if spec.ColdBoot || spec.Network != nil || !store.ValidSandboxID(id) || !store.ValidID(team) || spec.validate() != nil {
+	// A member has no secrets' CA: a create that grants secrets boots.
+	if spec.ColdBoot || spec.Network == nil || len(spec.Secrets) > 0 || !store.ValidSandboxID(id) || !store.ValidID(team) || spec.validate() != nil {
 		return Info{}, false // create says what is wrong
 	}
 	s := w.takeMember(shapeKey(spec), id)
@@ -221,14 +224,19 @@ func (w *Worker) fromPool(ctx context.Context, id, team string, spec Spec) (Info
 
 // handOver gives pool member s its new identity: the guest's clock,
 // entropy and hostname first, then the record, which commits it (a crash
-// before leaves an internal member, which a restart removes). The caller
-// holds s.op.
+// before leaves an internal member, which a restart removes), then the
+// create's egress policy to the member's gateway (which allowed nothing
+// until then). The caller holds s.op.
 func (w *Worker) handOver(ctx context.Context, s *sbx, id, team string, spec Spec) (slot string, err error) {
 	s.mu.Lock()
-	agent := s.agent
+	agent, gw := s.agent, s.gw
 	s.mu.Unlock()
-	if agent == nil {
-		return "", errors.New("no agent connection")
+	if agent == nil || gw == nil {
+		return "", errors.New("no agent connection or gateway")
+	}
+	policy, err := w.fullPolicy(s, *spec.Network)
+	if err != nil {
+		return "", err
 	}
 	seed := make([]byte, 64)
 	rand.Read(seed)
@@ -249,7 +257,11 @@ func (w *Worker) handOver(ctx context.Context, s *sbx, id, team string, spec Spe
 		s.rec.VM = &vm
 	}
 	s.mu.Unlock()
-	return slot, s.save()
+	if err := s.save(); err != nil {
+		return slot, err
+	}
+	gw.SetPolicy(policy)
+	return slot, nil
 }
 
 // evictMember removes one ready pool member to make room, reporting

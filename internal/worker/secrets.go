@@ -222,7 +222,7 @@ func installCA(ctx context.Context, a *client.Client, ca *egress.CA, grants []Se
 // each secret's placeholder under its name (upper case, other characters
 // as '_').
 func secretEnv(spec Spec) map[string]string {
-	if spec.Network == nil {
+	if spec.Network == nil || len(spec.Secrets) == 0 {
 		return nil
 	}
 	env := map[string]string{

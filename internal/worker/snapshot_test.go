@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"space/internal/agent/guesttest"
 	"space/internal/agent/proto"
 	"space/internal/cgroup"
+	"space/internal/errkind"
 	"space/internal/imagebuild"
 	"space/internal/testenv"
 )
@@ -151,5 +153,49 @@ func TestSnapshotRestoreFork(t *testing.T) {
 	}
 	if got := shell(t, w, b, "cat /root/f"); got != "one\n" {
 		t.Errorf("fork after its snapshot is deleted: /root/f = %q", got)
+	}
+}
+
+// TestSnapshotWithoutNIC restores a sandbox of the kind every sandbox was
+// before each got a NIC (a spec without network): it boots rather than
+// restoring a warm template with a NIC, its snapshot restores without a
+// NIC, and a policy change says clearly why there is none to change.
+func TestSnapshotWithoutNIC(t *testing.T) {
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	w := newVMWorker(t)
+	ctx := t.Context()
+	spec := Spec{Template: "default", VCPUs: 1, MemoryMiB: 256, DiskMiB: 1024}
+	if err := w.Warm(ctx, spec); err != nil {
+		t.Fatalf("Warm = %v", err)
+	}
+	a, b := sandboxID(0), sandboxID(1)
+	inf, err := w.create(ctx, a, "team", spec, createOpts{})
+	if err != nil || inf.VM.StartedBy != "boot" {
+		t.Fatalf("create without network = %+v, %v; want a boot", inf, err)
+	}
+	nics := "ls /sys/class/net | tr '\\n' ' '"
+	if got := shell(t, w, a, nics); got != "lo " {
+		t.Errorf("interfaces without network: %q, want only lo", got)
+	}
+	if _, err := w.Snapshot(ctx, a, SnapshotRequest{SnapshotID: "snap_nonic"}); err != nil {
+		t.Fatalf("Snapshot = %v", err)
+	}
+	if inf, err = w.CreateFromSnapshot(ctx, b, "team", "snap_nonic", nil); err != nil || inf.Spec.Network != nil {
+		t.Fatalf("CreateFromSnapshot = %+v, %v; want a sandbox without network", inf, err)
+	}
+	if got := shell(t, w, b, nics); got != "lo " {
+		t.Errorf("interfaces of the restore: %q, want only lo", got)
+	}
+	if _, err := w.SetNetwork(ctx, b, Network{Allow: []string{"example.com"}}); !errors.Is(err, errkind.FailedPrecondition) || !strings.Contains(err.Error(), "no network interface") {
+		t.Errorf("SetNetwork without a NIC = %v, want a failed precondition saying why", err)
+	}
+	// A create through the API gets a NIC, from the warm template.
+	c := sandboxID(2)
+	if inf, err = w.Create(ctx, c, "team", spec); err != nil || inf.VM.StartedBy != "warm" || inf.Spec.Network == nil {
+		t.Fatalf("Create = %+v, %v; want a warm restore with a network", inf, err)
+	}
+	if got := shell(t, w, c, nics); len(strings.Fields(got)) != 2 {
+		t.Errorf("interfaces of a new sandbox: %q, want lo and a NIC", got)
 	}
 }

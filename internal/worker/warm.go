@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -28,7 +29,8 @@ func (w *Worker) warmRoot() string { return filepath.Join(w.cfg.DataDir, "warm")
 // warmDir is where the warm template of spec's shape and img lives.
 func (w *Worker) warmDir(spec Spec, img *imagebuild.Artifacts) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s", spec.Template, img.Kernel.Vmlinux, img.Initramfs, img.Rootfs)
+	// "nic": the template's VM has a NIC (templates from before had none).
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00nic", spec.Template, img.Kernel.Vmlinux, img.Initramfs, img.Rootfs)
 	key := fmt.Sprintf("%s-%dc-%dm-%dd-%s", spec.Template, spec.VCPUs, spec.MemoryMiB, spec.DiskMiB, hex.EncodeToString(h.Sum(nil))[:16])
 	return filepath.Join(w.warmRoot(), key)
 }
@@ -78,7 +80,8 @@ func (w *Worker) captureWarm(ctx context.Context, vm vmm.VM, spec Spec, img *ima
 }
 
 // removeIncompleteWarm removes temporary warm template directories a crash
-// left.
+// left, and templates without a NIC (from before every sandbox had one;
+// no create restores them any more).
 func (w *Worker) removeIncompleteWarm() error {
 	entries, err := os.ReadDir(w.warmRoot())
 	if errors.Is(err, os.ErrNotExist) {
@@ -89,8 +92,13 @@ func (w *Worker) removeIncompleteWarm() error {
 	}
 	var errs []error
 	for _, e := range entries {
+		dir := filepath.Join(w.warmRoot(), e.Name())
+		var info SnapshotInfo
 		if strings.HasPrefix(e.Name(), ".tmp-") {
-			errs = append(errs, os.RemoveAll(filepath.Join(w.warmRoot(), e.Name())))
+			errs = append(errs, os.RemoveAll(dir))
+		} else if b, err := os.ReadFile(filepath.Join(dir, snapshotInfoFile)); err == nil && json.Unmarshal(b, &info) == nil && info.Spec.Network == nil {
+			w.log.Info("removing a warm template without a NIC", "dir", dir)
+			errs = append(errs, os.RemoveAll(dir))
 		}
 	}
 	return errors.Join(errs...)
@@ -101,6 +109,7 @@ func (w *Worker) removeIncompleteWarm() error {
 // server calls it at start for the default shape, so even the first user
 // sandbox is a restore.
 func (w *Worker) Warm(ctx context.Context, spec Spec) error {
+	spec = withNIC(spec)
 	if err := spec.validate(); err != nil {
 		return err
 	}

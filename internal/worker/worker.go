@@ -101,8 +101,10 @@ type Spec struct {
 	// names none ("" = / and root): a template's.
 	Workdir string `json:"workdir,omitempty"`
 	User    string `json:"user,omitempty"`
-	// Network gives the sandbox a NIC behind an egress gateway with this
-	// policy; nil = no NIC at all.
+	// Network is the policy of the egress gateway behind the sandbox's
+	// NIC. A create without one gets the default (nothing allowed; see
+	// withNIC). nil only in specs from before every sandbox had a NIC:
+	// their snapshots restore without one.
 	Network *Network `json:"network,omitempty"`
 	// Secrets are granted to the sandbox (they need Network): values
 	// come with the create (CreateRequest.SecretValues), never in here.

@@ -144,6 +144,14 @@ func TestStartRemovesLeftovers(t *testing.T) {
 	os.MkdirAll(gone, 0o700)
 	writeRecord(gone, record{ID: "sbx_ffffffffffffffffffff", Team: "t", State: sandbox.Running, Handle: &vmm.Handle{Driver: "qemu", PID: 1}})
 
+	// Warm templates: one without a NIC (from before every sandbox had
+	// one) goes; one with a NIC stays.
+	for name, net := range map[string]*Network{"default-1c-256m-1024d-old": nil, "default-1c-256m-1024d-new": {}} {
+		dir := filepath.Join(data, "warm", name)
+		os.MkdirAll(filepath.Join(dir, "vm"), 0o700)
+		writeJSONFile(dir, snapshotInfoFile, SnapshotInfo{ID: "warm", Spec: Spec{Template: "default", Network: net}})
+	}
+
 	w, err := New(Config{ID: "unit", DataDir: data, RunRoot: run, Driver: neverBoots{}, Templates: noTemplates{}})
 	if err != nil {
 		t.Fatalf("setup: %v", err)
@@ -162,6 +170,9 @@ func TestStartRemovesLeftovers(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(run); len(entries) != 0 {
 		t.Errorf("run dirs after Start: %v", entries)
+	}
+	if m, _ := filepath.Glob(filepath.Join(data, "warm", "*")); len(m) != 1 || filepath.Base(m[0]) != "default-1c-256m-1024d-new" {
+		t.Errorf("warm templates after Start: %v, want only the one with a NIC", m)
 	}
 	inf, err := w.Sandbox("sbx_ffffffffffffffffffff")
 	if err != nil || inf.State != sandbox.Failed || inf.Error == "" {
