@@ -128,7 +128,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 	f.StringVar(&token, "token", "", "the control plane's worker `token`")
 	f.StringVar(&tokenFile, "token-file", "", "read the worker token from `FILE`")
 	f.StringVar(&listen, "listen", server.DefaultWorkerListen, "`address` the worker API listens on")
-	f.StringVar(&advertise, "advertise", "", "`URL` the control plane reaches this worker at (default: http://LISTEN)")
+	f.StringVar(&advertise, "advertise", "", "`URL` the control plane reaches this worker at (default: https://LISTEN; the worker serves TLS with a certificate the worker token vouches for)")
 	f.StringVar(&id, "id", "", "worker `ID` (default: derived from the host name and data dir)")
 	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks); the server's to share its snapshots")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs offered (default: 4 per host CPU)")

@@ -40,7 +40,7 @@ func (s *Server) LoadWorkers(ctx context.Context) error {
 		}
 		rm, err := NewRemote(w.ID, w.Address, s.cfg.WorkerToken)
 		if err != nil {
-			s.log.Warn("skipping stored worker", "worker_id", w.ID, "err", err)
+			s.log.Warn("skipping stored worker until it registers again", "worker_id", w.ID, "err", err)
 			continue
 		}
 		s.mu.Lock()
@@ -88,8 +88,8 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, httpapi.Invalid("id", "%.64q: 1-32 characters of [A-Za-z0-9_.-]", req.ID))
 		return
 	}
-	if u, err := url.Parse(req.Address); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		httpapi.WriteError(w, httpapi.Invalid("address", "%.100q: want http(s)://host:port", req.Address))
+	if u, err := url.Parse(req.Address); err != nil || u.Scheme != "https" || u.Host == "" {
+		httpapi.WriteError(w, httpapi.Invalid("address", "%.100q: want https://host:port (workers serve TLS)", req.Address))
 		return
 	}
 	if req.VCPUs < 0 || req.MemoryMiB < 0 {

@@ -14,6 +14,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/worker"
+	"space/internal/workertls"
 )
 
 // Worker is how the control plane reaches one worker: lifecycle calls,
@@ -83,14 +84,23 @@ type Remote struct {
 }
 
 // NewRemote returns the adapter of a worker serving its API at base
-// (e.g. http://10.0.0.5:7071), authenticated with token.
+// (e.g. https://10.0.0.5:7071), authenticated with token. The worker's
+// certificate must be one the token's CA signed (package workertls):
+// requests, the token and secret values travel only over that TLS.
 func NewRemote(id, base, token string) (*Remote, error) {
 	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("worker %s address %q: want http(s)://host:port: %w", id, base, errkind.InvalidArgument)
+	if err != nil || u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("worker %s address %q: want https://host:port (workers serve TLS): %w", id, base, errkind.InvalidArgument)
 	}
-	rm := &Remote{id: id, base: u, token: token, hc: &http.Client{}}
+	tlsCfg, err := workertls.Client(token)
+	if err != nil {
+		return nil, fmt.Errorf("worker TLS: %v: %w", err, errkind.InvalidArgument)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tlsCfg
+	rm := &Remote{id: id, base: u, token: token, hc: &http.Client{Transport: tr}}
 	rm.proxy = &httputil.ReverseProxy{
+		Transport: tr,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
 			pr.Out.Header.Set("Authorization", "Bearer "+token)

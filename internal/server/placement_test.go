@@ -112,6 +112,33 @@ func TestTwoWorkersPlacement(t *testing.T) {
 		return healthy == 3
 	})
 	t.Logf("workers: %+v", listed.Workers)
+	// The worker protocol is TLS only: workers advertise https, a plain
+	// HTTP request to one gets no API, and a registration of a plain HTTP
+	// address is refused.
+	for _, w := range listed.Workers {
+		if w.ID != ts.workerID && !strings.HasPrefix(w.Address, "https://") {
+			t.Errorf("worker %s at %q, want an https address", w.ID, w.Address)
+		}
+	}
+	if resp, err := http.Get(strings.Replace(a.url, "https://", "http://", 1) + worker.PathPrefix + "/status"); err == nil {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Errorf("plain HTTP to a worker = %d %.100q, want no API", resp.StatusCode, body)
+		}
+	}
+	token, _ := os.ReadFile(filepath.Join(ts.dataDir, WorkerTokenFile))
+	req, _ := http.NewRequest("POST", ts.url+"/v1/workers", strings.NewReader(`{"id":"plain","address":"http://127.0.0.1:1","vcpus":1,"memory_mib":64}`))
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Errorf("register: %v", err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "https://") {
+			t.Errorf("registering a plain HTTP worker = %d %s, want 400 asking for https", resp.StatusCode, body)
+		}
+	}
 
 	on := map[string]int{}
 	for i := range 3 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/worker"
+	"space/internal/workertls"
 )
 
 // DefaultWorkerListen is where `space worker` serves its API unless told
@@ -36,7 +38,9 @@ type WorkerConfig struct {
 	// Listen is the worker API's address; "" = DefaultWorkerListen.
 	Listen string
 	// Advertise is the URL the control plane reaches the worker at; "" =
-	// http://<the listening address>.
+	// https://<the listening address>. The worker serves TLS with a
+	// certificate the token vouches for (package workertls), so it is
+	// an https URL.
 	Advertise string
 	// ControlPlane is the control plane's URL. Required.
 	ControlPlane string
@@ -73,6 +77,9 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultWorkerListen
 	}
+	if cfg.Advertise != "" && !strings.HasPrefix(cfg.Advertise, "https://") {
+		return fmt.Errorf("worker: advertise %q: the worker serves TLS, so its URL is https://host:port: %w", cfg.Advertise, errkind.InvalidArgument)
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -105,12 +112,17 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		return err
 	}
 	defer w.Close()
+	tlsCfg, err := workertls.Server(cfg.Token)
+	if err != nil {
+		return fmt.Errorf("worker TLS: %v: %w", err, errkind.InvalidArgument)
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	ln = tls.NewListener(ln, tlsCfg)
 	if cfg.Advertise == "" {
-		cfg.Advertise = "http://" + ln.Addr().String()
+		cfg.Advertise = "https://" + ln.Addr().String()
 	}
 	fmt.Fprintf(progress, "space: worker %s serving on %s, registering with %s\n", cfg.ID, cfg.Advertise, cfg.ControlPlane)
 	reg := &registrar{cfg: cfg, w: w, hc: &http.Client{Timeout: 30 * time.Second}}
