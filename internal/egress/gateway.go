@@ -33,9 +33,10 @@ import (
 
 // Config describes one sandbox's gateway.
 type Config struct {
-	// Conn is the VMM's end of the guest NIC (see frameLink). Required;
-	// Close closes it.
-	Conn io.ReadWriteCloser
+	// Frames is the guest NIC's backend: StreamFrames over a VMM's
+	// socket, or a packet socket on a tap (OpenTap). Required; Close
+	// closes it.
+	Frames Frames
 	// Gateway is the gateway's address on the guest's link (the guest's
 	// default route and DNS server); Guest is the guest's. Required, IPv4.
 	Gateway, Guest netip.Addr
@@ -89,10 +90,10 @@ type Gateway struct {
 
 const nicID = 1
 
-// New starts a gateway on cfg.Conn. Close it when the sandbox goes.
+// New starts a gateway on cfg.Frames. Close it when the sandbox goes.
 func New(cfg Config) (*Gateway, error) {
-	if cfg.Conn == nil || !cfg.Gateway.Is4() || !cfg.Guest.Is4() {
-		return nil, fmt.Errorf("egress: conn, gateway and guest IPv4 addresses are required: %w", errkind.InvalidArgument)
+	if cfg.Frames == nil || !cfg.Gateway.Is4() || !cfg.Guest.Is4() {
+		return nil, fmt.Errorf("egress: frames, gateway and guest IPv4 addresses are required: %w", errkind.InvalidArgument)
 	}
 	if cfg.MAC == nil {
 		cfg.MAC = net.HardwareAddr{0x02, 0x53, 0x50, 0, 0, 1}
@@ -115,7 +116,7 @@ func New(cfg Config) (*Gateway, error) {
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4},
 	})
-	g.link = newFrameLink(cfg.Conn, tcpip.LinkAddress(cfg.MAC), g.admit)
+	g.link = newFrameLink(cfg.Frames, tcpip.LinkAddress(cfg.MAC), g.admit)
 	if err := g.setUpStack(); err != nil {
 		g.stack.Close()
 		return nil, err
@@ -245,11 +246,11 @@ func (g *Gateway) Names() map[string]netip.Addr { return g.names.all() }
 // guest remembers its parent's answers).
 func (g *Gateway) SetNames(m map[string]netip.Addr) { g.names.load(m) }
 
-// Close stops the gateway and closes the VMM's connection.
+// Close stops the gateway and closes the guest NIC's backend.
 func (g *Gateway) Close() error {
 	g.closed.Do(func() {
 		g.cancel()
-		g.cfg.Conn.Close()
+		g.cfg.Frames.Close()
 		<-g.done
 		g.stack.Close()
 	})

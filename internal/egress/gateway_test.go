@@ -43,13 +43,13 @@ type guest struct {
 	s *stack.Stack
 }
 
-func newGuest(t testing.TB, conn io.ReadWriteCloser) *guest {
+func newGuest(t testing.TB, frames Frames) *guest {
 	t.Helper()
 	s := stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
 	})
-	link := newFrameLink(conn, tcpip.LinkAddress(net.HardwareAddr{2, 0, 0, 0, 0, 2}), func([]byte) bool { return true })
+	link := newFrameLink(frames, tcpip.LinkAddress(net.HardwareAddr{2, 0, 0, 0, 0, 2}), func([]byte) bool { return true })
 	if err := s.CreateNIC(1, ethernet.New(link.ep)); err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func setupWith(t testing.TB, edit func(*Config), policy ...string) (*Gateway, *g
 	vmmEnd, guestEnd := os.NewFile(uintptr(fds[0]), "vmm"), os.NewFile(uintptr(fds[1]), "guest")
 	log := &auditLog{}
 	cfg := Config{
-		Conn: vmmEnd, Gateway: gatewayIP, Guest: guestIP, Policy: Policy{Allow: rules}, Audit: log.add, Dial: u.Dial,
+		Frames: StreamFrames(vmmEnd), Gateway: gatewayIP, Guest: guestIP, Policy: Policy{Allow: rules}, Audit: log.add, Dial: u.Dial,
 		Resolve: func(_ context.Context, host string) ([]netip.Addr, error) {
 			switch host {
 			case "loop.test":
@@ -142,7 +142,7 @@ func setupWith(t testing.TB, edit func(*Config), policy ...string) (*Gateway, *g
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.Close() })
-	return g, newGuest(t, guestEnd), u, log
+	return g, newGuest(t, StreamFrames(guestEnd)), u, log
 }
 
 type auditLog struct {

@@ -23,48 +23,94 @@ const maxFrame = 1514
 // mtu is the guest's IP MTU.
 const mtu = 1500
 
-// frameLink carries Ethernet frames between a netstack NIC and the VMM's
-// end of the guest NIC: each frame after its length, 4 bytes big endian,
-// as QEMU's stream and socket netdevs write them.
+// Frames carries whole Ethernet frames between the gateway and the
+// guest NIC's backend.
+type Frames interface {
+	// ReadFrame reads the next frame from the guest into buf (at least
+	// maxReadFrame bytes). A stream framing cannot go on after a frame
+	// too large for the link (an error); a packet socket returns it and
+	// the link drops it.
+	ReadFrame(buf []byte) (int, error)
+	// WriteFrame sends one frame to the guest.
+	WriteFrame(frame []byte) error
+	// Close ends both directions; a ReadFrame in progress returns.
+	Close() error
+}
+
+// maxReadFrame is the buffer ReadFrame gets: a guest may send frames
+// larger than the link's (a segmentation offload it should not use); they
+// are read whole and dropped.
+const maxReadFrame = 64 << 10
+
+// StreamFrames frames a byte stream as QEMU's stream and socket netdevs
+// do: each frame after its length, 4 bytes big endian.
+func StreamFrames(conn io.ReadWriteCloser) Frames {
+	return &streamFrames{conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
+}
+
+type streamFrames struct {
+	conn io.ReadWriteCloser
+	r    *bufio.Reader // ReadFrame's alone
+	wmu  sync.Mutex
+}
+
+func (s *streamFrames) ReadFrame(buf []byte) (int, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(s.r, hdr[:]); err != nil {
+		return 0, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > maxFrame || int(n) > len(buf) {
+		return 0, fmt.Errorf("frame of %d bytes from the guest", n)
+	}
+	_, err := io.ReadFull(s.r, buf[:n])
+	return int(n), err
+}
+
+func (s *streamFrames) WriteFrame(frame []byte) error {
+	out := make([]byte, 4+len(frame))
+	binary.BigEndian.PutUint32(out, uint32(len(frame)))
+	copy(out[4:], frame)
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	_, err := s.conn.Write(out)
+	return err
+}
+
+func (s *streamFrames) Close() error { return s.conn.Close() }
+
+// frameLink moves Ethernet frames between a netstack NIC and the guest
+// NIC's backend.
 type frameLink struct {
 	ep     *channel.Endpoint
-	conn   io.ReadWriteCloser
+	frames Frames
 	filter func(frame []byte) bool // false drops a frame from the guest
-	wmu    sync.Mutex
 }
 
-func newFrameLink(conn io.ReadWriteCloser, mac tcpip.LinkAddress, filter func([]byte) bool) *frameLink {
-	return &frameLink{ep: channel.New(512, mtu+header.EthernetMinimumSize, mac), conn: conn, filter: filter}
+func newFrameLink(frames Frames, mac tcpip.LinkAddress, filter func([]byte) bool) *frameLink {
+	return &frameLink{ep: channel.New(512, mtu+header.EthernetMinimumSize, mac), frames: frames, filter: filter}
 }
 
-// run moves frames both ways until the connection or ctx ends.
+// run moves frames both ways until the backend or ctx ends.
 func (l *frameLink) run(ctx context.Context) error {
 	errc := make(chan error, 2)
 	go func() { errc <- l.fromGuest() }()
 	go func() { errc <- l.toGuest(ctx) }()
 	err := <-errc
-	l.conn.Close()
+	l.frames.Close()
 	l.ep.Close()
 	return err
 }
 
 func (l *frameLink) fromGuest() error {
-	r := bufio.NewReaderSize(l.conn, 64<<10)
-	var hdr [4]byte
-	buf := make([]byte, maxFrame)
+	buf := make([]byte, maxReadFrame)
 	for {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		n, err := l.frames.ReadFrame(buf)
+		if err != nil {
 			return err
-		}
-		n := binary.BigEndian.Uint32(hdr[:])
-		if n > maxFrame {
-			return fmt.Errorf("frame of %d bytes from the guest", n)
 		}
 		frame := buf[:n]
-		if _, err := io.ReadFull(r, frame); err != nil {
-			return err
-		}
-		if n < header.EthernetMinimumSize || !l.filter(frame) {
+		if n < header.EthernetMinimumSize || n > maxFrame || !l.filter(frame) {
 			continue
 		}
 		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(append([]byte(nil), frame...))})
@@ -81,14 +127,8 @@ func (l *frameLink) toGuest(ctx context.Context) error {
 		}
 		v := pkt.ToView()
 		pkt.DecRef()
-		frame := v.AsSlice()
-		out := make([]byte, 4+len(frame))
-		binary.BigEndian.PutUint32(out, uint32(len(frame)))
-		copy(out[4:], frame)
+		err := l.frames.WriteFrame(v.AsSlice())
 		v.Release()
-		l.wmu.Lock()
-		_, err := l.conn.Write(out)
-		l.wmu.Unlock()
 		if err != nil {
 			return err
 		}

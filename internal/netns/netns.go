@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 
 	"golang.org/x/sys/unix"
@@ -51,4 +52,62 @@ func Do(path string, fn func() error) error {
 		errc <- ferr
 	}()
 	return <-errc
+}
+
+// Create makes a new, empty network namespace and pins it at path (a
+// bind mount, as `ip netns add` makes under /run/netns): it has only a
+// loopback device, which is down, and no routes. path must not exist.
+func Create(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("network namespace: %w", err)
+	}
+	f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("new network namespace: %w", err)
+			return
+		}
+		merr := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- errors.Join(merr, fmt.Errorf("leave the new network namespace: %w", err))
+			return // still locked: the thread goes with the goroutine
+		}
+		runtime.UnlockOSThread()
+		if merr != nil {
+			merr = fmt.Errorf("pin network namespace at %s: %w", path, merr)
+		}
+		errc <- merr
+	}()
+	if err := <-errc; err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// Remove unpins the namespace at path and removes the file; the
+// namespace ends once no process or socket is in it any more. A path that
+// is gone is no error.
+func Remove(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unpin network namespace %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }

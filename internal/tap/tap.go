@@ -4,6 +4,7 @@
 package tap
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"unsafe"
@@ -38,4 +39,60 @@ func Open(netnsPath, name string) (*os.File, error) {
 		return nil
 	})
 	return f, err
+}
+
+// Create makes a persistent tap device name in the network namespace at
+// netnsPath, owned by uid (-1 = root only), up, without addresses, for a
+// VMM that opens it by name (Firecracker) and a gateway that reads its
+// host side with a packet socket. IPv6 is turned off in the namespace
+// first, so its kernel never gives the tap a link-local address to answer
+// the guest from: the namespace's kernel holds no address at all.
+func Create(netnsPath, name string, uid int) error {
+	if name == "" || len(name) >= unix.IFNAMSIZ {
+		return fmt.Errorf("tap name %q: %w", name, errkind.InvalidArgument)
+	}
+	return netns.Do(netnsPath, func() error {
+		for _, knob := range []string{"all", "default"} {
+			err := os.WriteFile("/proc/sys/net/ipv6/conf/"+knob+"/disable_ipv6", []byte("1"), 0)
+			if err != nil && !errors.Is(err, os.ErrNotExist) { // ENOENT: no IPv6 at all
+				return fmt.Errorf("turn IPv6 off: %w", err)
+			}
+		}
+		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open /dev/net/tun: %w", err)
+		}
+		defer unix.Close(fd)
+		var ifr [unix.IFNAMSIZ + 64]byte
+		copy(ifr[:], name)
+		*(*uint16)(unsafe.Pointer(&ifr[unix.IFNAMSIZ])) = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, uintptr(unsafe.Pointer(&ifr[0]))); errno != 0 {
+			return fmt.Errorf("create tap %s: %w", name, errno)
+		}
+		if uid >= 0 {
+			if err := unix.IoctlSetInt(fd, unix.TUNSETOWNER, uid); err != nil {
+				return fmt.Errorf("tap %s owner: %w", name, err)
+			}
+		}
+		if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1); err != nil {
+			return fmt.Errorf("tap %s persist: %w", name, err)
+		}
+		s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(s)
+		req, err := unix.NewIfreq(name)
+		if err != nil {
+			return err
+		}
+		if err := unix.IoctlIfreq(s, unix.SIOCGIFFLAGS, req); err != nil {
+			return fmt.Errorf("tap %s flags: %w", name, err)
+		}
+		req.SetUint16(req.Uint16() | unix.IFF_UP)
+		if err := unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, req); err != nil {
+			return fmt.Errorf("tap %s up: %w", name, err)
+		}
+		return nil
+	})
 }

@@ -185,7 +185,7 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	}
 	audit := w.auditor(s)
 	gw, err := egress.New(egress.Config{
-		Conn: conn, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
+		Frames: egress.StreamFrames(conn), Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
 		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
 		Log: w.log.With("sandbox_id", s.id()),
 	})
