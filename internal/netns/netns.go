@@ -111,3 +111,17 @@ func Remove(path string) error {
 	}
 	return nil
 }
+
+// Ensure makes sure a namespace is pinned at path: one that is stays (a
+// restarted caller finds its sandbox's namespace again), anything else
+// there (a file a crash left before the pin) is replaced by a new one.
+func Ensure(path string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err == nil && st.Type == unix.NSFS_MAGIC {
+		return nil
+	}
+	if err := Remove(path); err != nil {
+		return err
+	}
+	return Create(path)
+}

@@ -99,6 +99,15 @@ type NIC struct {
 	MAC   string // guest MAC, e.g. 02:fc:00:00:00:01
 }
 
+// TapNICs is implemented by drivers whose guest NICs can only be tap
+// devices the VMM opens by name (Firecracker): the caller makes the tap,
+// owned by TapOwner (-1 = root only), in a namespace of the sandbox's
+// own, and serves the NIC from the tap's host side. Other drivers also
+// take NIC.Socket.
+type TapNICs interface {
+	TapOwner() int
+}
+
 // AgentEndpoint tells the host how to reach the guest agent.
 type AgentEndpoint struct {
 	// Kind is "unix" (a stream socket carrying the agent channel, such as

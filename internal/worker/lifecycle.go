@@ -142,7 +142,7 @@ func (w *Worker) createLocked(ctx context.Context, s *sbx, snapID string) (_ Inf
 		if err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer cancel()
-			err = errors.Join(fmt.Errorf("create %s: %w", id, err), s.removeFiles())
+			err = errors.Join(fmt.Errorf("create %s: %w", id, err), w.removeNetns(s), s.removeFiles())
 			if rerr := w.removeCgroupNamed(rctx, w.cgroupName(id)); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
@@ -399,7 +399,7 @@ func (w *Worker) destroy(ctx context.Context, s *sbx) error {
 	if err := w.removeCgroupNamed(ctx, w.cgroupOf(s)); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, os.RemoveAll(s.runDir), os.RemoveAll(s.diskDir()))
+	errs = append(errs, w.removeNetns(s), os.RemoveAll(s.runDir), os.RemoveAll(s.diskDir()))
 	if err := errors.Join(errs...); err != nil {
 		return err // keep the record: a retry finds everything again
 	}

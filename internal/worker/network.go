@@ -22,6 +22,8 @@ import (
 	"space/internal/egress"
 	"space/internal/errkind"
 	"space/internal/httpapi"
+	"space/internal/netns"
+	"space/internal/tap"
 	"space/internal/vmm"
 )
 
@@ -138,7 +140,77 @@ func (w *Worker) nicFor(s *sbx) (*vmm.NIC, error) {
 		s.mu.Unlock()
 		addrs = &a
 	}
+	if owner, ok := w.tapNICs(); ok {
+		ns := w.netnsOf(s)
+		if err := netns.Ensure(ns); err != nil {
+			return nil, err
+		}
+		if err := tap.Create(ns, tapName, owner); err != nil {
+			return nil, errors.Join(err, netns.Remove(ns))
+		}
+		return &vmm.NIC{TapName: tapName, Netns: ns, MAC: addrs.MAC}, nil
+	}
 	return &vmm.NIC{Socket: s.netSocket(), MAC: addrs.MAC}, nil
+}
+
+// Tap NICs: a driver that takes only taps (Firecracker opens its tap by
+// name) gets one per sandbox, in a network namespace of the sandbox's own
+// that holds nothing else: no address, no route, IPv6 off. The gateway
+// reads and writes the tap's host side through a packet socket (see
+// egress.OpenTap), so the guest still reaches nothing but its gateway.
+// The namespace is pinned under netnsDir (where `ip netns` looks), named
+// after the worker and the sandbox's slot, and goes with the sandbox.
+
+// netnsDir is where sandboxes' network namespaces are pinned.
+const netnsDir = "/run/netns"
+
+// tapName is the tap in every sandbox's namespace (the same name in each:
+// a snapshot's NIC names it, and a restore finds it in its own).
+const tapName = "tap0"
+
+// tapNICs reports whether sandboxes get tap NICs, and their owner.
+func (w *Worker) tapNICs() (owner int, ok bool) {
+	if t, ok := w.cfg.Driver.(vmm.TapNICs); ok {
+		return t.TapOwner(), true
+	}
+	return -1, w.cfg.TapNICs
+}
+
+func (w *Worker) netnsPrefix() string { return "space-" + w.cfg.ID + "-" }
+
+// netnsOf is the path of s's network namespace (tap NICs only).
+func (w *Worker) netnsOf(s *sbx) string {
+	return filepath.Join(netnsDir, w.netnsPrefix()+filepath.Base(s.runDir))
+}
+
+// removeNetns removes s's network namespace, with its tap, if it has one.
+func (w *Worker) removeNetns(s *sbx) error {
+	if _, ok := w.tapNICs(); !ok {
+		return nil
+	}
+	return netns.Remove(w.netnsOf(s))
+}
+
+// guestFrames connects to the backend of s's NIC: its tap's host side,
+// or the socket its VMM listens on.
+func (w *Worker) guestFrames(ctx context.Context, s *sbx) (egress.Frames, error) {
+	if _, ok := w.tapNICs(); ok {
+		return egress.OpenTap(w.netnsOf(s), tapName)
+	}
+	var conn net.Conn
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "unix", s.netSocket())
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("connect the gateway: %w", err)
+	}
+	return egress.StreamFrames(conn), nil
 }
 
 // netSocket is where the sandbox's VMM accepts its gateway.
@@ -171,26 +243,19 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 			return err
 		}
 	}
-	var conn net.Conn
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		var d net.Dialer
-		conn, err = d.DialContext(ctx, "unix", s.netSocket())
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	frames, err := w.guestFrames(ctx, s)
 	if err != nil {
-		return fmt.Errorf("connect the gateway: %w", err)
+		return err
 	}
 	audit := w.auditor(s)
 	gw, err := egress.New(egress.Config{
-		Frames: egress.StreamFrames(conn), Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
+		Frames: frames, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
 		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
 		Log: w.log.With("sandbox_id", s.id()),
 	})
 	if err != nil {
-		conn.Close()
+		frames.Close()
+		audit.close()
 		return err
 	}
 	s.mu.Lock()

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"space/internal/errkind"
 	"space/internal/guestvm"
+	"space/internal/netns"
 	"space/internal/sandbox"
+	"space/internal/store"
 	"space/internal/vmm"
 )
 
@@ -260,6 +263,18 @@ func (w *Worker) removeStrays(ctx context.Context) error {
 		if !known(e.Name()) {
 			w.log.Warn("removing stray run directory", "dir", e.Name())
 			errs = append(errs, os.RemoveAll(filepath.Join(w.cfg.RunRoot, e.Name())))
+		}
+	}
+	// Network namespaces (tap NICs) are named after run directories.
+	if pinned, err := filepath.Glob(filepath.Join(netnsDir, w.netnsPrefix()+"*")); err == nil {
+		for _, p := range pinned {
+			// Only slots (sandbox IDs, no '-'): "space-a-" is also the
+			// start of worker "a-b"'s namespaces.
+			slot := strings.TrimPrefix(filepath.Base(p), w.netnsPrefix())
+			if store.ValidSandboxID(slot) && !known(slot) {
+				w.log.Warn("removing stray network namespace", "netns", p)
+				errs = append(errs, netns.Remove(p))
+			}
 		}
 	}
 	return errors.Join(errs...)

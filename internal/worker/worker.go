@@ -83,6 +83,11 @@ type Config struct {
 	// EgressRoots verify upstream servers where a gateway speaks TLS
 	// itself (to add secrets); nil = the host's roots.
 	EgressRoots *x509.CertPool
+	// TapNICs gives sandboxes tap NICs, each in a network namespace of
+	// its own with the gateway on the tap's host side, even when the
+	// driver takes socket NICs. Drivers that take only taps (see
+	// vmm.TapNICs: Firecracker) always get them.
+	TapNICs bool
 	// Secrets seals what the worker keeps of secrets (granted values,
 	// sandboxes' CA keys) on its disk; nil = sandboxes get no secrets.
 	Secrets *secrets.Box

@@ -115,7 +115,7 @@ func Server(token string) (*tls.Config, error) {
 
 // leaves holds a worker's current certificate.
 type leaves struct {
-	ca *authority
+	ca *authority // +checklocksignore: immutable
 	mu sync.Mutex
 	// +checklocks:mu
 	cur *tls.Certificate

@@ -51,7 +51,20 @@ type Driver struct {
 	capInterval   time.Duration // how often a VM checks its logs' sizes
 }
 
-var _ vmm.Driver = (*Driver)(nil)
+var (
+	_ vmm.Driver  = (*Driver)(nil)
+	_ vmm.TapNICs = (*Driver)(nil)
+)
+
+// TapOwner is the uid Firecracker runs as, which must own its tap (it
+// opens the tap by name, without CAP_NET_ADMIN when jailed); -1 (root
+// only) without the jailer.
+func (d *Driver) TapOwner() int {
+	if d.jail != nil {
+		return d.jail.uid
+	}
+	return -1
+}
 
 // New returns a Driver for cfg. It resolves the binaries but starts
 // nothing. A missing binary is an errkind.FailedPrecondition error, an

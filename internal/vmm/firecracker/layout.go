@@ -129,8 +129,9 @@ func normalize(spec vmm.Spec, forBoot bool) (vmm.Spec, error) {
 		spec.NIC = &nic
 		devices++
 		if nic.Socket != "" {
-			// Firecracker's NICs are taps only; a userspace gateway
-			// would have to sit on the tap's host side.
+			// Firecracker's NICs are taps only (the driver says so with
+			// vmm.TapNICs): the worker's gateway sits on the tap's
+			// host side.
 			return spec, fmt.Errorf("nic: firecracker has no socket network backend (use a tap): %w", errkind.FailedPrecondition)
 		}
 		if nic.TapName == "" || len(nic.TapName) > 15 || strings.ContainsAny(nic.TapName, "/ \t\n") {
