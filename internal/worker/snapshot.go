@@ -410,6 +410,10 @@ func (w *Worker) Restore(ctx context.Context, id, snapID string) (Info, error) {
 		return Info{}, fmt.Errorf("snapshot %s has %d vcpus and %d MiB of %s, sandbox %s %d and %d of %s: %w",
 			snapID, info.Spec.VCPUs, info.Spec.MemoryMiB, info.Spec.Template, id, spec.VCPUs, spec.MemoryMiB, spec.Template, errkind.FailedPrecondition)
 	}
+	if (info.Spec.Network == nil) != (spec.Network == nil) {
+		return Info{}, fmt.Errorf("snapshot %s and sandbox %s differ in having a network interface (snapshots from before every sandbox had one have none): %w",
+			snapID, id, errkind.FailedPrecondition)
+	}
 	s.mu.Lock()
 	s.rec.RestoreFrom = snapID
 	err = s.setStateLocked(sandbox.Creating)

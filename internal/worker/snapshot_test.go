@@ -190,10 +190,14 @@ func TestSnapshotWithoutNIC(t *testing.T) {
 	if _, err := w.SetNetwork(ctx, b, Network{Allow: []string{"example.com"}}); !errors.Is(err, errkind.FailedPrecondition) || !strings.Contains(err.Error(), "no network interface") {
 		t.Errorf("SetNetwork without a NIC = %v, want a failed precondition saying why", err)
 	}
-	// A create through the API gets a NIC, from the warm template.
+	// A create through the API gets a NIC, from the warm template; the
+	// snapshot without one cannot replace its VM.
 	c := sandboxID(2)
 	if inf, err = w.Create(ctx, c, "team", spec); err != nil || inf.VM.StartedBy != "warm" || inf.Spec.Network == nil {
 		t.Fatalf("Create = %+v, %v; want a warm restore with a network", inf, err)
+	}
+	if _, err := w.Restore(ctx, c, "snap_nonic"); !errors.Is(err, errkind.FailedPrecondition) {
+		t.Errorf("Restore of a snapshot without a NIC into a sandbox with one = %v, want a failed precondition", err)
 	}
 	if got := shell(t, w, c, nics); len(strings.Fields(got)) != 2 {
 		t.Errorf("interfaces of a new sandbox: %q, want lo and a NIC", got)

@@ -20,7 +20,8 @@ import (
 // tap it opens by name, in a network namespace of the sandbox's own, the
 // gateway on the tap's host side), with QEMU given the tap: the allowed
 // name works from the guest and others do not; a fork from a snapshot
-// has its own namespace and works too; the namespace holds nothing but
+// has its own namespace and works too, and so does a restore in place;
+// the namespace holds nothing but
 // the tap; a worker restart reattaches the gateway; nothing is left once
 // the sandboxes are gone.
 func TestTapNIC(t *testing.T) {
@@ -102,6 +103,13 @@ func TestTapNIC(t *testing.T) {
 	}
 	if got := pinned(); len(got) != 2 {
 		t.Errorf("network namespaces with a fork: %v, want two", got)
+	}
+	// Rolled back in place, the new VM opens the same tap.
+	if _, err := w.Restore(ctx, a, "snap_tap"); err != nil {
+		t.Fatalf("Restore = %v", err)
+	}
+	if got := fetch(a, "https://api.test/"); got != "hello api.test" {
+		t.Errorf("after a restore in place: curl https://api.test/ = %q", got)
 	}
 
 	// A restart (VMs keep running) reattaches the gateways to the taps.
