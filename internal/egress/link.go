@@ -17,11 +17,12 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
-// maxFrame bounds one Ethernet frame on the NIC (no jumbo frames).
-const maxFrame = 1514
-
-// mtu is the guest's IP MTU.
-const mtu = 1500
+// DefaultMTU is the guest link's IP MTU unless Config.MTU says otherwise;
+// MaxMTU is the most it may be (a frame then fills a 64 KiB read).
+const (
+	DefaultMTU = 1500
+	MaxMTU     = 65520
+)
 
 // Frames carries whole Ethernet frames between the gateway and the
 // guest NIC's backend.
@@ -60,7 +61,7 @@ func (s *streamFrames) ReadFrame(buf []byte) (int, error) {
 		return 0, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
-	if n > maxFrame || int(n) > len(buf) {
+	if int(n) > len(buf) {
 		return 0, fmt.Errorf("frame of %d bytes from the guest", n)
 	}
 	_, err := io.ReadFull(s.r, buf[:n])
@@ -77,18 +78,37 @@ func (s *streamFrames) WriteFrame(frame []byte) error {
 	return err
 }
 
+// WriteFrames sends frames in one write.
+func (s *streamFrames) WriteFrames(frames [][]byte) error {
+	n := 0
+	for _, f := range frames {
+		n += 4 + len(f)
+	}
+	out := make([]byte, 0, n)
+	for _, f := range frames {
+		out = binary.BigEndian.AppendUint32(out, uint32(len(f)))
+		out = append(out, f...)
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	_, err := s.conn.Write(out)
+	return err
+}
+
 func (s *streamFrames) Close() error { return s.conn.Close() }
 
 // frameLink moves Ethernet frames between a netstack NIC and the guest
 // NIC's backend.
 type frameLink struct {
-	ep     *channel.Endpoint
-	frames Frames
-	filter func(frame []byte) bool // false drops a frame from the guest
+	ep       *channel.Endpoint
+	frames   Frames
+	maxFrame int                     // the link's MTU and an Ethernet header
+	filter   func(frame []byte) bool // false drops a frame from the guest
 }
 
-func newFrameLink(frames Frames, mac tcpip.LinkAddress, filter func([]byte) bool) *frameLink {
-	return &frameLink{ep: channel.New(512, mtu+header.EthernetMinimumSize, mac), frames: frames, filter: filter}
+func newFrameLink(frames Frames, mtu int, mac tcpip.LinkAddress, filter func([]byte) bool) *frameLink {
+	max := mtu + header.EthernetMinimumSize
+	return &frameLink{ep: channel.New(512, uint32(max), mac), frames: frames, maxFrame: max, filter: filter}
 }
 
 // run moves frames both ways until the backend or ctx ends.
@@ -110,7 +130,7 @@ func (l *frameLink) fromGuest() error {
 			return err
 		}
 		frame := buf[:n]
-		if n < header.EthernetMinimumSize || n > maxFrame || !l.filter(frame) {
+		if n < header.EthernetMinimumSize || n > l.maxFrame || !l.filter(frame) {
 			continue
 		}
 		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(append([]byte(nil), frame...))})
@@ -119,20 +139,46 @@ func (l *frameLink) fromGuest() error {
 	}
 }
 
+// maxBatch bounds the frames toGuest hands a batching backend at once.
+const maxBatch = 64
+
 func (l *frameLink) toGuest(ctx context.Context) error {
+	batcher, _ := l.frames.(frameBatcher)
+	batch := make([][]byte, 0, maxBatch)
 	for {
 		pkt := l.ep.ReadContext(ctx)
 		if pkt == nil {
 			return ctx.Err()
 		}
-		v := pkt.ToView()
-		pkt.DecRef()
-		err := l.frames.WriteFrame(v.AsSlice())
-		v.Release()
-		if err != nil {
+		if batcher == nil {
+			v := pkt.ToView()
+			pkt.DecRef()
+			err := l.frames.WriteFrame(v.AsSlice())
+			v.Release()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		// What else is queued goes in the same write.
+		batch = batch[:0]
+		for pkt != nil {
+			batch = append(batch, pkt.ToView().ToSlice())
+			pkt.DecRef()
+			if len(batch) == maxBatch {
+				break
+			}
+			pkt = l.ep.Read()
+		}
+		if err := batcher.WriteFrames(batch); err != nil {
 			return err
 		}
 	}
+}
+
+// frameBatcher is a backend that sends several frames in one go.
+type frameBatcher interface {
+	WriteFrames(frames [][]byte) error
 }
 
 // packetInfo is what the filter reads of a frame from the guest.

@@ -87,7 +87,7 @@ func (p *packetFrames) ReadFrame(buf []byte) (int, error) {
 		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
 			continue // a kernel without PACKET_IGNORE_OUTGOING
 		}
-		return min(n, len(buf)), nil // past maxFrame: the link drops it
+		return min(n, len(buf)), nil // past the link's frame size: the link drops it
 	}
 }
 

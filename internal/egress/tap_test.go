@@ -85,7 +85,7 @@ func TestGatewayOnTap(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.Close() })
-	guest := newGuest(t, vmmSide)
+	guest := newGuest(t, vmmSide, DefaultMTU)
 
 	api, rcode, err := guest.resolve(t, gatewayIP, "api.test")
 	if err != nil || rcode != dns.RcodeSuccess || len(api) != 1 {

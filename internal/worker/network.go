@@ -183,6 +183,19 @@ func (w *Worker) netnsOf(s *sbx) string {
 	return filepath.Join(netnsDir, w.netnsPrefix()+filepath.Base(s.runDir))
 }
 
+// linkMTU is the MTU of the link between a guest and its gateway. A
+// socket NIC carries frames without offloads, one at a time, so each
+// costs the guest and the gateway alike: frames as large as the link
+// takes (virtio-net receives them in merged buffers) move several times
+// more. A tap NIC keeps Ethernet's (what its VMM offers may not take
+// more, and its frames pass the kernel).
+func (w *Worker) linkMTU() int {
+	if _, ok := w.tapNICs(); ok {
+		return egress.DefaultMTU
+	}
+	return egress.MaxMTU
+}
+
 // removeNetns removes s's network namespace, with its tap, if it has one.
 func (w *Worker) removeNetns(s *sbx) error {
 	if _, ok := w.tapNICs(); !ok {
@@ -248,8 +261,9 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 		return err
 	}
 	audit := w.auditor(s)
+	mtu := w.linkMTU()
 	gw, err := egress.New(egress.Config{
-		Frames: frames, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
+		Frames: frames, MTU: mtu, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
 		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
 		Log: w.log.With("sandbox_id", s.id()),
 	})
@@ -279,7 +293,7 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	}
 	return agent.ConfigureNetwork(ctx, proto.NetConfig{
 		Interfaces: []proto.Interface{{MAC: addrs.MAC, Addresses: []string{netip.PrefixFrom(addrs.guest(), 30).String()},
-			Gateway: addrs.gateway().String(), MTU: 1500}},
+			Gateway: addrs.gateway().String(), MTU: mtu}},
 		Nameservers: []string{addrs.gateway().String()},
 	})
 }

@@ -31,6 +31,12 @@ func (o oneTemplate) Template(_ context.Context, name string) (*imagebuild.Artif
 // newVMWorker returns a worker with the real QEMU driver.
 func newVMWorker(t *testing.T) *Worker {
 	t.Helper()
+	return newVMWorkerWith(t, func(*Config) {})
+}
+
+// newVMWorkerWith is newVMWorker with its configuration edited by edit.
+func newVMWorkerWith(t testing.TB, edit func(*Config)) *Worker {
+	t.Helper()
 	img := guesttest.Images(t)
 	drv, err := guesttest.Driver(t)
 	if err != nil {
@@ -38,7 +44,9 @@ func newVMWorker(t *testing.T) *Worker {
 	}
 	id := fmt.Sprintf("wt%d", time.Now().UnixNano()%1e9)
 	cg, _ := cgroup.Detect()
-	w, err := New(Config{ID: id, DataDir: t.TempDir(), Driver: drv, Templates: oneTemplate{img}, Cgroups: cg})
+	cfg := Config{ID: id, DataDir: t.TempDir(), Driver: drv, Templates: oneTemplate{img}, Cgroups: cg}
+	edit(&cfg)
+	w, err := New(cfg)
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
@@ -65,7 +73,7 @@ func newVMWorker(t *testing.T) *Worker {
 func sandboxID(n int) string { return fmt.Sprintf("sbx_%s", strings.Repeat(string(rune('a'+n)), 20)) }
 
 // shell runs cmd in sandbox id and returns its stdout.
-func shell(t *testing.T, w *Worker, id, cmd string) string {
+func shell(t testing.TB, w *Worker, id, cmd string) string {
 	t.Helper()
 	a, err := w.agentFor(t.Context(), id)
 	if err != nil {
