@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -36,6 +37,9 @@ func (w *instantWorker) Create(_ context.Context, req worker.CreateRequest) (wor
 		VM: &api.VMInfo{VMM: "none", StartedBy: "boot"}}, nil
 }
 func (w *instantWorker) Delete(context.Context, string) error { return nil }
+func (w *instantWorker) EgressLog(context.Context, string) (string, io.ReadCloser, error) {
+	return "instant", io.NopCloser(strings.NewReader("")), nil
+}
 func (w *instantWorker) SetNetwork(_ context.Context, id string, _ worker.Network) (worker.Info, error) {
 	return worker.Info{ID: id, State: sandbox.Running}, nil
 }

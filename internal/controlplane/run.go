@@ -136,6 +136,7 @@ func (s *Server) Run(ctx context.Context) error {
 			if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("reconcile", "err", err)
 			}
+			s.pruneEgressLogs(ctx)
 		}
 	}
 }

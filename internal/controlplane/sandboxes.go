@@ -618,6 +618,9 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 		if err != nil {
 			return err
 		}
+		if err := s.archiveEgress(ctx, wk, sb); err != nil {
+			return err
+		}
 		if err := wk.Delete(ctx, sb.ID); err != nil && !errors.Is(err, errkind.NotFound) {
 			return err
 		}

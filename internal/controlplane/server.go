@@ -85,6 +85,9 @@ type Config struct {
 	// ReconcileInterval is how often every worker's sandboxes are
 	// compared with the store (a VM that died is marked failed); 0 = 30s.
 	ReconcileInterval time.Duration
+	// EgressLogRetention is how long sandboxes' archived egress logs are
+	// kept; 0 = DefaultEgressLogRetention, negative = for ever.
+	EgressLogRetention time.Duration
 	// WorkerToken authenticates standalone workers (their registration,
 	// and the control plane's calls to them); "" = no standalone workers.
 	WorkerToken string
@@ -194,6 +197,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = 5 * time.Second
+	}
+	if cfg.EgressLogRetention == 0 {
+		cfg.EgressLogRetention = DefaultEgressLogRetention
 	}
 	if cfg.ReconcileInterval == 0 {
 		cfg.ReconcileInterval = 30 * time.Second
@@ -375,7 +381,7 @@ func (s *Server) routes() []route {
 		{"PUT", sb + "/ports/{port}/http/{path...}", fwd, false},
 		{"PATCH", sb + "/ports/{port}/http/{path...}", fwd, false},
 		{"DELETE", sb + "/ports/{port}/http/{path...}", fwd, false},
-		{"GET", sb + "/egress", fwd, false},
+		{"GET", sb + "/egress", s.handleEgressLog, false},
 		{"POST", "/v1/templates", s.handleBuildTemplate, false},
 		{"GET", "/v1/templates", s.handleListTemplates, false},
 		{"GET", "/v1/templates/{name}", s.handleGetTemplate, false},

@@ -64,6 +64,9 @@ func (s *Server) finishSuspend(ctx context.Context, sb store.Sandbox) (store.San
 		if err != nil {
 			return sb, err
 		}
+		if err := s.archiveEgress(ctx, wk, sb); err != nil {
+			return sb, err
+		}
 		if err := wk.Delete(ctx, sb.ID); err != nil && !errors.Is(err, errkind.NotFound) {
 			return sb, err
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -30,6 +31,9 @@ type Worker interface {
 	DeleteSnapshot(ctx context.Context, snapID string) error
 	Resume(ctx context.Context, id string) (worker.Info, error)
 	SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error)
+	// EgressLog opens the sandbox's egress audit log on the worker and
+	// names it (see worker.Worker.OpenEgressLog).
+	EgressLog(ctx context.Context, id string) (logID string, rc io.ReadCloser, err error)
 	Sandbox(ctx context.Context, id string) (worker.Info, error)
 	Status(ctx context.Context) (worker.Status, error)
 	http.Handler
@@ -61,6 +65,9 @@ func (l *Local) DeleteSnapshot(_ context.Context, snapID string) error {
 func (l *Local) Delete(ctx context.Context, id string) error { return l.W.Delete(ctx, id) }
 func (l *Local) SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error) {
 	return l.W.SetNetwork(ctx, id, n)
+}
+func (l *Local) EgressLog(_ context.Context, id string) (string, io.ReadCloser, error) {
+	return l.W.OpenEgressLog(id)
 }
 func (l *Local) Pause(ctx context.Context, id string) (worker.Info, error) {
 	return l.W.Pause(ctx, id)
@@ -182,6 +189,22 @@ func (rm *Remote) Resume(ctx context.Context, id string) (worker.Info, error) {
 func (rm *Remote) SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error) {
 	var inf worker.Info
 	return inf, rm.call(ctx, http.MethodPut, "/sandboxes/"+id+"/network", n, &inf)
+}
+func (rm *Remote) EgressLog(ctx context.Context, id string) (string, io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rm.base.JoinPath(worker.PathPrefix, "/sandboxes/"+id+"/egress").String(), nil)
+	if err != nil {
+		return "", nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+rm.token)
+	resp, err := rm.hc.Do(req)
+	if err != nil {
+		return "", nil, fmt.Errorf("worker %s: %v: %w", rm.id, err, errkind.Unavailable)
+	}
+	if err := httpapi.ResponseError(resp); err != nil {
+		resp.Body.Close()
+		return "", nil, err
+	}
+	return resp.Header.Get(worker.EgressLogHeader), resp.Body, nil
 }
 func (rm *Remote) Sandbox(ctx context.Context, id string) (worker.Info, error) {
 	var inf worker.Info

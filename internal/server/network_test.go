@@ -200,6 +200,48 @@ except OSError:
 		t.Errorf("egress log lacks a decision (allowed api.test %v, denied DNS other.test %v, denied raw IP %v): %+v",
 			allowedAPI, deniedDNS, deniedIP, events)
 	}
+
+	// The log outlives the sandbox's runs: a suspend and resume keeps the
+	// earlier run's decisions before the new ones, and a deleted
+	// sandbox's log is still there.
+	apiFetches := func(id string) int {
+		t.Helper()
+		events, err := c.EgressLog(ctx, id)
+		if err != nil {
+			t.Fatalf("EgressLog(%s): %v", id, err)
+		}
+		n := 0
+		for _, e := range events {
+			if e.Allowed && e.Proto == "tcp" && e.Name == "api.test" {
+				n++
+			}
+		}
+		return n
+	}
+	before := apiFetches(plain.ID)
+	if _, err := c.SuspendSandbox(ctx, plain.ID); err != nil {
+		t.Fatalf("suspend: %v", err)
+	}
+	if n := apiFetches(plain.ID); n != before {
+		t.Errorf("egress log of the suspended sandbox: %d fetches of api.test, want %d", n, before)
+	}
+	if _, err := c.ResumeSandbox(ctx, plain.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if out, code := curl(plain.ID, "https://api.test/"); code != 0 || out != "hello api.test" {
+		t.Errorf("after the resume: curl https://api.test/ = %q (exit %d)", out, code)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return apiFetches(plain.ID) == before+1 })
+	if err := c.DeleteSandbox(ctx, plain.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := apiFetches(plain.ID); n != before+1 {
+		t.Errorf("egress log of the deleted sandbox: %d fetches of api.test, want %d", n, before+1)
+	}
+	var ce *client.Error
+	if _, err := c.EgressLog(ctx, "sbx_"+strings.Repeat("a", 20)); !asClientError(err, &ce) || ce.Status != http.StatusNotFound {
+		t.Errorf("EgressLog(a sandbox never seen) = %v, want not found", err)
+	}
 }
 
 // TestSandboxSecret grants a sandbox a secret bound to api.test: a real

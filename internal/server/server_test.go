@@ -252,10 +252,11 @@ func TestSandboxLifecycle(t *testing.T) {
 	if stdout != "\x00\xff\n" {
 		t.Errorf("binary output = %q, want %q", stdout, "\x00\xff\n")
 	}
-	// No network device but loopback: the guest cannot reach the host.
-	stdout, _, _ = execOut(t, c, sb.ID, sh(`ls /sys/class/net`))
-	if stdout != "lo\n" {
-		t.Errorf("guest network devices = %q, want only lo", stdout)
+	// One NIC, behind a gateway that allows nothing without a policy:
+	// no name resolves.
+	stdout, _, _ = execOut(t, c, sb.ID, sh(`ls /sys/class/net; getent hosts example.com || echo unresolved`))
+	if stdout != "eth0\nlo\nunresolved\n" {
+		t.Errorf("guest network devices and a lookup = %q, want eth0, lo and no answer", stdout)
 	}
 	// Users resolve in the guest.
 	stdout, _, _ = execOut(t, c, sb.ID, api.Exec{Command: []string{"id", "-u"}, User: "nobody"})

@@ -212,6 +212,20 @@ type Secret struct {
 	Updated time.Time // set by the store on every write
 }
 
+// EgressLog is one archived segment of a sandbox's egress audit log.
+type EgressLog struct {
+	TeamID    string
+	SandboxID string // see ValidSandboxID; the sandbox record need not exist
+	// LogID names the worker's log it was copied from (worker, slot and
+	// run), unique per run of the sandbox: 1 to 200 bytes of printable
+	// ASCII without spaces.
+	LogID   string
+	Created time.Time // set by the store; a replacement keeps it
+	// Data is opaque to the store (the control plane stores gzipped JSON
+	// lines): at most MaxEgressLogBytes, returned as nil when empty.
+	Data []byte
+}
+
 // Worker is a host that runs sandboxes.
 type Worker struct {
 	ID            string // see ValidID
@@ -239,11 +253,16 @@ const (
 	maxHostLen      = 253
 	maxHeaderLen    = 256
 	maxFormatLen    = 1 << 10 // bytes
+	maxLogIDLen     = 200
 )
 
 // MaxSealedSecret bounds [Secret.Sealed]: a value of 64 KiB and the
 // sealing overhead, with room to spare.
 const MaxSealedSecret = 64<<10 + 1<<10
+
+// MaxEgressLogBytes bounds [EgressLog.Data]: one worker's log of one run
+// of a sandbox, compressed.
+const MaxEgressLogBytes = 64 << 20
 
 // lowercase RFC 4648 base32 alphabet
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
@@ -574,6 +593,37 @@ func validHostChars(h string) bool {
 	}
 	for _, c := range h {
 		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Validate checks e's caller-set fields; errors wrap ErrInvalid.
+func (e EgressLog) Validate() error {
+	if !ValidID(e.TeamID) {
+		return invalid("egress log: team id %q", e.TeamID)
+	}
+	if !ValidSandboxID(e.SandboxID) {
+		return invalid("egress log: sandbox id %.100q", e.SandboxID)
+	}
+	if !validLogID(e.LogID) {
+		return invalid("egress log of %s: log id %.100q", e.SandboxID, e.LogID)
+	}
+	if len(e.Data) > MaxEgressLogBytes {
+		return invalid("egress log %s of %s: %d bytes of data, want at most %d", e.LogID, e.SandboxID, len(e.Data), MaxEgressLogBytes)
+	}
+	return nil
+}
+
+// validLogID reports whether id is 1 to 200 bytes of printable ASCII
+// other than space (0x21 to 0x7e).
+func validLogID(id string) bool {
+	if id == "" || len(id) > maxLogIDLen {
+		return false
+	}
+	for i := range len(id) {
+		if id[i] < 0x21 || id[i] > 0x7e {
 			return false
 		}
 	}

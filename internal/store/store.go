@@ -1,6 +1,7 @@
 // Package store defines the control plane's durable state: teams, API keys,
-// sandboxes, snapshots, templates, the build cache, sealed secrets and
-// workers, and the [Store] contract its backends implement.
+// sandboxes, snapshots, templates, the build cache, sealed secrets,
+// archived egress logs and workers, and the [Store] contract its backends
+// implement.
 //
 // Backends live in subpackages (sqlite for the embedded single-host setup,
 // postgres for scale-out); both pass the conformance suite in storetest.
@@ -46,6 +47,7 @@ type Store interface {
 	Templates
 	TemplateIndex
 	Secrets
+	EgressLogs
 	Workers
 	// Close releases the store's connections. It is idempotent.
 	Close() error
@@ -224,6 +226,24 @@ type Secrets interface {
 	ListSecrets(ctx context.Context, teamID string) ([]Secret, error)
 	// DeleteSecret removes the team's secret name, or returns ErrNotFound.
 	DeleteSecret(ctx context.Context, teamID, name string) error
+}
+
+// EgressLogs keeps sandboxes' egress audit logs once they leave a worker
+// (deleted, suspended, moved): segments, each one worker's whole log of one
+// run of the sandbox. Segments outlive the sandbox record.
+type EgressLogs interface {
+	// PutEgressLog stores seg with Created set to now. A segment of the
+	// same team, sandbox and LogID is replaced (its Data; it keeps its
+	// Created), so a retry after a crash stores it once. ErrInvalid if seg
+	// fails [EgressLog.Validate], ErrNotFound if the team does not exist.
+	PutEgressLog(ctx context.Context, seg EgressLog) (EgressLog, error)
+	// EgressLogs returns the team's segments of sandbox sandboxID, Data
+	// included, oldest Created first (then bytewise by LogID). None is an
+	// empty slice, not an error; another team's are never returned.
+	EgressLogs(ctx context.Context, teamID, sandboxID string) ([]EgressLog, error)
+	// DeleteEgressLogsBefore removes every team's segments created before
+	// t and returns how many went.
+	DeleteEgressLogsBefore(ctx context.Context, t time.Time) (int, error)
 }
 
 // Workers records the hosts that run sandboxes.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -84,8 +85,15 @@ func (w *Worker) Handler(token string) http.Handler {
 			httpapi.WriteError(rw, err)
 			return
 		}
+		logID, rc, err := w.OpenEgressLog(r.PathValue("id"))
+		if err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		defer rc.Close()
 		rw.Header().Set("Content-Type", "application/x-ndjson")
-		if err := w.EgressLog(r.PathValue("id"), rw); err != nil {
+		rw.Header().Set(EgressLogHeader, logID)
+		if _, err := io.Copy(rw, rc); err != nil {
 			w.log.Warn("egress log", "sandbox_id", r.PathValue("id"), "err", err)
 		}
 	})

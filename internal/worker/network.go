@@ -364,25 +364,62 @@ func (w *Worker) SetNetwork(ctx context.Context, id string, n Network) (Info, er
 // EgressLog copies the sandbox's audit of egress decisions (JSON lines,
 // oldest first) to out.
 func (w *Worker) EgressLog(id string, out io.Writer) error {
-	s, err := w.get(id)
+	_, rc, err := w.OpenEgressLog(id)
 	if err != nil {
 		return err
 	}
+	defer rc.Close()
+	_, err = io.Copy(out, rc)
+	return err
+}
+
+// EgressLogHeader is the worker API's response header naming the log
+// (see OpenEgressLog).
+const EgressLogHeader = "Space-Egress-Log"
+
+// OpenEgressLog opens the sandbox's audit of egress decisions (JSON
+// lines, oldest first) and names it: logID is unique to this worker's
+// run of the sandbox (a restore in place keeps it; a resume or a move
+// starts another), so the control plane, which archives a log when the
+// sandbox leaves the worker, stores each run's once.
+func (w *Worker) OpenEgressLog(id string) (logID string, rc io.ReadCloser, err error) {
+	s, err := w.get(id)
+	if err != nil {
+		return "", nil, err
+	}
+	s.mu.Lock()
+	logID = fmt.Sprintf("%s/%s/%s", w.cfg.ID, s.rec.slot(), strconv.FormatInt(s.rec.Created.UnixNano(), 36))
+	s.mu.Unlock()
+	var files []*os.File
+	var readers []io.Reader
 	for _, p := range []string{s.egressLog() + ".1", s.egressLog()} {
 		f, err := os.Open(p)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return err
+			for _, f := range files {
+				f.Close()
+			}
+			return "", nil, err
 		}
-		_, err = io.Copy(out, f)
-		f.Close()
-		if err != nil {
-			return err
-		}
+		files = append(files, f)
+		readers = append(readers, f)
 	}
-	return nil
+	return logID, &multiFile{Reader: io.MultiReader(readers...), files: files}, nil
+}
+
+type multiFile struct {
+	io.Reader
+	files []*os.File
+}
+
+func (m *multiFile) Close() error {
+	var errs []error
+	for _, f := range m.files {
+		errs = append(errs, f.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // auditFile appends egress events to a sandbox's audit file.

@@ -50,7 +50,7 @@ func TestUpgradeAddsTeamQuota(t *testing.T) {
 		t.Fatalf("Open() of a version 1 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	want := store.Team{ID: "t1", Name: "old", Created: created}
@@ -98,7 +98,7 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 		t.Fatalf("Open() of a version 2 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Team(ctx, "t1"); err != nil {
@@ -151,7 +151,7 @@ func TestUpgradeAddsTemplates(t *testing.T) {
 		t.Fatalf("Open() of a version 3 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Snapshot(ctx, "t1", sn.ID); err != nil {
@@ -200,7 +200,7 @@ func TestUpgradeAddsSecrets(t *testing.T) {
 		t.Fatalf("Open() of a version 4 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Template(ctx, "t1", "base", 1); err != nil {
@@ -216,5 +216,52 @@ func TestUpgradeAddsSecrets(t *testing.T) {
 		t.Errorf("Secret(token) after upgrade = %v", err)
 	} else if diff := cmp.Diff(sc, got); diff != "" {
 		t.Errorf("Secret(token) after upgrade (-want +got):\n%s", diff)
+	}
+}
+
+// TestUpgradeAddsEgressLogs opens a database written at schema version 5
+// (before egress logs) and expects Open to upgrade it in place.
+func TestUpgradeAddsEgressLogs(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.Start(t)
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	old, err := open(ctx, dsn, ms[:5])
+	if err != nil {
+		t.Fatalf("setup: open at version 5: %v", err)
+	}
+	if _, err := old.CreateTeam(ctx, store.Team{ID: "t1", Name: "old"}); err != nil {
+		t.Fatalf("setup: CreateTeam: %v", err)
+	}
+	sc, err := old.CreateSecret(ctx, store.Secret{TeamID: "t1", Name: "token", Sealed: []byte("sealed"), Hosts: []string{"api.example.com"}})
+	if err != nil {
+		t.Fatalf("setup: CreateSecret: %v", err)
+	}
+	old.Close()
+
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("Open() of a version 5 database = %v", err)
+	}
+	defer s.Close()
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
+	}
+	if got, err := s.Secret(ctx, "t1", "token"); err != nil {
+		t.Errorf("Secret(token) after upgrade = %v", err)
+	} else if diff := cmp.Diff(sc, got); diff != "" {
+		t.Errorf("Secret(token) after upgrade (-want +got):\n%s", diff)
+	}
+	sb := store.NewSandboxID()
+	seg, err := s.PutEgressLog(ctx, store.EgressLog{TeamID: "t1", SandboxID: sb, LogID: "w1/slot-1/run-1", Data: []byte("log")})
+	if err != nil {
+		t.Fatalf("PutEgressLog() after upgrade = %v", err)
+	}
+	if got, err := s.EgressLogs(ctx, "t1", sb); err != nil {
+		t.Errorf("EgressLogs(t1, %s) after upgrade = %v", sb, err)
+	} else if diff := cmp.Diff([]store.EgressLog{seg}, got); diff != "" {
+		t.Errorf("EgressLogs(t1, %s) after upgrade (-want +got):\n%s", sb, diff)
 	}
 }
