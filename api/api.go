@@ -457,6 +457,10 @@ type Network struct {
 	Allow []string `json:"allow,omitempty"`
 	// Off takes the network away, DNS included.
 	Off bool `json:"off,omitempty"`
+	// ICMP lets pings (ICMP echo) through to what Allow allows on every
+	// port: an allowed name, or an address an address rule covers. No
+	// other ICMP leaves.
+	ICMP bool `json:"icmp,omitempty"`
 	// MaxConnections bounds the connections open at once (0 = 256);
 	// BytesPerSecond bounds the throughput of all of them together, each
 	// direction (0 = unlimited).

@@ -20,6 +20,7 @@ type networkFlags struct {
 	hosts    []string // --allow-host
 	cidrs    []string // --allow-cidr
 	off      bool
+	icmp     bool  // --allow-icmp
 	maxConns int   // --max-connections
 	bps      int64 // --bytes-per-second
 }
@@ -32,19 +33,20 @@ func (nf *networkFlags) register(f *pflag.FlagSet, offFlag, offUsage string) {
 	f.StringArrayVar(&nf.cidrs, "allow-cidr", nil,
 		"allow connections to this IPv4 `range`: a CIDR or an address, with an optional :port (repeatable)")
 	f.BoolVar(&nf.off, offFlag, false, offUsage)
+	f.BoolVar(&nf.icmp, "allow-icmp", false, "let pings through to what the --allow-* rules allow on every port")
 	f.IntVar(&nf.maxConns, "max-connections", 0, "bound the connections open at once (0 = the server's 256)")
 	f.Int64Var(&nf.bps, "bytes-per-second", 0, "bound the throughput of all connections together, each direction (0 = unlimited)")
 }
 
 // set reports whether any policy flag was given.
 func (nf *networkFlags) set() bool {
-	return len(nf.hosts) > 0 || len(nf.cidrs) > 0 || nf.off || nf.maxConns != 0 || nf.bps != 0
+	return len(nf.hosts) > 0 || len(nf.cidrs) > 0 || nf.off || nf.icmp || nf.maxConns != 0 || nf.bps != 0
 }
 
 // network returns the policy the flags describe. The server checks the
 // rules; this only keeps hosts and address ranges in their own flags.
 func (nf *networkFlags) network() (api.Network, error) {
-	n := api.Network{Off: nf.off, MaxConnections: nf.maxConns, BytesPerSecond: nf.bps}
+	n := api.Network{Off: nf.off, ICMP: nf.icmp, MaxConnections: nf.maxConns, BytesPerSecond: nf.bps}
 	for _, h := range nf.hosts {
 		if isAddrRule(h) {
 			return api.Network{}, usagef("--allow-host %q is an address: use --allow-cidr", h)
@@ -98,6 +100,8 @@ func networkText(n *api.Network) string {
 		return "off"
 	case len(n.Allow) == 0:
 		return "allows nothing"
+	case n.ICMP:
+		return "allow " + strings.Join(n.Allow, ", ") + " (and pings to them)"
 	}
 	return "allow " + strings.Join(n.Allow, ", ")
 }

@@ -104,6 +104,7 @@ func TestSandboxCreateNetwork(t *testing.T) {
 			"--allow-cidr", "203.0.113.7"},
 			&api.Network{Allow: []string{"pypi.org:443", "*.github.com", "10.0.0.0/8:5432", "203.0.113.7"}}},
 		{"rules with --network", []string{"--network", "--allow-host", "example.com"}, &api.Network{Allow: []string{"example.com"}}},
+		{"pings", []string{"--allow-cidr", "203.0.113.7", "--allow-icmp"}, &api.Network{Allow: []string{"203.0.113.7"}, ICMP: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -138,7 +138,7 @@ func (s *Server) validate(b createBody) (spec, error) {
 	sp.Env = b.Env
 	sp.ColdBoot = b.ColdBoot
 	if b.Network != nil {
-		n := &worker.Network{Allow: b.Network.Allow, Off: b.Network.Off, MaxConnections: b.Network.MaxConnections, BytesPerSecond: b.Network.BytesPerSecond}
+		n := workerNetwork(*b.Network)
 		if _, err := n.Policy(); err != nil {
 			return sp, &httpapi.FieldError{Field: "network", Err: err}
 		}
@@ -503,7 +503,8 @@ func (s *Server) view(sb store.Sandbox) api.Sandbox {
 		CreatedAt: sb.Created, UpdatedAt: sb.Updated, OnTimeout: cmp.Or(sp.OnTimeout, onTimeoutDelete),
 	}
 	if sp.Network != nil {
-		v.Network = &api.Network{Allow: sp.Network.Allow, Off: sp.Network.Off, MaxConnections: sp.Network.MaxConnections, BytesPerSecond: sp.Network.BytesPerSecond}
+		v.Network = &api.Network{Allow: sp.Network.Allow, Off: sp.Network.Off, ICMP: sp.Network.ICMP,
+			MaxConnections: sp.Network.MaxConnections, BytesPerSecond: sp.Network.BytesPerSecond}
 	}
 	for _, g := range sp.Secrets {
 		v.Secrets = append(v.Secrets, g.Name)
@@ -734,6 +735,11 @@ func jsonUnmarshal(b []byte, v any) error {
 	return nil
 }
 
+// workerNetwork is the worker's form of an API network policy.
+func workerNetwork(n api.Network) *worker.Network {
+	return &worker.Network{Allow: n.Allow, Off: n.Off, ICMP: n.ICMP, MaxConnections: n.MaxConnections, BytesPerSecond: n.BytesPerSecond}
+}
+
 // handleSetNetwork replaces a running sandbox's egress policy: its worker
 // applies it to new connections, then the record keeps it (so forks and
 // resumes start with it).
@@ -743,7 +749,7 @@ func (s *Server) handleSetNetwork(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	wn := worker.Network{Allow: n.Allow, Off: n.Off, MaxConnections: n.MaxConnections, BytesPerSecond: n.BytesPerSecond}
+	wn := *workerNetwork(n)
 	if _, err := wn.Policy(); err != nil {
 		httpapi.WriteError(w, &httpapi.FieldError{Field: "allow", Err: err})
 		return

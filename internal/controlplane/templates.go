@@ -277,7 +277,7 @@ func (s *Server) fromTemplate(ctx context.Context, team, ref string, b createBod
 	// the create's policy, or one that allows nothing.
 	sp.Network = &worker.Network{}
 	if b.Network != nil {
-		sp.Network = &worker.Network{Allow: b.Network.Allow, Off: b.Network.Off, MaxConnections: b.Network.MaxConnections, BytesPerSecond: b.Network.BytesPerSecond}
+		sp.Network = workerNetwork(*b.Network)
 		if _, err := sp.Network.Policy(); err != nil {
 			return spec{}, placement{}, &httpapi.FieldError{Field: "network", Err: err}
 		}

@@ -79,6 +79,8 @@ type Gateway struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	names  *nameTable
+	pings  chan struct{} // a slot per echo request in flight (maxPings)
+	ctx    context.Context // ends with Close
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -120,7 +122,8 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), names: newNameTable(), dropped: map[string]bool{}}
+	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), names: newNameTable(), dropped: map[string]bool{},
+		pings: make(chan struct{}, maxPings)}
 	g.SetPolicy(cfg.Policy)
 	g.stack = stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
@@ -132,7 +135,7 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	g.cancel = cancel
+	g.ctx, g.cancel = ctx, cancel
 	dns, err := g.listenDNS()
 	if err != nil {
 		cancel()
@@ -211,6 +214,18 @@ func (g *Gateway) admit(frame []byte) bool {
 		return true
 	case info.proto == header.UDPProtocolNumber:
 		g.drop("udp", info.dst.String(), info.dstPort, "UDP goes only to the gateway's DNS")
+	case info.proto == header.ICMPv4ProtocolNumber && g.Policy().ICMP:
+		req, ok := parseEcho(frame)
+		if !ok {
+			g.drop("icmp", info.dst.String(), 0, "only echo requests leave")
+			break
+		}
+		select {
+		case g.pings <- struct{}{}:
+			go g.ping(req)
+		default:
+			g.drop("icmp", info.dst.String(), 0, "too many pings in flight")
+		}
 	case info.proto == header.ICMPv4ProtocolNumber:
 		g.drop("icmp", info.dst.String(), 0, "ICMP goes only to the gateway")
 	default:

@@ -25,6 +25,10 @@ type Policy struct {
 	Off bool
 	// Allow are the rules; a connection is allowed if one matches.
 	Allow []Rule
+	// ICMP lets echo requests (ping) through to what the rules allow on
+	// every port: an allowed name (the gateway pings its address) or an
+	// address an address rule covers. Other ICMP never leaves.
+	ICMP bool
 	// MaxConns bounds the connections open at once; 0 = DefaultMaxConns.
 	MaxConns int
 	// BytesPerSecond bounds the throughput of all connections together,

@@ -83,18 +83,7 @@ except OSError as e:
 
 	// ICMP out, IPv6, a CONNECT through the allowed host and a Host that
 	// disagrees with the name all fail.
-	const icmp = `import socket, struct, time
-s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); s.settimeout(3)
-def csum(b):
-    t = sum(struct.unpack("!%dH" % (len(b)//2), b)); t = (t >> 16) + (t & 0xffff); return ~(t + (t >> 16)) & 0xffff
-p = struct.pack("!BBHHH", 8, 0, 0, 7, 1) + b"space"*4
-p = p[:2] + struct.pack("!H", csum(p)) + p[4:]
-s.sendto(p, ("8.8.8.8", 0))
-try:
-    s.recv(1024); print("answered")
-except OSError:
-    print("no answer")`
-	if out, errOut, _ := execOut(t, c, sb.ID, api.Exec{Command: []string{"python3", "-c", icmp}}); strings.TrimSpace(out) != "no answer" {
+	if out, errOut, _ := execOut(t, c, sb.ID, pingFrom("8.8.8.8")); strings.TrimSpace(out) != "no answer" {
 		t.Errorf("ping 8.8.8.8 from the guest: %q %q", out, errOut)
 	}
 	if out, _, code := execOut(t, c, sb.ID, api.Exec{Command: []string{"python3", "-c",
@@ -161,6 +150,25 @@ except OSError:
 	}
 	if out, code := curl(plain.ID, "https://api.test/"); code != 0 || out != "hello api.test" {
 		t.Errorf("after allowing api.test: %q (exit %d)", out, code)
+	}
+	// Pings, once allowed, reach what the rules allow on every port: an
+	// address rule's address, and an allowed name (its synthetic address).
+	apiIP, _, _ := execOut(t, c, plain.ID, sh("getent hosts api.test | cut -d' ' -f1"))
+	apiIP = strings.TrimSpace(apiIP)
+	if out, _, _ := execOut(t, c, plain.ID, pingFrom(apiIP)); strings.TrimSpace(out) != "no answer" {
+		t.Errorf("ping api.test (%s) without ICMP allowed: %q", apiIP, out)
+	}
+	if _, err := c.SetNetwork(ctx, plain.ID, api.Network{Allow: []string{"api.test", egresstest.Addr.String()}, ICMP: true}); err != nil {
+		t.Fatalf("SetNetwork: %v", err)
+	}
+	for what, target := range map[string]string{"api.test": apiIP, "an allowed address": egresstest.Addr.String(), "8.8.8.8": "8.8.8.8"} {
+		want := "answered"
+		if target == "8.8.8.8" {
+			want = "no answer"
+		}
+		if out, errOut, _ := execOut(t, c, plain.ID, pingFrom(target)); strings.TrimSpace(out) != want {
+			t.Errorf("ping %s (%s) with ICMP allowed: %q %q, want %s", what, target, out, errOut, want)
+		}
 	}
 
 	// A port exposed through the API: a server in the guest answers an
@@ -371,4 +379,28 @@ func fileContains(path string, b []byte) (bool, error) {
 			return false, err
 		}
 	}
+}
+
+// pingFrom is an exec that sends one ICMP echo request from a raw socket
+// in the guest to target and prints "answered" if target's echo reply
+// comes back within 3 seconds, else "no answer".
+func pingFrom(target string) api.Exec {
+	const py = `import socket, struct, sys, time
+target = sys.argv[1]
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); s.settimeout(3)
+def csum(b):
+    t = sum(struct.unpack("!%dH" % (len(b)//2), b)); t = (t >> 16) + (t & 0xffff); return ~(t + (t >> 16)) & 0xffff
+p = struct.pack("!BBHHH", 8, 0, 0, 7, 1) + b"space"*4
+p = p[:2] + struct.pack("!H", csum(p)) + p[4:]
+s.sendto(p, (target, 0))
+deadline = time.time() + 3
+try:
+    while True:
+        s.settimeout(max(0.01, deadline - time.time()))
+        data, addr = s.recvfrom(1024)
+        if addr[0] == target and data[20] == 0 and data[28:] == b"space"*4:
+            print("answered"); break
+except OSError:
+    print("no answer")`
+	return api.Exec{Command: []string{"python3", "-c", py, target}}
 }

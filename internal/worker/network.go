@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +38,9 @@ type Network struct {
 	Allow []string `json:"allow,omitempty"`
 	// Off takes the network away, DNS included.
 	Off bool `json:"off,omitempty"`
+	// ICMP lets pings through to what Allow allows on every port
+	// (egress.Policy.ICMP).
+	ICMP bool `json:"icmp,omitempty"`
 	// MaxConnections and BytesPerSecond are egress.Policy's MaxConns
 	// and BytesPerSecond.
 	MaxConnections int   `json:"max_connections,omitempty"`
@@ -58,7 +62,7 @@ func (n *Network) Policy() (egress.Policy, error) {
 		return egress.Policy{}, fmt.Errorf("network: max_connections %d (0..65536) or bytes_per_second %d (>= 0) out of range: %w",
 			n.MaxConnections, n.BytesPerSecond, errkind.InvalidArgument)
 	}
-	return egress.Policy{Allow: rules, Off: n.Off, MaxConns: n.MaxConnections, BytesPerSecond: n.BytesPerSecond}, nil
+	return egress.Policy{Allow: rules, Off: n.Off, ICMP: n.ICMP, MaxConns: n.MaxConnections, BytesPerSecond: n.BytesPerSecond}, nil
 }
 
 // withNIC gives spec the default network (nothing allowed) if it has
@@ -428,6 +432,11 @@ type auditFile struct {
 	ch   chan egress.Event
 	done chan struct{}
 	lost atomic.Int64 // events dropped since the last one written
+	// mu orders writes before close: a gateway's connection handlers may
+	// still finish (and audit) after the sandbox's gateway is closed.
+	mu sync.RWMutex
+	// +checklocks:mu
+	closed bool
 }
 
 func (w *Worker) auditor(s *sbx) *auditFile {
@@ -440,6 +449,11 @@ func (w *Worker) auditor(s *sbx) *auditFile {
 // the event is dropped rather than blocking the gateway, and the next
 // one written says how many were.
 func (a *auditFile) write(ev egress.Event) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.closed {
+		return
+	}
 	select {
 	case a.ch <- ev:
 	default:
@@ -448,7 +462,12 @@ func (a *auditFile) write(ev egress.Event) {
 }
 
 func (a *auditFile) close() {
-	close(a.ch)
+	a.mu.Lock()
+	if !a.closed {
+		a.closed = true
+		close(a.ch)
+	}
+	a.mu.Unlock()
 	<-a.done
 }
 
