@@ -79,7 +79,7 @@ type Gateway struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	names  *nameTable
-	pings  chan struct{} // a slot per echo request in flight (maxPings)
+	pings  chan struct{}   // a slot per echo request in flight (maxPings)
 	ctx    context.Context // ends with Close
 
 	mu sync.Mutex

@@ -78,7 +78,9 @@ func TestPing(t *testing.T) {
 	if !g.ping(t, api[0]) {
 		t.Errorf("ping api.test (%s) was not answered", api[0])
 	}
-	log.find(t, func(e Event) bool { return e.Proto == "icmp" && e.Allowed && e.Name == "api.test" && e.Addr == upstreamIP.String() })
+	log.find(t, func(e Event) bool {
+		return e.Proto == "icmp" && e.Allowed && e.Name == "api.test" && e.Addr == upstreamIP.String()
+	})
 	if g.ping(t, web[0]) {
 		t.Errorf("ping web.test, allowed on port 443 only, was answered")
 	}
