@@ -28,6 +28,18 @@ func Do(path string, fn func() error) error {
 		return fmt.Errorf("network namespace: %w", err)
 	}
 	defer ns.Close()
+	return onThread(path, func() error {
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("enter network namespace %s: %w", path, err)
+		}
+		return nil
+	}, fn)
+}
+
+// onThread runs enter, then (if it worked) fn, on a locked thread, and
+// puts the thread back into the network namespace it had; see Do. what
+// names the namespace in errors.
+func onThread(what string, enter, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -38,14 +50,15 @@ func Do(path string, fn func() error) error {
 			return
 		}
 		defer orig.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+		if err := enter(); err != nil {
+			// Setns and unshare either switch the thread or leave it.
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
+			errc <- err
 			return
 		}
 		ferr := fn()
 		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("leave network namespace %s: %w", path, err))
+			errc <- errors.Join(ferr, fmt.Errorf("leave network namespace %s: %w", what, err))
 			return // still locked: the thread goes with the goroutine
 		}
 		runtime.UnlockOSThread()
@@ -66,33 +79,18 @@ func Create(path string) error {
 		return fmt.Errorf("network namespace: %w", err)
 	}
 	f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
+	err = onThread(path, func() error {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("new network namespace: %w", err)
-			return
+			return fmt.Errorf("new network namespace: %w", err)
 		}
-		merr := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(merr, fmt.Errorf("leave the new network namespace: %w", err))
-			return // still locked: the thread goes with the goroutine
+		return nil
+	}, func() error {
+		if err := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("pin network namespace at %s: %w", path, err)
 		}
-		runtime.UnlockOSThread()
-		if merr != nil {
-			merr = fmt.Errorf("pin network namespace at %s: %w", path, merr)
-		}
-		errc <- merr
-	}()
-	if err := <-errc; err != nil {
+		return nil
+	})
+	if err != nil {
 		os.Remove(path)
 		return err
 	}
