@@ -452,8 +452,9 @@ type BuildEvent struct {
 // restored from snapshots taken before every sandbox had an interface
 // have none (null here).
 type Network struct {
-	// Allow are rules: "host", "*.suffix", an IPv4 address or CIDR, each
-	// with an optional ":port". Empty allows nothing.
+	// Allow are rules: "host", "*.suffix", an IPv4 address or CIDR, or an
+	// IPv6 address or CIDR ("[2001:db8::7]:443" with a port), each with an
+	// optional ":port". Names resolve to IPv4 only. Empty allows nothing.
 	Allow []string `json:"allow,omitempty"`
 	// Off takes the network away, DNS included.
 	Off bool `json:"off,omitempty"`

@@ -31,7 +31,7 @@ func (nf *networkFlags) register(f *pflag.FlagSet, offFlag, offUsage string) {
 	f.StringArrayVar(&nf.hosts, "allow-host", nil,
 		"allow connections to this `host`: a name, name:port, *.suffix or *.suffix:port (repeatable)")
 	f.StringArrayVar(&nf.cidrs, "allow-cidr", nil,
-		"allow connections to this IPv4 `range`: a CIDR or an address, with an optional :port (repeatable)")
+		"allow connections to this address `range`: an IPv4 or IPv6 CIDR or address, with an optional :port ([v6]:port) (repeatable)")
 	f.BoolVar(&nf.off, offFlag, false, offUsage)
 	f.BoolVar(&nf.icmp, "allow-icmp", false, "let pings through to what the --allow-* rules allow on every port")
 	f.IntVar(&nf.maxConns, "max-connections", 0, "bound the connections open at once (0 = the server's 256)")
@@ -55,7 +55,7 @@ func (nf *networkFlags) network() (api.Network, error) {
 	}
 	for _, c := range nf.cidrs {
 		if !isAddrRule(c) {
-			return api.Network{}, usagef("--allow-cidr %q: want an IPv4 address or CIDR, with an optional :port", c)
+			return api.Network{}, usagef("--allow-cidr %q: want an IPv4 or IPv6 address or CIDR, with an optional :port", c)
 		}
 		n.Allow = append(n.Allow, c)
 	}
@@ -63,8 +63,11 @@ func (nf *networkFlags) network() (api.Network, error) {
 }
 
 // isAddrRule reports whether rule is an address or address range with an
-// optional ":port" (IPv6 included: the server says why it refuses it).
+// optional ":port" (an IPv6 one in brackets).
 func isAddrRule(rule string) bool {
+	if rest, ok := strings.CutPrefix(rule, "["); ok {
+		rule = strings.Replace(rest, "]", "", 1)
+	}
 	if strings.ContainsRune(rule, '/') {
 		if _, err := netip.ParsePrefix(rule); err == nil {
 			return true

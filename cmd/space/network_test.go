@@ -105,6 +105,8 @@ func TestSandboxCreateNetwork(t *testing.T) {
 			&api.Network{Allow: []string{"pypi.org:443", "*.github.com", "10.0.0.0/8:5432", "203.0.113.7"}}},
 		{"rules with --network", []string{"--network", "--allow-host", "example.com"}, &api.Network{Allow: []string{"example.com"}}},
 		{"pings", []string{"--allow-cidr", "203.0.113.7", "--allow-icmp"}, &api.Network{Allow: []string{"203.0.113.7"}, ICMP: true}},
+		{"ipv6", []string{"--allow-cidr", "[2001:db8::7]:443", "--allow-cidr", "2001:db8::/32"},
+			&api.Network{Allow: []string{"[2001:db8::7]:443", "2001:db8::/32"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

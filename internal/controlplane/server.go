@@ -454,6 +454,18 @@ func (s *Server) claim(id string) func() {
 	}
 }
 
+// busyPrefix reports whether anything claimed starts with prefix.
+func (s *Server) busyPrefix(prefix string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.busy {
+		if strings.HasPrefix(id, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *Server) isBusy(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

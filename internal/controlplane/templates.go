@@ -356,12 +356,18 @@ func (s *Server) handleBuildTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context() // a client that goes away cancels its build
+	// The version is the store's to number, so until it is known the
+	// build claims the name: reconcile must not take the new version for
+	// one a crash interrupted.
+	releaseName := s.claim(buildNameClaim(c.team, name) + store.NewID("b"))
 	t, err := s.cfg.Store.CreateTemplate(ctx, store.Template{TeamID: c.team, Name: name, State: store.TemplateBuilding})
 	if err != nil {
+		releaseName()
 		httpapi.WriteError(w, err)
 		return
 	}
 	defer s.claim(buildClaim(t))()
+	releaseName()
 
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
@@ -417,7 +423,7 @@ func (s *Server) reconcileTemplates(ctx context.Context) error {
 	}
 	var errs []error
 	for _, t := range pending {
-		if s.isBusy(buildClaim(t)) {
+		if s.isBusy(buildClaim(t)) || s.busyPrefix(buildNameClaim(t.TeamID, t.Name)) {
 			continue
 		}
 		ref := templateRef(t.Name, t.Version)
@@ -445,6 +451,12 @@ func (s *Server) reconcileTemplates(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// buildNameClaim starts what a build claims while its version is being
+// created (see handleBuildTemplate).
+func buildNameClaim(team, name string) string {
+	return "template-name/" + team + "/" + name + "/"
 }
 
 // buildClaim is what a build claims (see claim) so that reconcile leaves

@@ -21,6 +21,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/link/ethernet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
@@ -40,6 +41,10 @@ type Config struct {
 	// Gateway is the gateway's address on the guest's link (the guest's
 	// default route and DNS server); Guest is the guest's. Required, IPv4.
 	Gateway, Guest netip.Addr
+	// Gateway6 and Guest6 are the same in IPv6 (a /64), for connections
+	// to IPv6 addresses the policy's address rules allow; invalid = the
+	// link has no IPv6, and every IPv6 frame is dropped.
+	Gateway6, Guest6 netip.Addr
 	// MTU is the guest link's IP MTU, which the guest must use too:
 	// 0 = DefaultMTU, at most MaxMTU. A link whose frames cost per
 	// frame (a VMM socket: no offloads) moves far more with a large one.
@@ -101,6 +106,9 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Frames == nil || !cfg.Gateway.Is4() || !cfg.Guest.Is4() {
 		return nil, fmt.Errorf("egress: frames, gateway and guest IPv4 addresses are required: %w", errkind.InvalidArgument)
 	}
+	if cfg.Gateway6.IsValid() != cfg.Guest6.IsValid() || cfg.Gateway6.IsValid() && (!cfg.Gateway6.Is6() || !cfg.Guest6.Is6()) {
+		return nil, fmt.Errorf("egress: IPv6 needs both the gateway's and the guest's IPv6 addresses: %w", errkind.InvalidArgument)
+	}
 	if cfg.MTU == 0 {
 		cfg.MTU = DefaultMTU
 	}
@@ -125,8 +133,12 @@ func New(cfg Config) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), names: newNameTable(), dropped: map[string]bool{},
 		pings: make(chan struct{}, maxPings)}
 	g.SetPolicy(cfg.Policy)
+	protocols := []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol}
+	if cfg.Gateway6.IsValid() {
+		protocols = append(protocols, ipv6.NewProtocol)
+	}
 	g.stack = stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
+		NetworkProtocols:   protocols,
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4},
 	})
 	g.link = newFrameLink(cfg.Frames, cfg.MTU, tcpip.LinkAddress(cfg.MAC), g.admit)
@@ -165,11 +177,21 @@ func (g *Gateway) setUpStack() error {
 	}, stack.AddressProperties{}); err != nil {
 		return fmt.Errorf("egress: address: %s", err)
 	}
+	routes := []tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}}
+	if g.cfg.Gateway6.IsValid() {
+		if err := s.AddProtocolAddress(nicID, tcpip.ProtocolAddress{
+			Protocol:          ipv6.ProtocolNumber,
+			AddressWithPrefix: tcpip.AddrFrom16(g.cfg.Gateway6.As16()).WithPrefix(),
+		}, stack.AddressProperties{}); err != nil {
+			return fmt.Errorf("egress: IPv6 address: %s", err)
+		}
+		routes = append(routes, tcpip.Route{Destination: header.IPv6EmptySubnet, NIC: nicID})
+	}
 	// Every destination the guest sends to arrives here: the TCP
 	// forwarder decides each connection; nothing is routed on.
 	s.SetPromiscuousMode(nicID, true)
 	s.SetSpoofing(nicID, true)
-	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
+	s.SetRouteTable(routes)
 	// Throughput: selective acks, and receive windows that grow with the
 	// connection (the defaults keep both small).
 	sack := tcpip.TCPSACKEnabled(true)
@@ -199,8 +221,7 @@ func (g *Gateway) admit(frame []byte) bool {
 	case header.ARPProtocolNumber:
 		return true
 	case header.IPv6ProtocolNumber:
-		g.drop("ipv6", "", 0, "IPv6 is not routed")
-		return false
+		return g.admit6(frame)
 	case header.IPv4ProtocolNumber:
 	default:
 		return false
@@ -296,7 +317,12 @@ func (g *Gateway) Close() error {
 // handleTCP decides a connection the guest opens.
 func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 	id := req.ID()
-	dst := netip.AddrFrom4(id.LocalAddress.As4())
+	var dst netip.Addr
+	if id.LocalAddress.Len() == 4 {
+		dst = netip.AddrFrom4(id.LocalAddress.As4())
+	} else {
+		dst = netip.AddrFrom16(id.LocalAddress.As16())
+	}
 	port := id.LocalPort
 	p := g.Policy()
 	name, synthetic := g.names.name(dst)
@@ -411,7 +437,11 @@ func (g *Gateway) proxyAddr(guest net.Conn, dst netip.Addr, port uint16) {
 	ev := Event{Proto: "tcp", Addr: dst.String(), Port: port}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	up, err := g.cfg.Dial(ctx, "tcp4", netip.AddrPortFrom(dst, port).String())
+	network := "tcp4"
+	if dst.Is6() {
+		network = "tcp6"
+	}
+	up, err := g.cfg.Dial(ctx, network, netip.AddrPortFrom(dst, port).String())
 	if err != nil {
 		ev.Reason = "dial: " + err.Error()
 		g.audit(ev)

@@ -24,6 +24,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/link/ethernet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
@@ -33,8 +34,10 @@ import (
 )
 
 var (
-	gatewayIP = netip.MustParseAddr("10.77.0.1")
-	guestIP   = netip.MustParseAddr("10.77.0.2")
+	gatewayIP  = netip.MustParseAddr("10.77.0.1")
+	guestIP    = netip.MustParseAddr("10.77.0.2")
+	gatewayIP6 = netip.MustParseAddr("fd53:7061:6365:1::1")
+	guestIP6   = netip.MustParseAddr("fd53:7061:6365:1::2")
 	// upstreamIP is the test upstream's address (see egresstest).
 	upstreamIP = egresstest.Addr
 )
@@ -48,7 +51,7 @@ type guest struct {
 func newGuest(t testing.TB, frames Frames, mtu int) *guest {
 	t.Helper()
 	s := stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol, ipv6.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4},
 	})
 	link := newFrameLink(frames, mtu, tcpip.LinkAddress(net.HardwareAddr{2, 0, 0, 0, 0, 2}), func([]byte) bool { return true })
@@ -57,7 +60,12 @@ func newGuest(t testing.TB, frames Frames, mtu int) *guest {
 	}
 	s.AddProtocolAddress(1, tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber,
 		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFrom4(guestIP.As4()), PrefixLen: 24}}, stack.AddressProperties{})
-	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, Gateway: tcpip.AddrFrom4(gatewayIP.As4()), NIC: 1}})
+	s.AddProtocolAddress(1, tcpip.ProtocolAddress{Protocol: ipv6.ProtocolNumber,
+		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFrom16(guestIP6.As16()), PrefixLen: 64}}, stack.AddressProperties{})
+	s.SetRouteTable([]tcpip.Route{
+		{Destination: header.IPv4EmptySubnet, Gateway: tcpip.AddrFrom4(gatewayIP.As4()), NIC: 1},
+		{Destination: header.IPv6EmptySubnet, Gateway: tcpip.AddrFrom16(gatewayIP6.As16()), NIC: 1},
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	go link.run(ctx)
 	t.Cleanup(func() { cancel(); s.Close() })
@@ -101,6 +109,9 @@ func (g *guest) resolve(t testing.TB, server netip.Addr, name string) ([]netip.A
 func (g *guest) dial(addr netip.Addr, port uint16) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if addr.Is6() {
+		return gonet.DialContextTCP(ctx, g.s, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom16(addr.As16()), Port: port}, ipv6.ProtocolNumber)
+	}
 	return gonet.DialContextTCP(ctx, g.s, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4(addr.As4()), Port: port}, ipv4.ProtocolNumber)
 }
 
@@ -387,13 +398,16 @@ func TestParseRule(t *testing.T) {
 	for in, want := range map[string]string{
 		"API.Example.com.": "api.example.com", "*.example.com:443": "*.example.com:443",
 		"10.0.0.0/8:5432": "10.0.0.0/8:5432", "10.1.2.3": "10.1.2.3/32", "10.1.2.3/24": "10.1.2.0/24",
+		"2001:db8::7": "2001:db8::7/128", "2001:db8::1/32": "2001:db8::/32", "[2001:db8::7]:443": "[2001:db8::7/128]:443",
+		"[2001:db8::/48]:5432": "[2001:db8::/48]:5432", "[::1]": "::1/128",
 	} {
 		r, err := ParseRule(in)
 		if err != nil || r.String() != want {
 			t.Errorf("ParseRule(%q) = %v, %v; want %s", in, r, err, want)
 		}
 	}
-	for _, bad := range []string{"", "*", "a..b", "*.*.x", "::1", "fe80::/10", "x:0", "x:65536", "-a.b", "a b", "10.0.0.0/33"} {
+	for _, bad := range []string{"", "*", "a..b", "*.*.x", "x:0", "x:65536", "-a.b", "a b", "10.0.0.0/33",
+		"[2001:db8::7]:0", "[2001:db8::7", "[2001:db8::7]443", "::ffff:10.1.2.3", "2001:db8::/129", "[10.1.2.3]:80", "fe80::1%eth0", "a:b:c"} {
 		if r, err := ParseRule(bad); err == nil {
 			t.Errorf("ParseRule(%q) = %v, want an error", bad, r)
 		}

@@ -56,19 +56,47 @@ func (r Rule) String() string {
 		s = r.Prefix.String()
 	}
 	if r.Port != 0 {
+		if r.Host == "" && r.Prefix.Addr().Is6() {
+			s = "[" + s + "]"
+		}
 		s += ":" + strconv.Itoa(int(r.Port))
 	}
 	return s
 }
 
 // ParseRule reads "host", "host:port", "*.suffix[:port]", an IPv4 address
-// or CIDR with an optional ":port" ("10.0.0.0/8:5432"). IPv6 ranges are
-// refused: the guest has no IPv6 route.
+// or CIDR with an optional ":port" ("10.0.0.0/8:5432"), or an IPv6
+// address or CIDR, in brackets when a port follows ("2001:db8::/32",
+// "[2001:db8::7]:443"). IPv6 is reached only by address: names resolve to
+// IPv4 (see the package doc).
 func ParseRule(s string) (Rule, error) {
 	bad := func(why string) (Rule, error) {
 		return Rule{}, fmt.Errorf("rule %.100q: %s: %w", s, why, errkind.InvalidArgument)
 	}
 	var r Rule
+	if v6, port, ok := splitIPv6Rule(s); ok {
+		if port != "" {
+			p, err := strconv.ParseUint(port, 10, 16)
+			if err != nil || p == 0 {
+				return bad("the port after ']:' is a number from 1 to 65535")
+			}
+			r.Port = uint16(p)
+		}
+		if strings.ContainsRune(v6, '/') {
+			p, err := netip.ParsePrefix(v6)
+			if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() {
+				return bad("not an IPv6 address range")
+			}
+			r.Prefix = p.Masked()
+			return r, nil
+		}
+		a, err := netip.ParseAddr(v6)
+		if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
+			return bad("not an IPv6 address (an IPv4 one is written as such)")
+		}
+		r.Prefix = netip.PrefixFrom(a, 128)
+		return r, nil
+	}
 	rest := s
 	if i := strings.LastIndexByte(s, ':'); i >= 0 {
 		p, err := strconv.ParseUint(s[i+1:], 10, 16)
@@ -87,7 +115,7 @@ func ParseRule(s string) (Rule, error) {
 	}
 	if a, err := netip.ParseAddr(rest); err == nil {
 		if !a.Is4() {
-			return bad("IPv6 is not routed")
+			return bad("not an IPv4 address")
 		}
 		r.Prefix = netip.PrefixFrom(a, 32)
 		return r, nil
@@ -99,6 +127,29 @@ func ParseRule(s string) (Rule, error) {
 	}
 	r.Host = host
 	return r, nil
+}
+
+// splitIPv6Rule reports whether s is an IPv6 rule, and splits it into
+// its address or range and its port ("" for none).
+func splitIPv6Rule(s string) (addr, port string, ok bool) {
+	if rest, found := strings.CutPrefix(s, "["); found {
+		addr, after, closed := strings.Cut(rest, "]")
+		if !closed {
+			return rest, "x", true // unclosed: the port check says so
+		}
+		if after == "" {
+			return addr, "", true
+		}
+		port, hasPort := strings.CutPrefix(after, ":")
+		if !hasPort {
+			return addr, "x", true
+		}
+		return addr, port, true
+	}
+	if strings.Count(s, ":") >= 2 { // a name or IPv4 rule has one colon at most
+		return s, "", true
+	}
+	return "", "", false
 }
 
 // ParseRules reads rules; the error names the first bad one.

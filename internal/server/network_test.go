@@ -158,8 +158,20 @@ except OSError as e:
 	if out, _, _ := execOut(t, c, plain.ID, pingFrom(apiIP)); strings.TrimSpace(out) != "no answer" {
 		t.Errorf("ping api.test (%s) without ICMP allowed: %q", apiIP, out)
 	}
-	if _, err := c.SetNetwork(ctx, plain.ID, api.Network{Allow: []string{"api.test", egresstest.Addr.String()}, ICMP: true}); err != nil {
+	v6 := "http://[" + egresstest.Addr6.String() + "]/"
+	if out, code := curl(plain.ID, "-g --connect-timeout 5 "+v6); code == 0 {
+		t.Errorf("%s with no IPv6 rule: %q, want a failure", v6, out)
+	}
+	if _, err := c.SetNetwork(ctx, plain.ID, api.Network{Allow: []string{"api.test", egresstest.Addr.String(),
+		"[" + egresstest.Addr6.String() + "]:80"}, ICMP: true}); err != nil {
 		t.Fatalf("SetNetwork: %v", err)
+	}
+	// IPv6 by address, on the port its rule names only.
+	if out, code := curl(plain.ID, "-g "+v6); code != 0 || out != "hello ["+egresstest.Addr6.String()+"]" {
+		t.Errorf("curl %s with its rule: %q (exit %d)", v6, out, code)
+	}
+	if out, code := curl(plain.ID, "-g --connect-timeout 5 https://["+egresstest.Addr6.String()+"]/"); code == 0 {
+		t.Errorf("IPv6 on a port its rule does not name: %q, want a failure", out)
 	}
 	for what, target := range map[string]string{"api.test": apiIP, "an allowed address": egresstest.Addr.String(), "8.8.8.8": "8.8.8.8"} {
 		want := "answered"

@@ -95,6 +95,21 @@ var netBlocks = netip.MustParsePrefix("10.200.0.0/16")
 func (a netAddrs) gateway() netip.Addr { return blockAddr(a.Block, 1) }
 func (a netAddrs) guest() netip.Addr   { return blockAddr(a.Block, 2) }
 
+// netBlocks6 numbers sandboxes' IPv6 links: block b is the /64
+// fd53:7061:6365:b::/64, the gateway at ::1 and the guest at ::2 (a
+// unique local range; only the sandbox's own gateway is on the link).
+var netBlocks6 = netip.MustParsePrefix("fd53:7061:6365::/48")
+
+func (a netAddrs) gateway6() netip.Addr { return blockAddr6(a.Block, 1) }
+func (a netAddrs) guest6() netip.Addr   { return blockAddr6(a.Block, 2) }
+
+func blockAddr6(block, host int) netip.Addr {
+	b := netBlocks6.Addr().As16()
+	b[6], b[7] = byte(block>>8), byte(block)
+	b[15] = byte(host)
+	return netip.AddrFrom16(b)
+}
+
 func blockAddr(block, host int) netip.Addr {
 	b := netBlocks.Addr().As4()
 	n := block*4 + host
@@ -268,6 +283,7 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	mtu := w.linkMTU()
 	gw, err := egress.New(egress.Config{
 		Frames: frames, MTU: mtu, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
+		Gateway6: addrs.gateway6(), Guest6: addrs.guest6(),
 		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
 		Log: w.log.With("sandbox_id", s.id()),
 	})
@@ -295,11 +311,24 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 			return err
 		}
 	}
-	return agent.ConfigureNetwork(ctx, proto.NetConfig{
-		Interfaces: []proto.Interface{{MAC: addrs.MAC, Addresses: []string{netip.PrefixFrom(addrs.guest(), 30).String()},
-			Gateway: addrs.gateway().String(), MTU: mtu}},
+	cfg := proto.NetConfig{
+		Interfaces: []proto.Interface{{MAC: addrs.MAC,
+			Addresses: []string{netip.PrefixFrom(addrs.guest(), 30).String(), netip.PrefixFrom(addrs.guest6(), 64).String()},
+			Gateway:   addrs.gateway().String(), Gateway6: addrs.gateway6().String(), MTU: mtu}},
 		Nameservers: []string{addrs.gateway().String()},
-	})
+	}
+	err = agent.ConfigureNetwork(ctx, cfg)
+	if err != nil && ctx.Err() == nil {
+		// An agent from before IPv6 (an older snapshot's) refuses the
+		// field: IPv4 only, then.
+		ifc := &cfg.Interfaces[0]
+		ifc.Addresses, ifc.Gateway6 = ifc.Addresses[:1], ""
+		if agent.ConfigureNetwork(ctx, cfg) == nil {
+			w.log.Warn("guest network configured without IPv6", "sandbox_id", s.id(), "err", err)
+			return nil
+		}
+	}
+	return err
 }
 
 // fullPolicy is the gateway's policy for network n of s: its rules, the

@@ -68,7 +68,7 @@ func testNIC(t *testing.T, tapNICs bool) {
 		os.RemoveAll(w.cfg.RunRoot)
 	}()
 	ctx := t.Context()
-	spec := Spec{Template: "default", VCPUs: 1, MemoryMiB: 256, DiskMiB: 1024, Network: &Network{Allow: []string{"api.test"}}}
+	spec := Spec{Template: "default", VCPUs: 1, MemoryMiB: 256, DiskMiB: 1024, Network: &Network{Allow: []string{"api.test", "[" + egresstest.Addr6.String() + "]:80"}}}
 	a, b := sandboxID(0), sandboxID(1)
 	if _, err := w.Create(ctx, a, "team", spec); err != nil {
 		t.Fatalf("Create = %v", err)
@@ -86,6 +86,9 @@ func testNIC(t *testing.T, tapNICs bool) {
 	shell(t, w, a, "head -c 2000000 /dev/urandom > /tmp/up")
 	if got := fetch(a, "--data-binary @/tmp/up https://api.test/upload"); got != "hello api.test" {
 		t.Errorf("upload of 2 MB over a tap = %q", got)
+	}
+	if got, want := fetch(a, "-g http://["+egresstest.Addr6.String()+"]/"), "hello ["+egresstest.Addr6.String()+"]"; got != want {
+		t.Errorf("curl over IPv6 = %q, want %q", got, want)
 	}
 	if got := fetch(a, "https://other.test/"); !strings.Contains(got, "failed") {
 		t.Errorf("curl https://other.test/ over a tap = %q, want a failure", got)

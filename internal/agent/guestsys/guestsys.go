@@ -131,6 +131,9 @@ func configureLink(link netlink.Link, ifc proto.Interface) error {
 		if err != nil {
 			return err
 		}
+		if a.IP.To4() == nil {
+			a.Flags |= unix.IFA_F_NODAD // the link is the sandbox's own
+		}
 		if err := netlink.AddrAdd(link, a); err != nil {
 			return fmt.Errorf("add address %s: %w", cidr, err)
 		}
@@ -146,6 +149,17 @@ func configureLink(link netlink.Link, ifc proto.Interface) error {
 		route := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}
 		if err := netlink.RouteReplace(route); err != nil {
 			return fmt.Errorf("default route via %s: %w", gw, err)
+		}
+	}
+	if ifc.Gateway6 != "" {
+		gw := net.ParseIP(ifc.Gateway6)
+		if gw == nil || gw.To4() != nil {
+			return fmt.Errorf("gateway6 %q is not an IPv6 address: %w", ifc.Gateway6, errkind.InvalidArgument)
+		}
+		_, all, _ := net.ParseCIDR("::/0")
+		route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: all, Gw: gw, Family: netlink.FAMILY_V6}
+		if err := netlink.RouteReplace(route); err != nil {
+			return fmt.Errorf("IPv6 default route via %s: %w", gw, err)
 		}
 	}
 	return nil

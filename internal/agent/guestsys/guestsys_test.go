@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"space/internal/agent/proto"
 	"space/internal/testenv"
@@ -80,6 +81,34 @@ func TestConfigureNetwork(t *testing.T) {
 	}
 	if gw != "10.9.0.1" {
 		t.Errorf("default route via %q, want 10.9.0.1 (routes %v)", gw, routes)
+	}
+
+	// IPv6: the address is usable at once (no duplicate detection), and
+	// the default route goes via the IPv6 gateway.
+	cfg.Interfaces[0].Addresses = []string{"10.9.0.3/24", "fd53:7061:6365:1::2/64"}
+	cfg.Interfaces[0].Gateway6 = "fd53:7061:6365:1::1"
+	if err := s.ConfigureNetwork(t.Context(), cfg); err != nil {
+		t.Fatalf("ConfigureNetwork(IPv6) = %v", err)
+	}
+	addrs6, _ := netlink.AddrList(link, netlink.FAMILY_V6)
+	var have6 bool
+	for _, a := range addrs6 {
+		if a.IPNet.String() == "fd53:7061:6365:1::2/64" {
+			have6 = a.Flags&unix.IFA_F_TENTATIVE == 0
+		}
+	}
+	if !have6 {
+		t.Errorf("IPv6 addresses %v: want fd53:7061:6365:1::2/64, not tentative", addrs6)
+	}
+	routes6, _ := netlink.RouteList(link, netlink.FAMILY_V6)
+	var gw6 string
+	for _, r := range routes6 {
+		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+			gw6 = r.Gw.String()
+		}
+	}
+	if gw6 != "fd53:7061:6365:1::1" {
+		t.Errorf("IPv6 default route via %q (routes %v)", gw6, routes6)
 	}
 
 	err = s.ConfigureNetwork(t.Context(), proto.NetConfig{Interfaces: []proto.Interface{{MAC: "02:00:00:00:00:99"}}})

@@ -295,7 +295,12 @@ type Interface struct {
 	MAC       string   `json:"mac"`
 	Addresses []string `json:"addresses"`         // CIDR, e.g. 10.0.0.2/30
 	Gateway   string   `json:"gateway,omitempty"` // default route via this address
-	MTU       int      `json:"mtu,omitempty"`
+	// Gateway6 is the IPv6 default route's next hop. IPv6 addresses are
+	// added without duplicate address detection (the link is the
+	// sandbox's own). Agents from before it refuse the field, which the
+	// host takes as "no IPv6".
+	Gateway6 string `json:"gateway6,omitempty"`
+	MTU      int    `json:"mtu,omitempty"`
 }
 
 // Shutdown powers the guest off (or reboots it).

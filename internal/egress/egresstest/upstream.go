@@ -34,6 +34,10 @@ import (
 // nowhere else.
 var Addr = netip.MustParseAddr("198.51.100.10")
 
+// Addr6 is the upstream's IPv6 address (documentation range), where the
+// same servers listen.
+var Addr6 = netip.MustParseAddr("2001:db8::10")
+
 // Names are the names its certificate holds.
 var Names = []string{"api.test", "other.test", "x.wild.test"}
 
@@ -85,6 +89,7 @@ func Start(t testing.TB) *Upstream {
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 	run("-n", ns, "link", "set", "lo", "up")
 	run("-n", ns, "addr", "add", Addr.String()+"/32", "dev", "lo")
+	run("-n", ns, "addr", "add", Addr6.String()+"/128", "dev", "lo", "nodad")
 
 	ca, caKey := newCA(t)
 	u := &Upstream{Netns: "/run/netns/" + ns, Pool: x509.NewCertPool(),
@@ -105,15 +110,18 @@ func Start(t testing.TB) *Upstream {
 			fmt.Fprintf(w, "hello %s", r.Host)
 		}
 	})
-	for _, port := range []string{"443", "80"} {
+	for _, addr := range []string{
+		net.JoinHostPort(Addr.String(), "443"), net.JoinHostPort(Addr.String(), "80"),
+		net.JoinHostPort(Addr6.String(), "443"), net.JoinHostPort(Addr6.String(), "80"),
+	} {
 		var l net.Listener
 		if err := netns.Do(u.Netns, func() (err error) {
-			l, err = net.Listen("tcp", net.JoinHostPort(Addr.String(), port))
+			l, err = net.Listen("tcp", addr)
 			return err
 		}); err != nil {
 			t.Fatalf("setup: listen: %v", err)
 		}
-		if port == "443" {
+		if strings.HasSuffix(addr, ":443") {
 			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
 		}
 		srv := &http.Server{Handler: h}
