@@ -340,6 +340,9 @@ func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 	case !synthetic && !p.allowsAddr(dst, port):
 		refuse("the policy allows no connection to this address by IP (resolve an allowed name through the sandbox's DNS)")
 		return
+	case !synthetic && hostOnly(dst) && !p.namesExactly(dst):
+		refuse("a loopback, link-local or metadata address: only a rule naming it exactly allows it")
+		return
 	}
 	if !g.acquire(p) {
 		refuse("too many connections at once")

@@ -78,6 +78,8 @@ func (g *Gateway) ping(req echoRequest) {
 		ev.Name, ev.Reason = name, "no rule allows "+name+" on every port"
 	case !synthetic && !p.allowsAddr(req.dst, 0):
 		ev.Reason = "no address rule covers " + req.dst.String() + " on every port"
+	case !synthetic && hostOnly(req.dst) && !p.namesExactly(req.dst):
+		ev.Reason = "a loopback, link-local or metadata address: only a rule naming it exactly allows it"
 	case synthetic:
 		ev.Name = name
 		addrs, err := g.cfg.Resolve(ctx, name)

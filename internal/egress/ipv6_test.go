@@ -56,3 +56,35 @@ func TestGatewayIPv6(t *testing.T) {
 	}
 	log4.find(t, func(e Event) bool { return e.Proto == "ipv6" && !e.Allowed })
 }
+
+// TestHostOnlyAddresses: a rule covering every address reaches the
+// network but not the gateway host's link-local or metadata addresses (a
+// guest's own loopback and IPv6 link-local never reach the gateway: they
+// are local to it, or on a link where the gateway answers only for
+// itself); a rule naming such an address exactly does.
+func TestHostOnlyAddresses(t *testing.T) {
+	six := func(c *Config) { c.Gateway6, c.Guest6 = gatewayIP6, guestIP6 }
+	gw, g, _, log := setupWith(t, six, "0.0.0.0/0", "::/0")
+	if got, err := httpGet(g, upstreamIP, "up", "/"); err != nil || got != "200 OK hello up" {
+		t.Errorf("GET http://%s/ under 0.0.0.0/0 = %q, %v", upstreamIP, got, err)
+	}
+	for _, a := range []string{"169.254.169.254", "169.254.0.1", "0.0.0.1"} {
+		addr := netip.MustParseAddr(a)
+		if c, err := g.dial(addr, 80); err == nil {
+			c.Close()
+			t.Errorf("%s under a rule covering every address: connected", a)
+		}
+		log.find(t, func(e Event) bool { return e.Addr == a && strings.Contains(e.Reason, "exactly") })
+	}
+	// Named exactly, the metadata address is allowed (here the dial then
+	// fails: nothing listens there in the test's namespace).
+	p := gw.Policy()
+	p.Allow = mustRules(t, "169.254.169.254")
+	gw.SetPolicy(p)
+	if c, err := g.dial(netip.MustParseAddr("169.254.169.254"), 80); err == nil {
+		c.Close()
+	}
+	log.find(t, func(e Event) bool {
+		return e.Addr == "169.254.169.254" && e.Reason != "" && !strings.Contains(e.Reason, "exactly") && !strings.Contains(e.Reason, "policy")
+	})
+}

@@ -232,15 +232,28 @@ func (p Policy) allowsAddr(addr netip.Addr, port uint16) bool {
 	return false
 }
 
-// namesExactly reports whether an address rule names addr itself (a /32),
-// the only way a name may lead to a special address.
+// namesExactly reports whether an address rule names addr itself (a /32
+// or /128), the only way a name may lead to a special address, or a
+// connection by address reach a host-only one.
 func (p Policy) namesExactly(addr netip.Addr) bool {
 	for _, r := range p.Allow {
-		if r.Host == "" && r.Prefix.Bits() == 32 && r.Prefix.Addr() == addr {
+		if r.Host == "" && r.Prefix.IsSingleIP() && r.Prefix.Addr() == addr {
 			return true
 		}
 	}
 	return false
+}
+
+// hostOnly reports whether addr means the host the gateway runs on, or
+// its link, rather than a network: loopback, link-local (the metadata
+// service's 169.254.169.254 among them), unspecified, multicast and
+// broadcast, in IPv4 or IPv6 (IPv4-mapped forms included). A range rule
+// (0.0.0.0/0, ::/0) does not reach these; only a rule naming the address.
+func hostOnly(addr netip.Addr) bool {
+	addr = addr.Unmap()
+	return addr.IsLoopback() || addr.IsLinkLocalUnicast() || addr.IsUnspecified() || addr.IsMulticast() ||
+		addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() || addr == netip.AddrFrom4([4]byte{255, 255, 255, 255}) ||
+		addr.Is4() && addr.As4()[0] == 0 // "this network"
 }
 
 // special reports whether addr is one a name must not lead to unless the
