@@ -68,15 +68,7 @@ func (s *streamFrames) ReadFrame(buf []byte) (int, error) {
 	return int(n), err
 }
 
-func (s *streamFrames) WriteFrame(frame []byte) error {
-	out := make([]byte, 4+len(frame))
-	binary.BigEndian.PutUint32(out, uint32(len(frame)))
-	copy(out[4:], frame)
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	_, err := s.conn.Write(out)
-	return err
-}
+func (s *streamFrames) WriteFrame(frame []byte) error { return s.WriteFrames([][]byte{frame}) }
 
 // WriteFrames sends frames in one write.
 func (s *streamFrames) WriteFrames(frames [][]byte) error {

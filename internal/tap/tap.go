@@ -24,21 +24,32 @@ func Open(netnsPath, name string) (*os.File, error) {
 	}
 	var f *os.File
 	err := netns.Do(netnsPath, func() error {
-		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		fd, err := queue(name)
 		if err != nil {
-			return fmt.Errorf("open /dev/net/tun: %w", err)
-		}
-		var ifr [unix.IFNAMSIZ + 64]byte
-		copy(ifr[:], name)
-		*(*uint16)(unsafe.Pointer(&ifr[unix.IFNAMSIZ])) = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, uintptr(unsafe.Pointer(&ifr[0]))); errno != 0 {
-			unix.Close(fd)
-			return fmt.Errorf("attach tap %s: %w", name, errno)
+			return err
 		}
 		f = os.NewFile(uintptr(fd), "tap:"+name)
 		return nil
 	})
 	return f, err
+}
+
+// queue opens a queue of tap device name in the caller's namespace (the
+// device is made if there is none), set up for virtio-net: IFF_TAP, no
+// packet info, virtio-net headers.
+func queue(name string) (int, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open /dev/net/tun: %w", err)
+	}
+	var ifr [unix.IFNAMSIZ + 64]byte
+	copy(ifr[:], name)
+	*(*uint16)(unsafe.Pointer(&ifr[unix.IFNAMSIZ])) = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, uintptr(unsafe.Pointer(&ifr[0]))); errno != 0 {
+		unix.Close(fd)
+		return -1, fmt.Errorf("attach tap %s: %w", name, errno)
+	}
+	return fd, nil
 }
 
 // Create makes a persistent tap device name in the network namespace at
@@ -58,17 +69,11 @@ func Create(netnsPath, name string, uid int) error {
 				return fmt.Errorf("turn IPv6 off: %w", err)
 			}
 		}
-		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		fd, err := queue(name) // makes the device if it is not there
 		if err != nil {
-			return fmt.Errorf("open /dev/net/tun: %w", err)
+			return err
 		}
 		defer unix.Close(fd)
-		var ifr [unix.IFNAMSIZ + 64]byte
-		copy(ifr[:], name)
-		*(*uint16)(unsafe.Pointer(&ifr[unix.IFNAMSIZ])) = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, uintptr(unsafe.Pointer(&ifr[0]))); errno != 0 {
-			return fmt.Errorf("create tap %s: %w", name, errno)
-		}
 		if uid >= 0 {
 			if err := unix.IoctlSetInt(fd, unix.TUNSETOWNER, uid); err != nil {
 				return fmt.Errorf("tap %s owner: %w", name, err)
