@@ -7,6 +7,13 @@
 // Prepare can create an XFS image (reflink=1) inside it and loop-mount it
 // (root only; opt out with Config.NoLoop). Otherwise copies fall back to
 // sparse full copies, and the Store says so.
+//
+// The loop device does direct I/O where the image's file system allows it:
+// through a buffered loop device everything written to the image would sit
+// cached twice (XFS's page cache and the image file's), and a sync of one
+// file would write out whatever the image file held dirty, which for
+// guest memory follows how much the guests wrote lately rather than what
+// that one file needs.
 package storage
 
 import (
@@ -59,6 +66,9 @@ type Config struct {
 type Store struct {
 	Dir  string
 	Mode Mode
+	// DirectIO says the loop device of ModeReflinkLoop does direct I/O
+	// on its image (false: buffered, or no loop device).
+	DirectIO bool
 }
 
 // Reflinked reports whether copies in the store share extents.
@@ -85,10 +95,10 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("storage: %w", err)
 	}
 	mnt := cmp.Or(cfg.Dir, filepath.Join(cfg.DataDir, loopMount))
-	if mounted, err := isMountPoint(mnt); err != nil {
+	if source, mounted, err := mountSource(mnt); err != nil {
 		return nil, err
 	} else if mounted {
-		return &Store{Dir: mnt, Mode: ModeReflinkLoop}, nil
+		return &Store{Dir: mnt, Mode: ModeReflinkLoop, DirectIO: directIO(log, source)}, nil
 	}
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
@@ -111,8 +121,12 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 		if err := mountLoop(ctx, cfg, mnt); err != nil {
 			why = err.Error()
 		} else {
-			log.Info("storage on a loop-mounted XFS image", "dir", mnt)
-			return &Store{Dir: mnt, Mode: ModeReflinkLoop}, nil
+			st := &Store{Dir: mnt, Mode: ModeReflinkLoop}
+			if source, _, err := mountSource(mnt); err == nil {
+				st.DirectIO = directIO(log, source)
+			}
+			log.Info("storage on a loop-mounted XFS image", "dir", mnt, "direct_io", st.DirectIO)
+			return st, nil
 		}
 	}
 	log.Warn("storage cannot reflink: snapshots and clones make full copies", "dir", mnt, "why", why)
@@ -219,23 +233,59 @@ func run(ctx context.Context, name string, args ...string) error {
 // isMountPoint reports whether path is a mount point of this mount
 // namespace.
 func isMountPoint(path string) (bool, error) {
+	_, mounted, err := mountSource(path)
+	return mounted, err
+}
+
+// mountSource reports whether path is a mount point of this mount
+// namespace, and what is mounted there (a device such as /dev/loop3).
+// The last mount at path wins.
+func mountSource(path string) (source string, mounted bool, err error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return false, err
+		return "", false, err
 	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return false, err
+		return "", false, err
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
+		// id parent major:minor root mountpoint options [tags] - type source super
 		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && unescape(fields[4]) == abs {
-			return true, nil
+		if len(fields) <= 4 || unescape(fields[4]) != abs {
+			continue
+		}
+		mounted, source = true, ""
+		for i, f := range fields {
+			if f == "-" && i+2 < len(fields) {
+				source = unescape(fields[i+2])
+				break
+			}
 		}
 	}
-	return false, sc.Err()
+	return source, mounted, sc.Err()
+}
+
+// directIO turns direct I/O on for loop device dev (/dev/loopN; anything
+// else is left alone) and reports whether it is on. A file system under
+// the image that cannot do direct I/O keeps the device buffered.
+func directIO(log *slog.Logger, dev string) bool {
+	if !strings.HasPrefix(dev, "/dev/loop") {
+		return false
+	}
+	f, err := os.Open(dev)
+	if err != nil {
+		log.Warn("loop device stays buffered", "device", dev, "err", err)
+		return false
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_SET_DIRECT_IO, 1); err != nil {
+		log.Warn("loop device stays buffered", "device", dev, "err", err)
+		return false
+	}
+	return true
 }
 
 // unescape undoes mountinfo's octal escapes (\040 for a space, ...).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,10 +32,19 @@ func TestPrepareLoop(t *testing.T) {
 		t.Fatalf("Prepare mode = %s, want a reflink mode", s.Mode)
 	}
 	t.Logf("mode %s at %s", s.Mode, s.Dir)
+	dev, _, err := mountSource(s.Dir)
+	if err != nil || !strings.HasPrefix(dev, "/dev/loop") {
+		t.Fatalf("mountSource(%s) = %q, %v; want a loop device", s.Dir, dev, err)
+	}
+	// The test host's ext4 does direct I/O: so does the loop device.
+	dio, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "dio"))
+	if !s.DirectIO || err != nil || strings.TrimSpace(string(dio)) != "1" {
+		t.Errorf("loop device %s: Store.DirectIO %v, sysfs dio %q (%v); want direct I/O", dev, s.DirectIO, dio, err)
+	}
 	// A restarted worker finds the mount in place.
 	again, err := Prepare(ctx, Config{DataDir: dir})
-	if err != nil || again.Dir != s.Dir {
-		t.Errorf("Prepare again = %+v, %v; want %s", again, err, s.Dir)
+	if err != nil || again.Dir != s.Dir || !again.DirectIO {
+		t.Errorf("Prepare again = %+v, %v; want %s with direct I/O", again, err, s.Dir)
 	}
 	src := filepath.Join(s.Dir, "memory")
 	f, err := os.Create(src)
