@@ -232,6 +232,8 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 type placement struct {
 	worker   Worker
 	snapshot string
+	// take spends the snapshot on this sandbox (worker.CreateRequest.TakeSnapshot).
+	take bool
 }
 
 // create records, places and boots (or restores) a sandbox.
@@ -273,7 +275,7 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 	if err != nil {
 		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
 	}
-	inf, err := wk.Create(ctx, worker.CreateRequest{ID: rec.ID, Team: team, Spec: sp.Spec, FromSnapshot: pl.snapshot, SecretValues: values})
+	inf, err := wk.Create(ctx, worker.CreateRequest{ID: rec.ID, Team: team, Spec: sp.Spec, FromSnapshot: pl.snapshot, TakeSnapshot: pl.take, SecretValues: values})
 	if err != nil {
 		s.log.Warn("create failed", "sandbox_id", rec.ID, "worker_id", wk.ID(), "err", err)
 		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))

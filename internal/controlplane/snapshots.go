@@ -312,8 +312,10 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	out := api.SandboxList{Sandboxes: []api.Sandbox{}}
-	for range req.Count {
-		child, err := s.createFrom(ctx, sb.TeamID, sn, sb.Labels)
+	for i := range req.Count {
+		// The last child of a local fork takes the snapshot's files
+		// rather than copies of them.
+		child, err := s.createFrom(ctx, sb.TeamID, sn, sb.Labels, local && i == req.Count-1)
 		if err != nil {
 			httpapi.WriteError(w, fmt.Errorf("fork %d of %d: %w", len(out.Sandboxes)+1, req.Count, err))
 			return
@@ -323,11 +325,14 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 	s.log.Info("sandbox forked", "sandbox_id", sb.ID, "children", req.Count, "local", !chunked(sn),
 		"snapshot_ms", sn.Updated.Sub(t0).Milliseconds(), "total_ms", s.now().Sub(t0).Milliseconds())
 	httpapi.WriteJSON(w, http.StatusCreated, out)
+	// The children run: answer before the snapshot goes (deferred above).
+	http.NewResponseController(w).Flush()
 }
 
 // createFrom creates a sandbox of team from snapshot sn with the
-// snapshot's resources.
-func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot, labels map[string]string) (store.Sandbox, error) {
+// snapshot's resources; take spends a local snapshot on it (see
+// placement.take).
+func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot, labels map[string]string, take bool) (store.Sandbox, error) {
 	var m snapshotMeta
 	if err := json.Unmarshal(sn.Meta, &m); err != nil {
 		return store.Sandbox{}, fmt.Errorf("snapshot %s: metadata: %v: %w", sn.ID, err, errkind.Internal)
@@ -337,6 +342,7 @@ func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot,
 	if err != nil {
 		return store.Sandbox{}, err
 	}
+	pl.take = take && !chunked(sn)
 	return s.create(ctx, team, sp, labels, pl)
 }
 

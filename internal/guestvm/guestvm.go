@@ -55,6 +55,10 @@ type Config struct {
 	NIC *vmm.NIC
 	// Placer puts the VMM process in its control group, or nil.
 	Placer vmm.Placer
+	// TakeSnapshot lets Restore move the snapshot's files into the new VM
+	// rather than copy them (vmm.Spec.TakeSnapshot): the snapshot is
+	// spent, whatever the outcome.
+	TakeSnapshot bool
 	// Started, if set, is called once the VMM runs and before the agent
 	// is awaited: the worker persists the VM's handle there, so a crash
 	// from then on finds the VM. An error from it aborts the boot.
@@ -247,13 +251,14 @@ func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 	t0 := time.Now()
 	v, err := start(ctx, cfg, func(ctx context.Context) (vmm.VM, error) {
 		return r.Restore(ctx, snapDir, vmm.Spec{
-			RunDir:     filepath.Join(cfg.RunDir, "vm"),
-			Kernel:     cfg.Images.Kernel.Vmlinux,
-			Initrd:     cfg.Images.Initramfs,
-			Disks:      []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: filepath.Join(cfg.DataDir, "rw.img")}},
-			NIC:        cfg.NIC,
-			Placer:     cfg.Placer,
-			MemoryPath: cfg.memoryPath(),
+			RunDir:       filepath.Join(cfg.RunDir, "vm"),
+			Kernel:       cfg.Images.Kernel.Vmlinux,
+			Initrd:       cfg.Images.Initramfs,
+			Disks:        []vmm.Disk{{Path: cfg.Images.Rootfs, ReadOnly: true}, {Path: filepath.Join(cfg.DataDir, "rw.img")}},
+			NIC:          cfg.NIC,
+			Placer:       cfg.Placer,
+			MemoryPath:   cfg.memoryPath(),
+			TakeSnapshot: cfg.TakeSnapshot,
 		})
 	})
 	if err != nil {

@@ -66,6 +66,14 @@ type Spec struct {
 	// restores and forks share the file's extents instead of copying it.
 	// The file must not exist; Stop removes it.
 	MemoryPath string
+	// TakeSnapshot, for a restore, gives the snapshot directory to the
+	// new VM: the driver may move its memory file and writable disks
+	// into place instead of copying them (a reflink copy still costs in
+	// proportion to the file's extents). The snapshot is spent
+	// afterwards, whether the restore succeeded or not: the caller
+	// removes it. For a snapshot restored once and dropped (a fork's
+	// last child).
+	TakeSnapshot bool
 }
 
 // Placer places a process in a control group (cgroup.Group implements

@@ -33,6 +33,11 @@ type CreateRequest struct {
 	// FromSnapshot restores the sandbox from this worker's snapshot
 	// instead of booting it; "" boots.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// TakeSnapshot spends FromSnapshot, a snapshot on this worker's disk
+	// only (not chunked), on this sandbox: its memory file and disk move
+	// into the sandbox instead of being copied, and the snapshot is gone
+	// afterwards, whatever the outcome. For the last child of a fork.
+	TakeSnapshot bool `json:"take_snapshot,omitempty"`
 	// SecretValues are the values of the secrets Spec grants, by name.
 	// The worker keeps them sealed (Config.Secrets) and gives them only
 	// to the sandbox's gateway.

@@ -75,7 +75,7 @@ func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, 
 // values.
 func (w *Worker) CreateWith(ctx context.Context, req CreateRequest) (Info, error) {
 	if req.FromSnapshot != "" {
-		return w.createFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot, req.Overrides(), req.SecretValues)
+		return w.createFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot, req.Overrides(), req.SecretValues, req.TakeSnapshot)
 	}
 	req.Spec = withNIC(req.Spec)
 	if len(req.Spec.Secrets) == 0 {
@@ -89,6 +89,7 @@ func (w *Worker) CreateWith(ctx context.Context, req CreateRequest) (Info, error
 // createOpts are create's variants.
 type createOpts struct {
 	snapID   string // restore this snapshot; "" boots (or restores the warm template)
+	take     bool   // spend snapID: move its files into the sandbox (CreateRequest.TakeSnapshot)
 	internal bool   // the worker's own sandbox (see record.Internal)
 	pool     string // a member of this pool (see record.Pool)
 	// secretValues are the values of spec's granted secrets.
@@ -123,11 +124,11 @@ func (w *Worker) create(ctx context.Context, id, team string, spec Spec, opts cr
 	s.mu.Unlock()
 	s.op.Lock()
 	defer s.op.Unlock()
-	return w.createLocked(ctx, s, opts.snapID)
+	return w.createLocked(ctx, s, opts.snapID, opts.take)
 }
 
 // createLocked does create's work; the caller holds s.op.
-func (w *Worker) createLocked(ctx context.Context, s *sbx, snapID string) (_ Info, err error) {
+func (w *Worker) createLocked(ctx context.Context, s *sbx, snapID string, take bool) (_ Info, err error) {
 	s.mu.Lock()
 	id, spec, member := s.rec.ID, s.rec.Spec, s.rec.Pool != ""
 	s.mu.Unlock()
@@ -161,7 +162,7 @@ func (w *Worker) createLocked(ctx context.Context, s *sbx, snapID string) (_ Inf
 		return Info{}, err
 	}
 	w.crash("create.recorded")
-	if err := w.launch(ctx, s, snapID); err != nil {
+	if err := w.launch(ctx, s, snapID, take); err != nil {
 		return Info{}, err
 	}
 	w.crash("create.running-saved")
@@ -170,9 +171,11 @@ func (w *Worker) createLocked(ctx context.Context, s *sbx, snapID string) (_ Inf
 
 // launch starts the sandbox's VM, booting it (snapID "") or restoring
 // snapshot snapID, in a fresh control group, persists its handle as soon
-// as it runs, waits for its agent, and records the sandbox running. On
-// error the VM and its run files are gone. The caller holds s.op.
-func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) {
+// as it runs, waits for its agent, and records the sandbox running. With
+// take the snapshot is spent: its files move into the sandbox and it is
+// gone afterwards, whatever the outcome. On error the VM and its run files
+// are gone. The caller holds s.op.
+func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (err error) {
 	s.mu.Lock()
 	id, spec := s.rec.ID, s.rec.Spec
 	s.mu.Unlock()
@@ -218,7 +221,12 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string) (err error) 
 	switch {
 	case snapID != "":
 		var dir string
-		if dir, err = w.snapshotDir(snapID); err == nil {
+		if dir, err = w.snapshotDir(snapID); err == nil && take {
+			dir, err = w.spendSnapshot(snapID, id)
+			defer os.RemoveAll(dir)
+			cfg.TakeSnapshot = true
+		}
+		if err == nil {
 			startedBy = "restore"
 			gv, err = guestvm.Restore(bctx, cfg, filepath.Join(dir, "vm"))
 		}

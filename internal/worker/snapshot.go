@@ -349,12 +349,12 @@ func (w *Worker) DeleteSnapshot(id string) error {
 // template and resources and gives its own exec defaults (Env, Workdir,
 // User).
 func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string, spec *Spec) (Info, error) {
-	return w.createFromSnapshot(ctx, id, team, snapID, spec, nil)
+	return w.createFromSnapshot(ctx, id, team, snapID, spec, nil, false)
 }
 
 // createFromSnapshot is CreateFromSnapshot with the values of the
-// secrets spec grants.
-func (w *Worker) createFromSnapshot(ctx context.Context, id, team, snapID string, spec *Spec, secretValues map[string][]byte) (Info, error) {
+// secrets spec grants; take spends the snapshot (CreateRequest.TakeSnapshot).
+func (w *Worker) createFromSnapshot(ctx context.Context, id, team, snapID string, spec *Spec, secretValues map[string][]byte, take bool) (Info, error) {
 	if _, err := w.fetch(ctx, snapID); err != nil {
 		return Info{}, err
 	}
@@ -378,7 +378,7 @@ func (w *Worker) createFromSnapshot(ctx context.Context, id, team, snapID string
 			return Info{}, fmt.Errorf("snapshot %s was taken without a network interface: %w", snapID, errkind.InvalidArgument)
 		}
 	}
-	return w.create(ctx, id, team, sp, createOpts{snapID: snapID, secretValues: secretValues})
+	return w.create(ctx, id, team, sp, createOpts{snapID: snapID, secretValues: secretValues, take: take && !info.Chunked})
 }
 
 // Restore rolls sandbox id back to snapshot snapID in place: its VM is
@@ -449,7 +449,7 @@ func (w *Worker) restoreLocked(ctx context.Context, s *sbx) (Info, error) {
 		return Info{}, w.failRestore(ctx, s, err)
 	}
 	w.crash("restore.old-vm-gone")
-	if err := w.launch(ctx, s, snapID); err != nil {
+	if err := w.launch(ctx, s, snapID, false); err != nil {
 		return Info{}, w.failRestore(ctx, s, err)
 	}
 	w.log.Info("sandbox restored", "sandbox_id", id, "snapshot_id", snapID)
@@ -504,8 +504,27 @@ func writeJSONFile(dir, name string, v any) error {
 	return syncDir(dir)
 }
 
+// spendSnapshot takes snapshot id out of service for sandbox sandboxID to
+// move its files from: it renames the directory to a hidden name (so no
+// other restore finds it, and a restarted worker removes it) and returns
+// that. The caller removes it when done.
+func (w *Worker) spendSnapshot(id, sandboxID string) (string, error) {
+	dir, err := w.snapshotDir(id)
+	if err != nil {
+		return "", err
+	}
+	spent := filepath.Join(w.snapshotsDir(), ".spent-"+id+"-"+sandboxID)
+	if err := os.Rename(dir, spent); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("%s: %w", id, ErrSnapshotNotFound)
+		}
+		return "", fmt.Errorf("spend snapshot %s: %w", id, err)
+	}
+	return spent, nil
+}
+
 // removeIncompleteSnapshots removes snapshot directories a crash left
-// without their info file.
+// without their info file, and spent ones (spendSnapshot).
 func (w *Worker) removeIncompleteSnapshots() error {
 	entries, err := os.ReadDir(w.snapshotsDir())
 	if errors.Is(err, fs.ErrNotExist) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"space/internal/cgroup"
 	"space/internal/errkind"
 	"space/internal/imagebuild"
+	"space/internal/storage"
 	"space/internal/testenv"
 )
 
@@ -70,6 +72,24 @@ func newVMWorkerWith(t testing.TB, edit func(*Config)) *Worker {
 	return w
 }
 
+// reflinkStorage returns a directory on a loop-mounted XFS image that
+// reflinks, unmounted when the test's other cleanups have run.
+func reflinkStorage(t testing.TB) string {
+	t.Helper()
+	testenv.RequireTool(t, testenv.TierUnit, "mkfs.xfs", "xfsprogs")
+	data := t.TempDir()
+	st, err := storage.Prepare(t.Context(), storage.Config{DataDir: data, LoopSize: 4 << 30})
+	if err != nil || !st.Reflinked() {
+		t.Fatalf("setup: storage.Prepare = %+v, %v; want reflink storage", st, err)
+	}
+	t.Cleanup(func() {
+		if err := storage.Unmount(context.Background(), st.Dir); err != nil {
+			t.Errorf("Unmount = %v", err)
+		}
+	})
+	return st.Dir
+}
+
 func sandboxID(n int) string { return fmt.Sprintf("sbx_%s", strings.Repeat(string(rune('a'+n)), 20)) }
 
 // shell runs cmd in sandbox id and returns its stdout.
@@ -90,7 +110,9 @@ func TestSnapshotRestoreFork(t *testing.T) {
 	testenv.RequireSlow(t)
 	release := guesttest.AcquireAllSlots(t)
 	defer release()
-	w := newVMWorker(t)
+	// On reflink storage, as the server runs it: memory files live with
+	// the disks, next to the snapshots.
+	w := newVMWorkerWith(t, func(cfg *Config) { cfg.DataDir, cfg.ReflinkStorage = reflinkStorage(t), true })
 	ctx := t.Context()
 	spec := Spec{Template: "default", VCPUs: 1, MemoryMiB: 256, DiskMiB: 1024}
 	a := sandboxID(0)
@@ -136,18 +158,34 @@ func TestSnapshotRestoreFork(t *testing.T) {
 		t.Errorf("after restore the counter is %d, want it to go on from %d", c, atSnap)
 	}
 
-	// Fork two copies from the snapshot.
+	// Fork two copies from the snapshot; the second takes its files (a
+	// fork's last child), which spends it.
 	b, c := sandboxID(1), sandboxID(2)
+	dir, _ := w.snapshotDir("snap_one")
+	snapMemory, err := os.Stat(filepath.Join(dir, "vm", "memory"))
+	if err != nil {
+		t.Fatalf("snapshot memory file: %v", err)
+	}
 	for _, id := range []string{b, c} {
-		inf, err := w.CreateFromSnapshot(ctx, id, "team", "snap_one", nil)
+		inf, err := w.CreateWith(ctx, CreateRequest{ID: id, Team: "team", FromSnapshot: "snap_one", TakeSnapshot: id == c})
 		if err != nil {
-			t.Fatalf("CreateFromSnapshot(%s) = %v", id, err)
+			t.Fatalf("CreateWith(%s from snap_one) = %v", id, err)
 		}
 		t.Logf("fork %s started in %d ms", id, inf.VM.BootMS)
 		if got := shell(t, w, id, "cat /root/f"); got != "one\n" {
 			t.Errorf("fork %s: /root/f = %q, want one", id, got)
 		}
 		testenv.Eventually(t, 30*time.Second, func() bool { return count(id) > atSnap })
+	}
+	if _, err := w.SnapshotInfo("snap_one"); !errors.Is(err, errkind.NotFound) {
+		t.Errorf("SnapshotInfo of a spent snapshot = %v, want not found", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(w.snapshotsDir(), "*")); len(left) != 0 {
+		t.Errorf("snapshot files left after the last fork took them: %v", left)
+	}
+	sc, _ := w.get(c)
+	if fi, err := os.Stat(filepath.Join(sc.diskDir(), "memory")); err != nil || !os.SameFile(fi, snapMemory) {
+		t.Errorf("memory of the fork that took the snapshot: %v, %v; want the snapshot's file, moved", fi, err)
 	}
 	shell(t, w, b, "echo mine > /root/only-b")
 	if got := shell(t, w, c, "cat /root/only-b 2>&1 || true"); !strings.Contains(got, "No such file") {
@@ -156,11 +194,13 @@ func TestSnapshotRestoreFork(t *testing.T) {
 	if got := shell(t, w, a, "cat /root/only-b 2>&1 || true"); !strings.Contains(got, "No such file") {
 		t.Errorf("parent sees fork b's file: %q", got)
 	}
-	if err := w.DeleteSnapshot("snap_one"); err != nil {
-		t.Errorf("DeleteSnapshot = %v", err)
+	if err := w.DeleteSnapshot("snap_one"); !errors.Is(err, errkind.NotFound) {
+		t.Errorf("DeleteSnapshot of a spent snapshot = %v, want not found", err)
 	}
-	if got := shell(t, w, b, "cat /root/f"); got != "one\n" {
-		t.Errorf("fork after its snapshot is deleted: /root/f = %q", got)
+	for _, id := range []string{b, c} {
+		if got := shell(t, w, id, "cat /root/f"); got != "one\n" {
+			t.Errorf("fork %s after its snapshot is gone: /root/f = %q", id, got)
+		}
 	}
 }
 

@@ -294,7 +294,8 @@ func writeMetadata(dir string, md *Metadata) error {
 // which must therefore stay unchanged while the VM lives; clones of one
 // snapshot share its page cache. spec gives the run dir and the disks:
 // read-only ones as they were (same size), writable ones as the paths the
-// snapshot's copies are placed at (reflinked where possible). The NIC must
+// snapshot's copies are placed at (reflinked where possible; moved with
+// spec.TakeSnapshot, the memory file staying where it is). The NIC must
 // be present as it was; its tap may differ on 1.12+ and the guest keeps
 // the snapshot's MAC. Zero VCPUs and MemoryMiB mean the snapshot's, other
 // values must equal them; kernel, initrd and command line are ignored.
@@ -413,7 +414,7 @@ func placeDisks(ctx context.Context, dir string, md *Metadata, spec vmm.Spec) (p
 		if sd.File == "" || sd.File != filepath.Base(sd.File) || sd.File == ".." {
 			return placed, fmt.Errorf("disk %d: snapshot file %q: %w", i, sd.File, vmm.ErrIncompatible)
 		}
-		if err := reflink.Copy(ctx, filepath.Join(dir, sd.File), disk.Path); err != nil {
+		if err := placeDisk(ctx, filepath.Join(dir, sd.File), disk.Path, spec.TakeSnapshot); err != nil {
 			return placed, fmt.Errorf("disk %d: %w", i, err)
 		}
 		placed = append(placed, disk.Path)
@@ -422,6 +423,19 @@ func placeDisks(ctx context.Context, dir string, md *Metadata, spec vmm.Spec) (p
 		}
 	}
 	return placed, nil
+}
+
+// placeDisk puts the snapshot's disk copy src at dst: moved there if take
+// is set and both are on one file system, else copied (reflinked where
+// possible).
+func placeDisk(ctx context.Context, src, dst string, take bool) error {
+	if take {
+		err := os.Rename(src, dst)
+		if !errors.Is(err, syscall.EXDEV) {
+			return err
+		}
+	}
+	return reflink.Copy(ctx, src, dst)
 }
 
 // restoreLayout checks that spec and this host fit the snapshot and

@@ -148,7 +148,7 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 		return nil, err
 	}
 	if spec.MemoryFrom != "" {
-		if err := adoptMemory(ctx, spec.MemoryFrom, spec.memoryPath()); err != nil {
+		if err := adoptMemory(ctx, spec.MemoryFrom, spec.memoryPath(), spec.MoveMemory); err != nil {
 			return nil, err
 		}
 	} else if err := createMemory(spec.memoryPath(), int64(spec.MemoryMiB)<<20); err != nil {
@@ -379,15 +379,29 @@ func createMemory(path string, size int64) error {
 	return nil
 }
 
-// adoptMemory gives a restored VM its own copy of a snapshot's memory file.
-func adoptMemory(ctx context.Context, from, path string) error {
+// adoptMemory gives a restored VM its own copy of a snapshot's memory
+// file, or the file itself if move is set and the rename works.
+func adoptMemory(ctx context.Context, from, path string, move bool) error {
 	if _, err := os.Stat(path); err == nil {
 		return fmt.Errorf("memory file %s exists (another VM, or one not stopped): %w", path, errkind.Conflict)
 	}
-	if _, err := reflink.CopyVolatile(ctx, from, path); err != nil {
+	if err := take(ctx, from, path, move); err != nil {
 		return fmt.Errorf("memory file: %w", err)
 	}
 	return os.Chmod(path, 0o600)
+}
+
+// take puts the file from at path: by a rename if move is set and both
+// are on one file system, else as a (reflinked where possible) copy.
+func take(ctx context.Context, from, path string, move bool) error {
+	if move {
+		err := os.Rename(from, path)
+		if !errors.Is(err, syscall.EXDEV) {
+			return err
+		}
+	}
+	_, err := reflink.CopyVolatile(ctx, from, path)
+	return err
 }
 
 // listen binds a unix socket at path (replacing a stale one), restricts it

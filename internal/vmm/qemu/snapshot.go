@@ -287,7 +287,8 @@ func writeSynced(path string, b []byte) error {
 // Restore starts a VM from the snapshot in dir (vmm.Restorer): the memory
 // file is copied (reflinked where possible) into the new run directory and
 // mapped shared, so the clone owns its memory; the writable disks are
-// copied to the paths spec gives; QEMU starts with -incoming defer and
+// copied to the paths spec gives (with spec.TakeSnapshot both are moved
+// there where they can be, which spends the snapshot); QEMU starts with -incoming defer and
 // loads the device state. The VM runs when Restore returns; the guest
 // agent sees a new host connection and needs its post-restore call.
 func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM, err error) {
@@ -305,7 +306,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM,
 	spec := Spec{
 		Dir: s.RunDir, Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: m.Cmdline, VCPUs: m.VCPUs,
 		MemoryMiB: m.MemoryMiB, Accel: m.Accel, Paused: true, Incoming: true,
-		MemoryFrom: filepath.Join(dir, snapMemory), MemoryPath: s.MemoryPath, Placer: s.Placer,
+		MemoryFrom: filepath.Join(dir, snapMemory), MoveMemory: s.TakeSnapshot, MemoryPath: s.MemoryPath, Placer: s.Placer,
 	}
 	var placed []string
 	defer func() {
@@ -320,7 +321,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM,
 		if disk.ReadOnly {
 			continue
 		}
-		if _, err := reflink.CopyVolatile(ctx, filepath.Join(dir, m.Disks[i].File), disk.Path); err != nil {
+		if err := take(ctx, filepath.Join(dir, m.Disks[i].File), disk.Path, s.TakeSnapshot); err != nil {
 			return nil, fmt.Errorf("restore %s: disk %d: %w", dir, i, err)
 		}
 		placed = append(placed, disk.Path)

@@ -80,6 +80,9 @@ type Spec struct {
 	// MemoryFrom is a memory file to start from (a snapshot's); it is
 	// copied (reflinked where possible) to the memory path. "" = fresh RAM.
 	MemoryFrom string
+	// MoveMemory moves MemoryFrom to the memory path instead of copying
+	// it, where both are on one file system.
+	MoveMemory bool
 	// MemoryPath is the guest RAM's file, mapped shared; "" = Dir/memory.
 	MemoryPath string
 }
