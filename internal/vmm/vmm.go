@@ -64,7 +64,10 @@ type Spec struct {
 	// MemoryPath is where a driver that backs guest RAM with a file puts
 	// it, "" = inside RunDir. Reflink-capable storage makes snapshots,
 	// restores and forks share the file's extents instead of copying it.
-	// The file must not exist; Stop removes it.
+	// Firecracker, whose restored guests map the snapshot's file, keeps a
+	// link there to the memory of the guest's last snapshot or restore,
+	// the base its diffs merge onto; it must be on the snapshots' file
+	// system. The file must not exist; Stop removes it.
 	MemoryPath string
 	// TakeSnapshot, for a restore, gives the snapshot directory to the
 	// new VM: the driver may move its memory file and writable disks
@@ -186,8 +189,12 @@ type Pauser interface {
 
 // SnapshotOptions shape a snapshot.
 type SnapshotOptions struct {
-	// Diff asks for a snapshot holding only memory dirtied since the
-	// previous one, where the driver supports it; others take a full one.
+	// Diff asks for a snapshot whose memory is written only where the
+	// guest dirtied it since the previous snapshot, where the driver
+	// supports it; others take a full one. Firecracker merges the diff
+	// onto a copy of the previous snapshot's memory when the VM was
+	// started with a MemoryPath (the snapshot is then complete); without
+	// one its diff is a layer that is not loadable on its own.
 	Diff bool
 	// Ephemeral marks a snapshot that only needs to outlive the process
 	// that takes it, not a host crash (a fork's, deleted once the

@@ -106,7 +106,11 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 		}
 		return SnapshotInfo{}, err
 	}
-	taken, err := sn.Snapshot(ctx, filepath.Join(dir, "vm"), vmm.SnapshotOptions{Ephemeral: req.Ephemeral, Paused: func() { w.crash("snapshot.vm-paused") }})
+	// On reflink storage the VM has a MemoryPath: a driver that can
+	// takes a diff merged onto its previous snapshot (Firecracker), and
+	// the memory file shares the extents of what did not change.
+	opts := vmm.SnapshotOptions{Diff: w.cfg.ReflinkStorage, Ephemeral: req.Ephemeral, Paused: func() { w.crash("snapshot.vm-paused") }}
+	taken, err := sn.Snapshot(ctx, filepath.Join(dir, "vm"), opts)
 	if err != nil {
 		return SnapshotInfo{}, errors.Join(err, os.RemoveAll(dir))
 	}

@@ -127,7 +127,7 @@ func (d *Driver) Boot(ctx context.Context, spec vmm.Spec) (vmm.VM, error) {
 		return nil, err
 	}
 	files, kernel, initrd := bootFiles(spec, d.jail != nil)
-	v, err := d.start(ctx, spec.RunDir, files, layout, false, spec.NIC, spec.Placer)
+	v, err := d.start(ctx, spec.RunDir, files, layout, false, spec)
 	if err != nil {
 		return nil, fmt.Errorf("boot vm in %s: %w", spec.RunDir, err)
 	}
@@ -142,13 +142,14 @@ func (d *Driver) Boot(ctx context.Context, spec vmm.Spec) (vmm.VM, error) {
 // NIC's network namespace, so that it can open the tap), waits for its API
 // and configures its logger: everything that a boot and a restore share.
 // On error it leaves nothing behind but the logs.
-func (d *Driver) start(ctx context.Context, runDir string, files []placement, layout Layout, restored bool, nic *vmm.NIC, placer vmm.Placer) (_ *VM, err error) {
+func (d *Driver) start(ctx context.Context, runDir string, files []placement, layout Layout, restored bool, spec vmm.Spec) (_ *VM, err error) {
 	id := instanceID(runDir)
+	nic, placer := spec.NIC, spec.Placer
 	var netns string
 	if nic != nil {
 		netns = nic.Netns
 	}
-	st := handleState{ID: id, Root: runDir, Layout: layout, Restored: restored, Netns: netns}
+	st := handleState{ID: id, Root: runDir, Layout: layout, Restored: restored, Netns: netns, Base: spec.MemoryPath}
 	if d.jail != nil {
 		st.Root = d.jail.chroot(id)
 		st.Jail = &jailState{Dir: d.jail.dir(id), UID: d.jail.uid, GID: d.jail.gid}

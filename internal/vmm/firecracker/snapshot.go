@@ -83,12 +83,25 @@ func ReadMetadata(dir string) (*Metadata, error) {
 // system can) and snapshot.json ([Metadata]), last. It pauses a running
 // VM for the snapshot and the disk copies and resumes it afterwards, even
 // on error; a paused VM stays paused. The VM's vsock connections are
-// reset (Firecracker resets them on every snapshot). With opts.Diff the
-// memory file holds only the pages dirtied since the previous snapshot,
-// boot or restore (sparse); before Firecracker 1.13 that needs
-// Config.DirtyTracking (else errkind.FailedPrecondition). Memory is
-// written, never reflinked, so the result's Reflinked is false. Snapshot
-// implements vmm.Snapshotter; Handle changes afterwards.
+// reset (Firecracker resets them on every snapshot). Diffs need dirty
+// tracking: Config.DirtyTracking, or Firecracker 1.13+.
+//
+// With opts.Diff and a VM started with a vmm.Spec.MemoryPath, the
+// snapshot is complete and loadable, but Firecracker writes only the
+// pages dirtied since the previous snapshot or restore: into a copy
+// (reflinked where possible) of the memory file of that snapshot, which
+// the VM keeps a link to at MemoryPath (Firecracker 1.6+ merges a diff in
+// place into a file of the guest's size). The result is Reflinked when
+// that copy and the disks' were reflinks: the memory file then shares the
+// extents of every page not dirtied with the previous snapshot. Where no
+// such base is left (or diffs cannot be taken) the snapshot is Full.
+//
+// With opts.Diff and no MemoryPath the memory file holds only the dirtied
+// pages (sparse): a layer to merge onto its base, not loadable on its own
+// unless it is the first snapshot of a booted guest; without dirty
+// tracking that is an errkind.FailedPrecondition error.
+//
+// Snapshot implements vmm.Snapshotter; Handle changes afterwards.
 func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions) (_ *vmm.Snapshot, err error) {
 	dir, err = filepath.Abs(dir)
 	if err != nil {
@@ -102,12 +115,9 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	if v.proc.exited() || v.stopping.Load() {
 		return nil, vmm.ErrExited
 	}
-	kind := fcapi.Full
-	if opts.Diff {
-		kind = fcapi.Diff
-		if !v.st.Layout.DirtyTracking && !v.ver.AtLeast(1, 13) {
-			return nil, fmt.Errorf("diff without dirty tracking needs firecracker 1.13, have %s: %w", v.version, errkind.FailedPrecondition)
-		}
+	canDiff := v.st.Layout.DirtyTracking || v.ver.AtLeast(1, 13)
+	if opts.Diff && v.st.Base == "" && !canDiff {
+		return nil, fmt.Errorf("diff without dirty tracking needs firecracker 1.13, have %s: %w", v.version, errkind.FailedPrecondition)
 	}
 	v.mu.Lock()
 	busy := v.snapshotting
@@ -122,6 +132,19 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 		v.snapshotting = false
 		v.mu.Unlock()
 	}()
+	kind, base := v.snapshotKind(opts.Diff, canDiff, taken)
+	if v.st.Base != "" {
+		defer func() {
+			if err != nil {
+				// Firecracker may have reset its dirty log: the next
+				// snapshot must be a full one.
+				v.dropBase()
+				v.mu.Lock()
+				v.snapshots++
+				v.mu.Unlock()
+			}
+		}()
+	}
 
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -155,7 +178,7 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 			}
 		}()
 	}
-	md, err := v.snapshotPaused(wctx, dir, kind, taken, opts.Paused)
+	md, reflinked, err := v.snapshotPaused(wctx, dir, kind, base, taken, opts.Paused)
 	if err != nil {
 		return nil, err
 	}
@@ -163,43 +186,107 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	v.mu.Lock()
 	v.snapshots++
 	v.mu.Unlock()
-	v.log.Info("snapshot taken", "dir", dir, "type", md.Type, "paused_for", took)
-	return &vmm.Snapshot{Dir: dir, Driver: "firecracker", Version: v.version, Diff: opts.Diff, Took: took}, nil
+	if v.st.Base != "" {
+		v.setBase(filepath.Join(dir, memoryFile))
+	}
+	v.log.Info("snapshot taken", "dir", dir, "type", md.Type, "onto", base, "paused_for", took)
+	return &vmm.Snapshot{Dir: dir, Driver: "firecracker", Version: v.version, Diff: kind == fcapi.Diff, Took: took, Reflinked: reflinked}, nil
 }
 
-// snapshotPaused writes the snapshot of the paused VM: Firecracker's files,
-// the disk copies, then the metadata.
-func (v *VM) snapshotPaused(ctx context.Context, dir string, kind fcapi.SnapshotType, taken int, paused func()) (*Metadata, error) {
+// snapshotKind decides between a Full snapshot and a Diff, and for a diff
+// with a base, the memory file it is merged onto ("" for none).
+func (v *VM) snapshotKind(diff, canDiff bool, taken int) (fcapi.SnapshotType, string) {
+	switch {
+	case !diff:
+		return fcapi.Full, ""
+	case v.st.Base == "":
+		return fcapi.Diff, "" // a layer
+	case !canDiff || !v.ver.AtLeast(1, 6):
+		return fcapi.Full, ""
+	case !v.st.Restored && taken == 0:
+		return fcapi.Diff, "" // every page the guest touched since boot
+	}
+	if fi, err := os.Stat(v.st.Base); err != nil || !fi.Mode().IsRegular() {
+		return fcapi.Full, ""
+	}
+	return fcapi.Diff, v.st.Base
+}
+
+// setBase makes the VM's base link (handleState.Base) point at memory, a
+// complete memory file of the guest as it is now. If that fails there is
+// no base, and the next snapshot is full.
+func (v *VM) setBase(memory string) {
+	tmp := v.st.Base + ".new"
+	err := removeIfExists(tmp)
+	if err == nil {
+		err = os.Link(memory, tmp)
+	}
+	if err == nil {
+		err = os.Rename(tmp, v.st.Base)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		v.log.Warn("no base for the next diff snapshot", "memory", memory, "err", err)
+		v.dropBase()
+	}
+}
+
+// dropBase removes the VM's base link.
+func (v *VM) dropBase() {
+	if err := removeIfExists(v.st.Base); err != nil {
+		v.log.Warn("remove diff snapshot base", "err", err)
+	}
+}
+
+// snapshotPaused writes the snapshot of the paused VM: Firecracker's files
+// (a diff merged onto a copy of base, if base is set), the disk copies,
+// then the metadata. It reports whether memory and disks are reflinks.
+func (v *VM) snapshotPaused(ctx context.Context, dir string, kind fcapi.SnapshotType, base string, taken int, paused func()) (_ *Metadata, reflinked bool, err error) {
 	dstState, dstMem := filepath.Join(dir, vmstateFile), filepath.Join(dir, memoryFile)
 	// Jailed, Firecracker writes inside its root; the files move out after.
-	fcState, fcMem := dstState, dstMem
+	fcState, fcMem, hostMem := dstState, dstMem, dstMem
 	if v.st.Jail != nil {
-		fcState, fcMem = jailVMState, jailMemory
+		fcState, fcMem, hostMem = jailVMState, jailMemory, filepath.Join(v.st.Root, jailMemory)
 		// A leftover memory file of the guest's size would make a diff
 		// merge into it.
 		for _, name := range []string{jailVMState, jailMemory} {
 			if err := removeIfExists(filepath.Join(v.st.Root, name)); err != nil {
-				return nil, err
+				return nil, false, err
 			}
 		}
 	}
+	if base != "" {
+		// Firecracker merges the diff into this copy (never into the
+		// base itself: clones may map it).
+		if reflinked, err = reflink.CopyVolatile(ctx, base, hostMem); err != nil {
+			return nil, false, fmt.Errorf("diff base: %w", err)
+		}
+		if j := v.st.Jail; j != nil {
+			if err := os.Lchown(hostMem, j.UID, j.GID); err != nil {
+				return nil, false, err
+			}
+		}
+		if err := os.Chmod(hostMem, 0o600); err != nil {
+			return nil, false, err
+		}
+	}
 	if err := v.api.CreateSnapshot(ctx, fcapi.SnapshotCreate{SnapshotType: kind, SnapshotPath: fcState, MemFilePath: fcMem}); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if paused != nil {
 		paused()
 	}
 	if j := v.st.Jail; j != nil {
 		if err := moveOut(filepath.Join(v.st.Root, jailVMState), dstState, j.UID, j.GID); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if err := moveOut(filepath.Join(v.st.Root, jailMemory), dstMem, j.UID, j.GID); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	} else {
 		// Firecracker creates them with its umask; guest memory is private.
 		if err := errors.Join(os.Chmod(dstState, 0o600), os.Chmod(dstMem, 0o600)); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	md := &Metadata{
@@ -207,7 +294,7 @@ func (v *VM) snapshotPaused(ctx context.Context, dir string, kind fcapi.Snapshot
 		Driver:             "firecracker",
 		FirecrackerVersion: v.version,
 		Type:               string(kind),
-		Loadable:           kind == fcapi.Full || (!v.st.Restored && taken == 0),
+		Loadable:           kind == fcapi.Full || base != "" || (!v.st.Restored && taken == 0),
 		Created:            time.Now().UTC(),
 		HostCPU:            hostCPU(),
 		HostKernel:         hostKernel(),
@@ -221,24 +308,26 @@ func (v *VM) snapshotPaused(ctx context.Context, dir string, kind fcapi.Snapshot
 		src := filepath.Join(v.st.Root, disk.Path)
 		fi, err := os.Stat(src)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		sd := SnapshotDisk{ReadOnly: disk.ReadOnly, Size: fi.Size()}
 		if !disk.ReadOnly {
 			sd.File = "disk" + strconv.Itoa(i)
-			if err := reflink.Copy(ctx, src, filepath.Join(dir, sd.File)); err != nil {
-				return nil, fmt.Errorf("disk %d: %w", i, err)
+			linked, err := reflink.CopyReport(ctx, src, filepath.Join(dir, sd.File))
+			if err != nil {
+				return nil, false, fmt.Errorf("disk %d: %w", i, err)
 			}
+			reflinked = reflinked && linked
 			if err := os.Chmod(filepath.Join(dir, sd.File), 0o600); err != nil {
-				return nil, err
+				return nil, false, err
 			}
 		}
 		md.Disks = append(md.Disks, sd)
 	}
 	if err := writeMetadata(dir, md); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return md, nil
+	return md, reflinked, nil
 }
 
 // moveOut moves a file out of a jail, keeping it sparse, and leaves it
@@ -356,7 +445,7 @@ func (d *Driver) Restore(ctx context.Context, snapshotDir string, spec vmm.Spec)
 		files = append(files, placement{src: snapState, name: jailVMState, linkOnly: true}, placement{src: snapMem, name: jailMemory, linkOnly: true})
 		fcState, fcMem = jailVMState, jailMemory
 	}
-	v, err := d.start(ctx, spec.RunDir, files, layout, true, spec.NIC, spec.Placer)
+	v, err := d.start(ctx, spec.RunDir, files, layout, true, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -377,6 +466,11 @@ func (d *Driver) Restore(ctx context.Context, snapshotDir string, spec vmm.Spec)
 	if err != nil {
 		// Firecracker exits after a failed load.
 		return nil, v.abort(ctx, err)
+	}
+	if v.st.Base != "" {
+		// The guest's memory is the snapshot's file: its first diff
+		// merges onto a copy of that.
+		v.setBase(snapMem)
 	}
 	v.log.Info("vm restored", "snapshot", snapshotDir, "restore_total", time.Since(start), "version", v.version)
 	return v, nil

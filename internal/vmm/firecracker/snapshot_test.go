@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"space/internal/errkind"
+	"space/internal/storage"
 	"space/internal/vmm"
 	"space/internal/vmm/firecracker/fcapi"
 	"space/internal/vmm/firecracker/fcapi/fcapitest"
@@ -336,5 +337,111 @@ func TestLoadRequest(t *testing.T) {
 				t.Errorf("loadRequest (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestDiffOntoBaseAgainstFakeFirecracker: with a MemoryPath, a diff is
+// merged onto a copy of the previous snapshot's memory, so every snapshot
+// is complete and loadable; the base link outlives the snapshot it came
+// from, follows each new snapshot and a restore, and Stop removes it.
+func TestDiffOntoBaseAgainstFakeFirecracker(t *testing.T) {
+	fc := newFakeFirecracker(t, fakeOptions{})
+	d := newTestDriver(t, Config{Binary: fc.path})
+	_, spec := testImages(t)
+	data := shortTempDir(t, "fcdata")
+	spec.MemoryPath = filepath.Join(data, "base.memory")
+	v := bootVM(t, d, spec)
+	ctx := t.Context()
+	snaps := shortTempDir(t, "fcsnap")
+	snap := func(v *VM, name string) (*vmm.Snapshot, *Metadata) {
+		t.Helper()
+		dir := filepath.Join(snaps, name)
+		s, err := v.Snapshot(ctx, dir, vmm.SnapshotOptions{Diff: true})
+		if err != nil {
+			t.Fatalf("Snapshot %s: %v", name, err)
+		}
+		md, err := ReadMetadata(dir)
+		if err != nil {
+			t.Fatalf("ReadMetadata %s: %v", name, err)
+		}
+		if !s.Diff || md.Type != "Diff" || !md.Loadable {
+			t.Errorf("snapshot %s = %+v, metadata %+v; want a loadable diff", name, s, md)
+		}
+		base, err := os.Stat(spec.MemoryPath)
+		mem, merr := os.Stat(filepath.Join(dir, "memory"))
+		if err != nil || merr != nil || !os.SameFile(base, mem) {
+			t.Errorf("after snapshot %s the base link is %v, %v; want its memory file", name, err, merr)
+		}
+		return s, md
+	}
+	memory := func(name string, off int64, n int) string {
+		t.Helper()
+		f, err := os.Open(filepath.Join(snaps, name, "memory"))
+		if err != nil {
+			t.Fatalf("open memory of %s: %v", name, err)
+		}
+		defer f.Close()
+		b := make([]byte, n)
+		f.ReadAt(b, off)
+		return string(b)
+	}
+
+	// The first snapshot of a booted guest: every page it touched.
+	snap(v, "s1")
+	// What the guest had written at 1 MiB (the fake only writes page 0).
+	mark := []byte("page written before s1")
+	f, err := os.OpenFile(filepath.Join(snaps, "s1", "memory"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	f.WriteAt(mark, 1<<20)
+	f.Close()
+	fc.ResetRequests(t)
+	s2, _ := snap(v, "s2")
+	reqs := fc.Requests(t)
+	if want := `{"snapshot_type":"Diff","snapshot_path":"` + snaps + `/s2/vmstate","mem_file_path":"` + snaps + `/s2/memory"}`; len(reqs) < 2 || reqs[1].Body != want {
+		t.Errorf("snapshot requests %+v, want the diff written into s2/memory: %s", reqs, want)
+	}
+	if got := memory("s2", 1<<20, len(mark)); got != string(mark) {
+		t.Errorf("s2 at 1 MiB = %q, want the base's %q", got, mark)
+	}
+	if got := memory("s2", 0, 17); got != "fake guest memory" {
+		t.Errorf("s2 at 0 = %q, want the diff's page", got)
+	}
+	if fi, err := os.Stat(filepath.Join(snaps, "s2", "memory")); err != nil || fi.Size() != 256<<20 || fi.Mode().Perm() != 0o600 {
+		t.Errorf("s2 memory = %v, %v; want the guest's 256 MiB, mode 0600", fi, err)
+	}
+	if want, _ := storage.Reflinks(snaps); s2.Reflinked != want {
+		t.Errorf("s2 Reflinked = %v, want %v (the storage reflinks: %v)", s2.Reflinked, want, want)
+	}
+	// The base outlives its snapshot.
+	if err := os.RemoveAll(filepath.Join(snaps, "s2")); err != nil {
+		t.Fatal(err)
+	}
+	snap(v, "s3")
+	if got := memory("s3", 1<<20, len(mark)); got != string(mark) {
+		t.Errorf("s3 at 1 MiB = %q, want %q from s2, deleted meanwhile", got, mark)
+	}
+	stopVM(t, v)
+	if exists(spec.MemoryPath) {
+		t.Errorf("Stop left the base link %s", spec.MemoryPath)
+	}
+
+	// A restored guest's first diff merges onto the snapshot it came from.
+	clone := spec
+	clone.RunDir = filepath.Join(shortTempDir(t, "fcrun"), "clone")
+	clone.Kernel, clone.Initrd, clone.Cmdline, clone.VCPUs, clone.MemoryMiB = "", "", "", 0, 0
+	clone.Disks = []vmm.Disk{spec.Disks[0], {Path: filepath.Join(shortTempDir(t, "fcdata"), "rw.img")}}
+	clone.MemoryPath = filepath.Join(shortTempDir(t, "fcdata"), "base.memory")
+	got, err := d.Restore(ctx, filepath.Join(snaps, "s3"), clone)
+	if err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	rv := got.(*VM)
+	defer stopVM(t, rv)
+	spec.MemoryPath = clone.MemoryPath // what snap checks
+	snap(rv, "r1")
+	if got := memory("r1", 1<<20, len(mark)); got != string(mark) {
+		t.Errorf("first diff of the clone at 1 MiB = %q, want %q from s3", got, mark)
 	}
 }

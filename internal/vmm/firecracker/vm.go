@@ -70,6 +70,10 @@ type handleState struct {
 	Netns     string     `json:"netns,omitempty"`     // network namespace Firecracker runs in
 	Restored  bool       `json:"restored,omitempty"`  // the guest came from a snapshot
 	Snapshots int        `json:"snapshots,omitempty"` // snapshots taken so far
+	// Base is where a link to the guest's memory as of its last snapshot
+	// or restore is kept (vmm.Spec.MemoryPath): a diff is merged onto a
+	// copy of it. "" = none: a diff is a layer on its own.
+	Base string `json:"base,omitempty"`
 }
 
 type jailState struct {
@@ -348,6 +352,9 @@ func (v *VM) teardown() error {
 		v.keeper = nil
 	}
 	v.api.Close()
+	if v.st.Base != "" {
+		errs = append(errs, removeIfExists(v.st.Base))
+	}
 	if v.st.Jail != nil {
 		errs = append(errs, os.RemoveAll(v.st.Jail.Dir))
 		return errors.Join(errs...)
