@@ -109,6 +109,7 @@ var CrashPoints = []string{
 	"api.suspend.stopping-saved", // snapshot taken, store says stopping; the VM runs
 	"api.resume.creating-saved",  // store says creating on a worker; it was not asked
 	"api.snapshot.worker-done",   // the worker holds the snapshot; the store says creating
+	"api.fork.child-created",     // a fork's child runs; its snapshot says creating
 	"api.template.step-cached",   // a build cached its first step; its version says building
 }
 

@@ -66,7 +66,7 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	sn, err := s.snapshot(context.WithoutCancel(r.Context()), sb, wk, req.Name, false, false)
+	sn, err := s.snapshot(context.WithoutCancel(r.Context()), sb, wk, req.Name)
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -81,10 +81,23 @@ func reservedSnapshotName(name string) bool {
 }
 
 // snapshot records a snapshot of sb, has its worker take it, and records
-// it ready. A local one stays on the worker's disk, out of the chunk store;
-// an ephemeral one is not made durable (a fork's, gone once its children
-// run).
-func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name string, local, ephemeral bool) (store.Snapshot, error) {
+// it ready.
+func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name string) (store.Snapshot, error) {
+	// Claimed before it is recorded: Reconcile leaves a creating snapshot
+	// alone while this process works on it.
+	id := store.NewSnapshotID()
+	defer s.claim(id)()
+	return s.takeSnapshot(ctx, sb, wk, id, name, false, false)
+}
+
+// takeSnapshot records snapshot id of sb, has its worker take it, and
+// records it ready, or, for a fork's, leaves it creating: a fork's
+// snapshot is never one anyone may start from, and one that a crash
+// leaves behind is rolled back by Reconcile like any other creating one.
+// A local one stays on the worker's disk, out of the chunk store, and is
+// not made durable. The caller claims id first and until the snapshot is
+// ready or gone.
+func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, id, name string, local, fork bool) (store.Snapshot, error) {
 	q, err := s.quota(ctx, sb.TeamID)
 	if err != nil {
 		return store.Snapshot{}, err
@@ -98,10 +111,6 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 			return store.Snapshot{}, fmt.Errorf("team %s quota: %d of %d MiB of snapshots in use: %w", sb.TeamID, used>>20, q.SnapshotMiB, errkind.ResourceExhausted)
 		}
 	}
-	// Claimed before it is recorded: Reconcile leaves a creating snapshot
-	// alone while this process works on it.
-	id := store.NewSnapshotID()
-	defer s.claim(id)()
 	sn, err := s.cfg.Store.CreateSnapshot(ctx, store.Snapshot{
 		ID: id, TeamID: sb.TeamID, SandboxID: sb.ID, Name: name,
 		State: store.SnapshotCreating, WorkerID: wk.ID(),
@@ -109,13 +118,16 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 	if err != nil {
 		return sn, err
 	}
-	info, err := wk.Snapshot(ctx, sb.ID, worker.SnapshotRequest{SnapshotID: sn.ID, Local: local, Ephemeral: ephemeral})
+	info, err := wk.Snapshot(ctx, sb.ID, worker.SnapshotRequest{SnapshotID: sn.ID, Local: local, Ephemeral: local})
 	if err != nil {
 		return sn, errors.Join(err, s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID))
 	}
 	s.crash("api.snapshot.worker-done")
 	meta, _ := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes})
 	sn.State, sn.LogicalBytes, sn.NewBytes, sn.Meta = store.SnapshotReady, info.LogicalBytes, info.StoredBytes, meta
+	if fork {
+		sn.State = store.SnapshotCreating
+	}
 	if info.Chunked {
 		sn.NewBytes, sn.Manifest = info.NewBytes, sn.ID
 	}
@@ -299,7 +311,9 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 	// file system can), never read into the chunk store. Otherwise they
 	// go wherever there is room, through the chunk store.
 	local := hasRoom(ctx, wk, sb.Spec, req.Count)
-	sn, err := s.snapshot(ctx, sb, wk, "", local, local)
+	id := store.NewSnapshotID()
+	defer s.claim(id)() // until the snapshot is gone (deferred below)
+	sn, err := s.takeSnapshot(ctx, sb, wk, id, "", local, true)
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -321,6 +335,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		out.Sandboxes = append(out.Sandboxes, s.view(child))
+		s.crash("api.fork.child-created")
 	}
 	s.log.Info("sandbox forked", "sandbox_id", sb.ID, "children", req.Count, "local", !chunked(sn),
 		"snapshot_ms", sn.Updated.Sub(t0).Milliseconds(), "total_ms", s.now().Sub(t0).Milliseconds())

@@ -36,7 +36,7 @@ func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request) {
 // suspend snapshots sb to the chunk store and stops its VM. The caller
 // claims sb.
 func (s *Server) suspend(ctx context.Context, sb store.Sandbox, wk Worker) (store.Sandbox, error) {
-	sn, err := s.snapshot(ctx, sb, wk, "", false, false)
+	sn, err := s.snapshot(ctx, sb, wk, "")
 	if err != nil {
 		return sb, err
 	}

@@ -604,7 +604,7 @@ func (b *buildSandbox) Snapshot(ctx context.Context, name string) (string, error
 	if sb.State != sandbox.Running {
 		return "", fmt.Errorf("build sandbox %s is %s: %w", sb.ID, sb.State, errkind.FailedPrecondition)
 	}
-	sn, err := b.s.snapshot(ctx, sb, b.wk, name, false, false)
+	sn, err := b.s.snapshot(ctx, sb, b.wk, name)
 	return sn.ID, err
 }
 

@@ -174,7 +174,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 	defer release()
 	var steps []string
 	for _, step := range append(slices.Clone(controlplane.CrashPoints), worker.CrashPoints...) {
-		if !isSnapshotStep(step) && step != poolStep && step != templateStep { // tested on their own
+		if !isSnapshotStep(step) && step != poolStep && step != templateStep && step != forkStep { // tested on their own
 			steps = append(steps, step)
 		}
 	}
@@ -285,6 +285,54 @@ func isSnapshotStep(step string) bool {
 // templateStep is the crash point of a template build
 // (TestCrashDuringTemplateBuild).
 const templateStep = "api.template.step-cached"
+
+// forkStep is the crash point of a fork (TestCrashDuringFork).
+const forkStep = "api.fork.child-created"
+
+// TestCrashDuringFork kills the server once the first of a fork's two
+// children runs: after the restart the fork's snapshot is gone (not
+// listed, nothing of it on the worker's disk), the parent and the child
+// run with the parent's file, and nothing is left once they are deleted.
+func TestCrashDuringFork(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	dataDir, workerID := newDataDir(t), newWorkerID(t)
+	ctx := t.Context()
+	c := startChild(t, dataDir, workerID, "")
+	parent, err := c.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 192})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	execOut(t, c.client, parent.ID, sh("echo forked > /root/f; sync"))
+	c.kill(t, syscall.SIGTERM)
+
+	c = startChild(t, dataDir, workerID, forkStep)
+	if kids, err := c.client.ForkSandbox(ctx, parent.ID, 2); err == nil {
+		t.Fatalf("ForkSandbox = %+v, want the server to die at %s", kids, forkStep)
+	}
+	c.waitExit(t)
+	c = startChild(t, dataDir, workerID, "") // reconciles before it serves
+	if sns, err := c.client.Snapshots(ctx, ""); err != nil || len(sns) != 0 {
+		t.Errorf("Snapshots after restart = %+v, %v; want none (the fork's rolled back)", sns, err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(dataDir, "worker", "snapshots")); len(entries) != 0 {
+		t.Errorf("the worker still holds %d snapshot directories, want none", len(entries))
+	}
+	all, err := c.client.Sandboxes(ctx, client.ListOptions{})
+	if err != nil || len(all) != 2 {
+		t.Fatalf("Sandboxes after restart = %+v, %v; want the parent and one child", all, err)
+	}
+	for _, sb := range all {
+		if out, _, _ := execOut(t, c.client, sb.ID, sh("cat /root/f")); sb.State != "running" || out != "forked\n" {
+			t.Errorf("%s after restart: %s, /root/f = %q; want running with the parent's file", sb.ID, sb.State, out)
+		}
+		if err := c.client.DeleteSandbox(ctx, sb.ID); err != nil {
+			t.Fatalf("DeleteSandbox = %v", err)
+		}
+	}
+	assertNoLeftovers(t, &testServer{dataDir: dataDir, workerID: workerID})
+}
 
 // poolStep is the crash point of a create served from the pool
 // (TestCrashDuringPoolHandover).
