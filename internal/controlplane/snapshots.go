@@ -124,9 +124,9 @@ func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, 
 	}
 	s.crash("api.snapshot.worker-done")
 	meta, _ := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes})
-	sn.State, sn.LogicalBytes, sn.NewBytes, sn.Meta = store.SnapshotReady, info.LogicalBytes, info.StoredBytes, meta
-	if fork {
-		sn.State = store.SnapshotCreating
+	sn.LogicalBytes, sn.NewBytes, sn.Meta = info.LogicalBytes, info.StoredBytes, meta
+	if !fork {
+		sn.State = store.SnapshotReady
 	}
 	if info.Chunked {
 		sn.NewBytes, sn.Manifest = info.NewBytes, sn.ID
@@ -345,8 +345,9 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 }
 
 // createFrom creates a sandbox of team from snapshot sn with the
-// snapshot's resources; take spends a local snapshot on it (see
-// placement.take).
+// snapshot's resources; take spends the snapshot on it (placement.take;
+// the worker ignores it for a chunked snapshot, whose copy there is a
+// cache).
 func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot, labels map[string]string, take bool) (store.Sandbox, error) {
 	var m snapshotMeta
 	if err := json.Unmarshal(sn.Meta, &m); err != nil {
@@ -357,7 +358,7 @@ func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot,
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	pl.take = take && !chunked(sn)
+	pl.take = take
 	return s.create(ctx, team, sp, labels, pl)
 }
 

@@ -38,6 +38,24 @@ func CopyVolatile(ctx context.Context, src, dst string) (reflinked bool, err err
 	return copyFile(ctx, src, dst, false)
 }
 
+// Move moves src to dst (replacing it): a rename where both are on one
+// file system, else a CopyVolatile after which src is removed. For a file
+// whose source is given up anyway (a spent snapshot's), where even a
+// reflink copy costs in proportion to the file's extents.
+func Move(ctx context.Context, src, dst string) error {
+	err := os.Rename(src, dst)
+	if !errors.Is(err, unix.EXDEV) {
+		if err != nil {
+			return fmt.Errorf("move: %w", err)
+		}
+		return nil
+	}
+	if _, err := CopyVolatile(ctx, src, dst); err != nil {
+		return err
+	}
+	return os.Remove(src)
+}
+
 func copyFile(ctx context.Context, src, dst string, durable bool) (reflinked bool, err error) {
 	in, err := os.Open(src)
 	if err != nil {

@@ -66,3 +66,46 @@ func TestCopy(t *testing.T) {
 		t.Errorf("Copy(missing) = %v, want %v", err, os.ErrNotExist)
 	}
 }
+
+// TestMove moves a file within one file system (the same inode arrives)
+// and across two (a copy arrives and the source goes).
+func TestMove(t *testing.T) {
+	dir := t.TempDir()
+	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+	if err := os.WriteFile(src, []byte("spent"), 0o600); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	before, _ := os.Stat(src)
+	if err := Move(t.Context(), src, dst); err != nil {
+		t.Fatalf("Move = %v", err)
+	}
+	if after, err := os.Stat(dst); err != nil || !os.SameFile(before, after) {
+		t.Errorf("Move within %s: dst %v, %v; want the source's inode", dir, after, err)
+	}
+	if _, err := os.Stat(src); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("source after Move: %v, want gone", err)
+	}
+
+	other, err := os.MkdirTemp("/dev/shm", "move-test-")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	defer os.RemoveAll(other)
+	var a, b syscall.Stat_t
+	if syscall.Stat(dir, &a) != nil || syscall.Stat(other, &b) != nil || a.Dev == b.Dev {
+		t.Fatalf("setup: %s and %s are on one file system", dir, other)
+	}
+	far := filepath.Join(other, "far")
+	if err := Move(t.Context(), dst, far); err != nil {
+		t.Fatalf("Move across file systems = %v", err)
+	}
+	if got, err := os.ReadFile(far); err != nil || string(got) != "spent" {
+		t.Errorf("moved across file systems: %q, %v; want the content", got, err)
+	}
+	if _, err := os.Stat(dst); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("source after Move across file systems: %v, want gone", err)
+	}
+	if err := Move(t.Context(), filepath.Join(dir, "none"), far); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Move of a missing file = %v, want not exist", err)
+	}
+}

@@ -408,7 +408,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	wc.Log.Info("worker storage", "dir", st.Dir, "mode", st.Mode)
+	wc.Log.Info("worker storage", "dir", st.Dir, "mode", st.Mode, "direct_io", st.DirectIO)
 	// The worker's own key seals what it keeps of secrets; it lives next
 	// to its data, outside the database.
 	box, err := secrets.LoadOrCreateKey(filepath.Join(filepath.Dir(wc.DataDir), "worker-secrets.key"))

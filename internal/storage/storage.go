@@ -258,8 +258,8 @@ func mountSource(path string) (source string, mounted bool, err error) {
 			continue
 		}
 		mounted, source = true, ""
-		for i, f := range fields {
-			if f == "-" && i+2 < len(fields) {
+		for i, fld := range fields {
+			if fld == "-" && i+2 < len(fields) {
 				source = unescape(fields[i+2])
 				break
 			}

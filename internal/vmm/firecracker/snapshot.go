@@ -519,15 +519,11 @@ func placeDisks(ctx context.Context, dir string, md *Metadata, spec vmm.Spec) (p
 	return placed, nil
 }
 
-// placeDisk puts the snapshot's disk copy src at dst: moved there if take
-// is set and both are on one file system, else copied (reflinked where
-// possible).
+// placeDisk puts the snapshot's disk copy src at dst: moved there
+// (reflink.Move) if take is set, else copied (reflinked where possible).
 func placeDisk(ctx context.Context, src, dst string, take bool) error {
 	if take {
-		err := os.Rename(src, dst)
-		if !errors.Is(err, syscall.EXDEV) {
-			return err
-		}
+		return reflink.Move(ctx, src, dst)
 	}
 	return reflink.Copy(ctx, src, dst)
 }

@@ -385,20 +385,17 @@ func adoptMemory(ctx context.Context, from, path string, move bool) error {
 	if _, err := os.Stat(path); err == nil {
 		return fmt.Errorf("memory file %s exists (another VM, or one not stopped): %w", path, errkind.Conflict)
 	}
-	if err := take(ctx, from, path, move); err != nil {
+	if err := place(ctx, from, path, move); err != nil {
 		return fmt.Errorf("memory file: %w", err)
 	}
 	return os.Chmod(path, 0o600)
 }
 
-// take puts the file from at path: by a rename if move is set and both
-// are on one file system, else as a (reflinked where possible) copy.
-func take(ctx context.Context, from, path string, move bool) error {
+// place puts a snapshot's file from at path: moved there (reflink.Move)
+// if move is set, else copied (reflinked where possible).
+func place(ctx context.Context, from, path string, move bool) error {
 	if move {
-		err := os.Rename(from, path)
-		if !errors.Is(err, syscall.EXDEV) {
-			return err
-		}
+		return reflink.Move(ctx, from, path)
 	}
 	_, err := reflink.CopyVolatile(ctx, from, path)
 	return err

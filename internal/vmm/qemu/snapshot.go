@@ -288,7 +288,7 @@ func writeSynced(path string, b []byte) error {
 // file is copied (reflinked where possible) into the new run directory and
 // mapped shared, so the clone owns its memory; the writable disks are
 // copied to the paths spec gives (with spec.TakeSnapshot both are moved
-// there where they can be, which spends the snapshot); QEMU starts with -incoming defer and
+// there, which spends the snapshot); QEMU starts with -incoming defer and
 // loads the device state. The VM runs when Restore returns; the guest
 // agent sees a new host connection and needs its post-restore call.
 func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM, err error) {
@@ -321,7 +321,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, s vmm.Spec) (_ vmm.VM,
 		if disk.ReadOnly {
 			continue
 		}
-		if err := take(ctx, filepath.Join(dir, m.Disks[i].File), disk.Path, s.TakeSnapshot); err != nil {
+		if err := place(ctx, filepath.Join(dir, m.Disks[i].File), disk.Path, s.TakeSnapshot); err != nil {
 			return nil, fmt.Errorf("restore %s: disk %d: %w", dir, i, err)
 		}
 		placed = append(placed, disk.Path)

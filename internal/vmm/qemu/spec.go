@@ -81,7 +81,7 @@ type Spec struct {
 	// copied (reflinked where possible) to the memory path. "" = fresh RAM.
 	MemoryFrom string
 	// MoveMemory moves MemoryFrom to the memory path instead of copying
-	// it, where both are on one file system.
+	// it (reflink.Move).
 	MoveMemory bool
 	// MemoryPath is the guest RAM's file, mapped shared; "" = Dir/memory.
 	MemoryPath string
