@@ -476,8 +476,9 @@ type Network struct {
 type EgressEvent struct {
 	Time    time.Time `json:"time"`
 	Allowed bool      `json:"allowed"`
-	// Proto is "tcp", "dns", "udp", "icmp", "ipv6", "ip", or "audit" (a
-	// note that the log dropped events when it fell behind).
+	// Proto is "tcp", "http" (one refused request), "dns", "udp",
+	// "icmp", "ipv6", "ip", or "audit" (a note that the log dropped
+	// events when it fell behind).
 	Proto string `json:"proto"`
 	// Name is the host name the decision was about, if any.
 	Name string `json:"name,omitempty"`
@@ -493,6 +494,16 @@ type EgressEvent struct {
 	// Injected says the gateway added secrets to the connection's
 	// requests (their values are never logged).
 	Injected bool `json:"secret_injected,omitempty"`
+	// Mode is how a TCP connection was served: "https" (TLS terminated
+	// by the gateway, every request decided), "http" (every request
+	// decided), "tls-passthrough" (TLS left opaque by a rule: decided by
+	// its SNI alone), "tcp" (neither, to a name a rule allows on that
+	// port) or "ip" (to an address an address rule allows).
+	Mode string `json:"mode,omitempty"`
+	// Requests is how many HTTP requests a connection carried.
+	Requests int64 `json:"requests,omitempty"`
+	// Method is a refused HTTP request's method (Proto "http").
+	Method string `json:"method,omitempty"`
 }
 
 // CreateSecret is the body of POST /v1/secrets: a credential of the team

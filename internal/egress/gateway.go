@@ -1,8 +1,8 @@
 package egress
 
 import (
-	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -59,12 +59,22 @@ type Config struct {
 	// Dial opens the gateway's connections; nil = a net.Dialer with a 10
 	// second timeout.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// CA signs the certificates the gateway shows the guest for hosts
-	// it adds secrets for; nil = secrets are never added.
+	// CA signs the certificates the gateway shows the guest for the
+	// names whose TLS it terminates (every allowed HTTPS connection
+	// but those a tls=passthrough rule leaves opaque); the guest must
+	// trust it. nil = TLS to names is refused unless passed through.
 	CA *CA
 	// UpstreamRoots verify upstream servers where the gateway speaks
 	// TLS itself; nil = the host's roots.
 	UpstreamRoots *x509.CertPool
+	// HostAddr reports whether an address is one of the host's own (of
+	// any interface, in the namespace the gateway dials from): such an
+	// address is never a destination unless a rule names it exactly.
+	// nil = none besides loopback (see hostOnly).
+	HostAddr func(netip.Addr) bool
+	// Reserved are address ranges that are never destinations unless a
+	// rule names the address exactly: the links of other sandboxes.
+	Reserved []netip.Prefix
 	// Audit receives every decision; nil = none. It must not block.
 	Audit func(Event)
 	// Log receives the gateway's own events; nil = discard.
@@ -86,12 +96,13 @@ type Gateway struct {
 	names  *nameTable
 	pings  chan struct{}   // a slot per echo request in flight (maxPings)
 	ctx    context.Context // ends with Close
+	http   *httpProxy
 
 	mu sync.Mutex
 	// +checklocks:mu
 	policy Policy
 	// +checklocks:mu
-	conns int
+	open map[*conn]struct{} // the guest's connections being served
 	// +checklocks:mu
 	limiter *rate.Limiter // nil: unlimited
 	// +checklocks:mu
@@ -130,8 +141,11 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.HostAddr == nil {
+		cfg.HostAddr = func(netip.Addr) bool { return false }
+	}
 	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), names: newNameTable(), dropped: map[string]bool{},
-		pings: make(chan struct{}, maxPings)}
+		pings: make(chan struct{}, maxPings), open: map[*conn]struct{}{}}
 	g.SetPolicy(cfg.Policy)
 	protocols := []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol}
 	if cfg.Gateway6.IsValid() {
@@ -148,9 +162,11 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g.ctx, g.cancel = ctx, cancel
+	g.http = newHTTPProxy(g)
 	dns, err := g.listenDNS()
 	if err != nil {
 		cancel()
+		g.http.shut()
 		g.stack.Close()
 		return nil, err
 	}
@@ -275,16 +291,21 @@ func (g *Gateway) audit(ev Event) {
 	g.cfg.Audit(ev)
 }
 
-// SetPolicy replaces the policy; new connections and DNS queries follow
-// it, open connections are left alone.
+// SetPolicy replaces the policy. DNS queries, new connections and every
+// further HTTP request follow it at once; open connections it refuses
+// are closed (and audited as such) before it returns.
 func (g *Gateway) SetPolicy(p Policy) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.policy = p
 	g.limiter = nil
 	if p.BytesPerSecond > 0 {
 		burst := int(min(p.BytesPerSecond, 1<<20))
 		g.limiter = rate.NewLimiter(rate.Limit(p.BytesPerSecond), max(burst, 64<<10))
+	}
+	g.mu.Unlock()
+	if g.http != nil { // nil while New sets the first policy
+		g.enforce(p)
+		g.http.tr.CloseIdleConnections() // names may resolve elsewhere now
 	}
 }
 
@@ -309,12 +330,22 @@ func (g *Gateway) Close() error {
 		g.cancel()
 		g.cfg.Frames.Close()
 		<-g.done
+		g.http.shut()
+		g.mu.Lock()
+		open := make([]*conn, 0, len(g.open))
+		for c := range g.open {
+			open = append(open, c)
+		}
+		g.mu.Unlock()
+		for _, c := range open {
+			c.close("the sandbox's network closed")
+		}
 		g.stack.Close()
 	})
 	return nil
 }
 
-// handleTCP decides a connection the guest opens.
+// handleTCP decides a connection the guest opens, and serves it.
 func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 	id := req.ID()
 	var dst netip.Addr
@@ -340,15 +371,18 @@ func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 	case !synthetic && !p.allowsAddr(dst, port):
 		refuse("the policy allows no connection to this address by IP (resolve an allowed name through the sandbox's DNS)")
 		return
-	case !synthetic && hostOnly(dst) && !p.namesExactly(dst):
-		refuse("a loopback, link-local or metadata address: only a rule naming it exactly allows it")
-		return
+	case !synthetic:
+		if why := g.blocked(p, dst, false); why != "" {
+			refuse(why)
+			return
+		}
 	}
-	if !g.acquire(p) {
+	c := newConn(name, dst, port)
+	if !g.track(c, p) {
 		refuse("too many connections at once")
 		return
 	}
-	defer g.release()
+	defer g.untrack(c)
 	var wq waiter.Queue
 	ep, terr := req.CreateEndpoint(&wq)
 	if terr != nil {
@@ -356,142 +390,272 @@ func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 		return
 	}
 	req.Complete(false)
-	guest := gonet.NewTCPConn(&wq, ep)
-	defer guest.Close()
-	if synthetic {
-		g.proxyName(guest, name, port)
-		return
+	nc := gonet.NewTCPConn(&wq, ep)
+	c.onClose(nc.Close)
+	gc := newGuestConn(g, c, nc)
+	ev := g.serve(c, gc)
+	c.close("")
+	if ev.Reason == "" {
+		ev = c.event()
 	}
-	g.proxyAddr(guest, dst, port)
+	g.audit(ev)
 }
 
-func (g *Gateway) acquire(p Policy) bool {
-	limit := p.MaxConns
-	if limit == 0 {
-		limit = DefaultMaxConns
+// serve serves c until it ends, and returns the event that refused it
+// (Reason set), or the zero Event.
+func (g *Gateway) serve(c *conn, gc *guestConn) Event {
+	ev := Event{Proto: "tcp", Name: c.name, Addr: c.dst.String(), Port: c.port}
+	if c.name == "" {
+		c.setMode(ModeAddr)
+		ctx, cancel := g.dialCtx()
+		defer cancel()
+		network := "tcp4"
+		if c.dst.Is6() {
+			network = "tcp6"
+		}
+		up, err := g.cfg.Dial(ctx, network, netip.AddrPortFrom(c.dst, c.port).String())
+		if err != nil {
+			ev.Reason = "dial: " + err.Error()
+			return ev
+		}
+		c.onClose(up.Close)
+		g.relay(gc, up)
+		return Event{}
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.conns >= limit {
-		return false
+	ev.Addr = ""
+	a := g.Policy().nameAccess(c.name, c.port)
+	// A protocol whose server speaks first leaves the guest silent: a
+	// rule naming the port lets the gateway find out.
+	wait := 30 * time.Second
+	if a.tcp {
+		wait = serverFirstWait
 	}
-	g.conns++
-	return true
+	first, err := readFirst(gc, wait)
+	if err != nil {
+		ev.Reason = "reading the first message: " + err.Error()
+		return ev
+	}
+	if first == nil {
+		if !a.tcp {
+			ev.Reason = "the guest sent nothing for 30 s"
+			return ev
+		}
+		return g.serveServerFirst(c, gc, ev)
+	}
+	return g.serveFirst(c, gc, first, a, ev)
 }
 
-func (g *Gateway) release() {
-	g.mu.Lock()
-	g.conns--
-	g.mu.Unlock()
-}
+// serverFirstWait is how long a guest's connection to a name a rule
+// allows on that port may stay silent before the gateway asks the
+// upstream whether it speaks first.
+const serverFirstWait = time.Second
 
-// proxyName serves a connection to an allowed name: the first message
-// must name the same host (TLS SNI or HTTP Host); the gateway resolves
-// the name itself and dials an address the name may lead to.
-func (g *Gateway) proxyName(guest net.Conn, name string, port uint16) {
-	ev := Event{Proto: "tcp", Name: name, Port: port}
-	said, isTLS, head, err := peekName(guest, 30*time.Second)
+// serveFirst serves a connection to a name by what its first bytes
+// (first) carry.
+func (g *Gateway) serveFirst(c *conn, gc *guestConn, first []byte, a access, ev Event) Event {
+	kind, sni, err := classify(gc, first, 30*time.Second)
 	switch {
 	case err != nil:
 		ev.Reason = "reading the first message: " + err.Error()
-	case said != name:
-		ev.Reason = fmt.Sprintf("the connection names %q but was opened to %s", said, name)
+		return ev
+	case kind == firstTLS && sni != c.name:
+		ev.Reason = fmt.Sprintf("the connection names %q but was opened to %s", sni, c.name)
+		return ev
+	case kind == firstTLS && a.passthrough:
+		c.setMode(ModePassthrough)
+		return g.serveOpaque(c, gc, ev)
+	case kind == firstTLS:
+		c.setMode(ModeHTTPS)
+		return g.serveTLS(c, gc, ev)
+	case kind == firstHTTP:
+		c.setMode(ModeHTTP)
+		if !g.http.serve(gc) {
+			return Event{}
+		}
+		<-c.done
+		return Event{}
+	case a.tcp:
+		c.setMode(ModeTCP)
+		return g.serveOpaque(c, gc, ev)
 	}
-	if ev.Reason != "" {
-		g.audit(ev)
-		return
+	ev.Reason = "neither TLS nor HTTP: other TCP to a name needs a rule naming its port (" + c.String() + ")"
+	return ev
+}
+
+// serveTLS terminates the guest's TLS with a certificate of the
+// sandbox's CA for the connection's name, and serves its requests.
+func (g *Gateway) serveTLS(c *conn, gc *guestConn, ev Event) Event {
+	if g.cfg.CA == nil {
+		ev.Reason = "the gateway has no CA to terminate TLS with (only tls=passthrough rules reach names over TLS)"
+		return ev
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	cert, err := g.cfg.CA.leaf(c.name)
+	if err != nil {
+		ev.Reason = "certificate: " + err.Error()
+		return ev
+	}
+	tc := tls.Server(gc, &tls.Config{
+		Certificates: []tls.Certificate{*cert}, NextProtos: []string{"h2", "http/1.1"}, MinVersion: tls.VersionTLS12,
+	})
+	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
 	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		ev.Reason = "TLS from the guest: " + err.Error() +
+			" (the guest must trust the sandbox's CA; a client that pins its own needs a tls=passthrough rule)"
+		return ev
+	}
+	if !g.http.serve(tc) {
+		return Event{}
+	}
+	<-c.done
+	return Event{}
+}
+
+// serveOpaque dials the connection's name and copies both ways.
+func (g *Gateway) serveOpaque(c *conn, gc *guestConn, ev Event) Event {
+	ctx, cancel := g.dialCtx()
+	up, addr, err := g.dialName(ctx, c.name, c.port)
+	cancel()
+	if err != nil {
+		ev.Addr, ev.Reason = addrString(addr), err.Error()
+		return ev
+	}
+	c.setUpstream(addr)
+	c.onClose(up.Close)
+	g.relay(gc, up)
+	return Event{}
+}
+
+// serveServerFirst serves a connection the guest stays silent on, to a
+// name a rule allows on that port: if the upstream speaks first, the
+// connection is a protocol of that kind (neither HTTP nor TLS) and is
+// copied; if the guest speaks first after all, its bytes decide, as for
+// any other connection.
+func (g *Gateway) serveServerFirst(c *conn, gc *guestConn, ev Event) Event {
+	ctx, cancel := g.dialCtx()
+	up, addr, err := g.dialName(ctx, c.name, c.port)
+	cancel()
+	if err != nil {
+		ev.Addr, ev.Reason = addrString(addr), err.Error()
+		return ev
+	}
+	type read struct {
+		b   []byte
+		err error
+	}
+	fromUp, fromGuest := make(chan read, 1), make(chan read, 1)
+	deadline := time.Now().Add(30 * time.Second)
+	up.SetReadDeadline(deadline)
+	gc.SetReadDeadline(deadline)
+	go func() {
+		b := make([]byte, 32<<10)
+		n, err := up.Read(b)
+		fromUp <- read{b[:n], err}
+	}()
+	go func() {
+		b := make([]byte, 4096)
+		n, err := gc.r.Read(b)
+		fromGuest <- read{b[:n], err}
+	}()
+	select {
+	case r := <-fromUp:
+		gc.SetReadDeadline(time.Now()) // ends the guest's read
+		rg := <-fromGuest
+		gc.SetReadDeadline(time.Time{})
+		up.SetReadDeadline(time.Time{})
+		if len(r.b) == 0 {
+			up.Close()
+			ev.Addr, ev.Reason = addr.String(), "neither side spoke: "+errString(r.err)
+			return ev
+		}
+		c.setMode(ModeTCP)
+		c.setUpstream(addr)
+		c.onClose(up.Close)
+		gc.unread(rg.b)
+		if _, err := gc.Write(r.b); err != nil {
+			return Event{}
+		}
+		g.relay(gc, up)
+		return Event{}
+	case rg := <-fromGuest:
+		up.Close() // the first bytes decide where to now
+		<-fromUp
+		gc.SetReadDeadline(time.Time{})
+		if len(rg.b) == 0 {
+			ev.Reason = "reading the first message: " + errString(rg.err)
+			return ev
+		}
+		return g.serveFirst(c, gc, rg.b, g.Policy().nameAccess(c.name, c.port), ev)
+	}
+}
+
+func addrString(a netip.Addr) string {
+	if a.IsValid() {
+		return a.String()
+	}
+	return ""
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "no bytes"
+	}
+	return err.Error()
+}
+
+// dialName resolves name itself and dials the first of its addresses
+// the policy lets it lead to. It returns the address it dialed or last
+// tried, and an error that says why none was dialed.
+func (g *Gateway) dialName(ctx context.Context, name string, port uint16) (net.Conn, netip.Addr, error) {
 	addrs, err := g.cfg.Resolve(ctx, name)
 	if err != nil || len(addrs) == 0 {
-		ev.Reason = fmt.Sprintf("resolving %s: %v", name, err)
-		g.audit(ev)
-		return
+		return nil, netip.Addr{}, fmt.Errorf("resolving %s: %v", name, err)
 	}
 	p := g.Policy()
-	var up net.Conn
+	var last netip.Addr
+	err = fmt.Errorf("%s has no address", name)
 	for _, a := range addrs {
 		a = a.Unmap()
-		if special(a) && !p.namesExactly(a) {
-			ev.Addr, ev.Reason = a.String(), name+" resolves to "+a.String()+", which the policy does not name"
+		last = a
+		if why := g.blocked(p, a, true); why != "" {
+			err = fmt.Errorf("%s resolves to %s: %s", name, a, why)
 			continue
 		}
-		ev.Addr, ev.Reason = a.String(), ""
-		if up, err = g.cfg.Dial(ctx, "tcp4", netip.AddrPortFrom(a, port).String()); err == nil {
-			break
+		up, derr := g.cfg.Dial(ctx, "tcp4", netip.AddrPortFrom(a, port).String())
+		if derr == nil {
+			return up, a, nil
 		}
-		ev.Reason = "dial: " + err.Error()
+		err = fmt.Errorf("dial: %w", derr)
 	}
-	if up == nil {
-		g.audit(ev)
-		return
-	}
-	defer up.Close()
-	if secrets := p.secretsFor(name); len(secrets) > 0 && isTLS && g.cfg.CA != nil {
-		g.inject(guest, up, head, name, secrets, &ev)
-		return
-	}
-	g.splice(guest, up, head, &ev)
+	return nil, last, err
 }
 
-// proxyAddr serves a connection to an address an address rule allows.
-func (g *Gateway) proxyAddr(guest net.Conn, dst netip.Addr, port uint16) {
-	ev := Event{Proto: "tcp", Addr: dst.String(), Port: port}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	network := "tcp4"
-	if dst.Is6() {
-		network = "tcp6"
+// blocked says why the gateway does not dial a, or "" if it may: for an
+// address a name resolved to (byName), any special one; for a connection
+// by address that a rule allows, one that means a host rather than a
+// network; and either way the host's own addresses and other
+// sandboxes' links. A rule naming a exactly lifts all of these.
+func (g *Gateway) blocked(p Policy, a netip.Addr, byName bool) string {
+	if p.namesExactly(a) {
+		return ""
 	}
-	up, err := g.cfg.Dial(ctx, network, netip.AddrPortFrom(dst, port).String())
-	if err != nil {
-		ev.Reason = "dial: " + err.Error()
-		g.audit(ev)
-		return
+	switch {
+	case byName && special(a):
+		return "a loopback, private, link-local, metadata or other special address, which the policy does not name"
+	case hostOnly(a):
+		return "a loopback, link-local, metadata or unspecified address: only a rule naming it exactly allows it"
 	}
-	defer up.Close()
-	g.splice(guest, up, nil, &ev)
-}
-
-// splice copies both ways until both are done, through the bandwidth
-// limit, and audits the connection with its byte counts.
-func (g *Gateway) splice(guest, up net.Conn, head []byte, ev *Event) {
-	ev.Allowed = true
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		ev.BytesOut = g.copy(up, io.MultiReader(bytes.NewReader(head), guest))
-		closeWrite(up)
-	}()
-	go func() {
-		defer wg.Done()
-		ev.BytesIn = g.copy(guest, up)
-		closeWrite(guest)
-	}()
-	wg.Wait()
-	g.audit(*ev)
-}
-
-func (g *Gateway) copy(dst io.Writer, src io.Reader) int64 {
-	buf := make([]byte, 32<<10)
-	var n int64
-	for {
-		k, err := src.Read(buf)
-		if k > 0 {
-			if lim := g.currentLimiter(); lim != nil {
-				lim.WaitN(context.Background(), min(k, lim.Burst()))
+	for _, f := range forms(a) {
+		if g.cfg.HostAddr(f) {
+			return "an address of the worker host itself: only a rule naming it exactly allows it"
+		}
+		for _, r := range g.cfg.Reserved {
+			if r.Contains(f) {
+				return "an address of the sandboxes' own links: only a rule naming it exactly allows it"
 			}
-			if _, werr := dst.Write(buf[:k]); werr != nil {
-				return n
-			}
-			n += int64(k)
-		}
-		if err != nil {
-			return n
 		}
 	}
+	return ""
 }
 
 func (g *Gateway) currentLimiter() *rate.Limiter {

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -46,6 +47,9 @@ var (
 // be as far as the gateway can tell (ARP, IPv4, TCP, UDP over Ethernet).
 type guest struct {
 	s *stack.Stack
+	// roots is what the guest trusts: its sandbox's CA, as a real
+	// guest does.
+	roots *x509.CertPool
 }
 
 func newGuest(t testing.TB, frames Frames, mtu int) *guest {
@@ -149,13 +153,28 @@ func setupWith(t testing.TB, edit func(*Config), policy ...string) (*Gateway, *g
 		},
 	}
 	cfg.UpstreamRoots = u.Pool
+	ca, err := NewCA("sandbox test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.CA = ca
 	edit(&cfg)
 	g, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.Close() })
-	return g, newGuest(t, StreamFrames(guestEnd), cmp.Or(cfg.MTU, DefaultMTU)), u, log
+	gst := newGuest(t, StreamFrames(guestEnd), cmp.Or(cfg.MTU, DefaultMTU))
+	gst.trust(cfg.CA)
+	return g, gst, u, log
+}
+
+// trust makes the guest trust ca (a sandbox's CA), and only it.
+func (g *guest) trust(ca *CA) {
+	g.roots = x509.NewCertPool()
+	if ca != nil {
+		g.roots.AddCert(ca.Cert)
+	}
 }
 
 type auditLog struct {
@@ -191,15 +210,21 @@ func (l *auditLog) find(t *testing.T, match func(Event) bool) Event {
 	return Event{}
 }
 
-// httpsGet fetches https://name/path through a connection to addr.
-func httpsGet(g *guest, u *egresstest.Upstream, addr netip.Addr, sni, host, path string) (string, error) {
+// httpsGet fetches https://name/path through a connection to addr,
+// trusting what the guest trusts.
+func httpsGet(g *guest, addr netip.Addr, sni, host, path string) (string, error) {
+	return httpsGetTrusting(g, g.roots, addr, sni, host, path)
+}
+
+// httpsGetTrusting is httpsGet trusting roots alone.
+func httpsGetTrusting(g *guest, roots *x509.CertPool, addr netip.Addr, sni, host, path string) (string, error) {
 	c, err := g.dial(addr, 443)
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: u.Pool})
+	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: roots})
 	fmt.Fprintf(tc, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, host)
 	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
 	if err != nil {
@@ -242,7 +267,7 @@ func TestGateway(t *testing.T) {
 	if err != nil || rcode != dns.RcodeSuccess || len(api) != 1 || !syntheticRange.Contains(api[0]) {
 		t.Fatalf("resolve api.test = %v, rcode %d, %v; want one synthetic address", api, rcode, err)
 	}
-	if got, err := httpsGet(g, u, api[0], "api.test", "api.test", "/"); err != nil || got != "200 OK hello api.test" {
+	if got, err := httpsGet(g, api[0], "api.test", "api.test", "/"); err != nil || got != "200 OK hello api.test" {
 		t.Errorf("https://api.test/ = %q, %v", got, err)
 	}
 	ev := log.find(t, func(e Event) bool { return e.Proto == "tcp" && e.Allowed && e.Name == "api.test" })
@@ -253,7 +278,7 @@ func TestGateway(t *testing.T) {
 		t.Errorf("http://api.test/plain = %q, %v", got, err)
 	}
 	wild, _, _ := g.resolve(t, gatewayIP, "x.wild.test")
-	if got, err := httpsGet(g, u, wild[0], "x.wild.test", "x.wild.test", "/"); err != nil || got != "200 OK hello x.wild.test" {
+	if got, err := httpsGet(g, wild[0], "x.wild.test", "x.wild.test", "/"); err != nil || got != "200 OK hello x.wild.test" {
 		t.Errorf("https://x.wild.test/ (allowed by *.wild.test) = %q, %v", got, err)
 	}
 
@@ -282,14 +307,14 @@ func TestGateway(t *testing.T) {
 	})
 	t.Run("forged answer", func(t *testing.T) {
 		// The guest believes other.test is at api.test's address.
-		if got, err := httpsGet(g, u, api[0], "other.test", "other.test", "/"); err == nil {
+		if got, err := httpsGet(g, api[0], "other.test", "other.test", "/"); err == nil {
 			t.Errorf("TLS for other.test through api.test's address = %q", got)
 		}
 		log.find(t, func(e Event) bool { return e.Name == "api.test" && strings.Contains(e.Reason, `names "other.test"`) })
 	})
 	t.Run("Host disagrees", func(t *testing.T) {
-		if got, err := httpGet(g, api[0], "other.test", "/"); err == nil {
-			t.Errorf("HTTP with Host other.test to api.test = %q", got)
+		if got, err := httpGet(g, api[0], "other.test", "/"); err != nil || !strings.HasPrefix(got, "421 ") {
+			t.Errorf("HTTP with Host other.test to api.test = %q, %v; want 421", got, err)
 		}
 	})
 	t.Run("CONNECT to an unlisted host", func(t *testing.T) {
@@ -300,8 +325,8 @@ func TestGateway(t *testing.T) {
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		fmt.Fprintf(c, "CONNECT other.test:443 HTTP/1.1\r\nHost: other.test:443\r\n\r\n")
-		if b, err := io.ReadAll(c); len(b) != 0 {
-			t.Errorf("CONNECT other.test through api.test answered %q (%v)", b, err)
+		if b, err := io.ReadAll(c); !strings.HasPrefix(string(b), "HTTP/1.1 421 ") {
+			t.Errorf("CONNECT other.test through api.test answered %q (%v), want 421", b, err)
 		}
 	})
 	t.Run("allowed name to loopback or metadata", func(t *testing.T) {
@@ -310,8 +335,8 @@ func TestGateway(t *testing.T) {
 			if len(addrs) != 1 {
 				t.Fatalf("resolve %s = %v", name, addrs)
 			}
-			if got, err := httpGet(g, addrs[0], name, "/"); err == nil {
-				t.Errorf("http://%s/ = %q, want refused", name, got)
+			if got, err := httpGet(g, addrs[0], name, "/"); err != nil || !strings.HasPrefix(got, "502 ") {
+				t.Errorf("http://%s/ = %q, %v; want refused (502)", name, got, err)
 			}
 			log.find(t, func(e Event) bool { return e.Name == name && strings.Contains(e.Reason, "does not name") })
 		}
@@ -319,7 +344,7 @@ func TestGateway(t *testing.T) {
 	t.Run("redirect to another host", func(t *testing.T) {
 		// The guest may follow it only by opening a connection to the
 		// other host, which the policy decides.
-		got, err := httpsGet(g, u, api[0], "api.test", "api.test", "/redirect")
+		got, err := httpsGet(g, api[0], "api.test", "api.test", "/redirect")
 		if err != nil || !strings.HasPrefix(got, "302") {
 			t.Fatalf("redirect = %q, %v", got, err)
 		}
@@ -344,14 +369,14 @@ func TestGateway(t *testing.T) {
 	t.Run("policy change", func(t *testing.T) {
 		gw.SetPolicy(Policy{Allow: []Rule{{Host: "other.test"}}})
 		defer gw.SetPolicy(Policy{Allow: mustRules(t, "api.test", "*.wild.test", "loop.test", "meta.test")})
-		if _, err := httpsGet(g, u, api[0], "api.test", "api.test", "/"); err == nil {
+		if _, err := httpsGet(g, api[0], "api.test", "api.test", "/"); err == nil {
 			t.Errorf("api.test still reachable after the policy dropped it")
 		}
 		other, rcode, _ := g.resolve(t, gatewayIP, "other.test")
 		if rcode != dns.RcodeSuccess || len(other) != 1 {
 			t.Fatalf("other.test after the policy allowed it: rcode %d", rcode)
 		}
-		if got, err := httpsGet(g, u, other[0], "other.test", "other.test", "/"); err != nil || got != "200 OK hello other.test" {
+		if got, err := httpsGet(g, other[0], "other.test", "other.test", "/"); err != nil || got != "200 OK hello other.test" {
 			t.Errorf("https://other.test/ after the change = %q, %v", got, err)
 		}
 		gw.SetPolicy(Policy{Off: true})

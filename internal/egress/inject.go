@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"bufio"
 	"bytes"
 	"crypto"
 	"crypto/ecdsa"
@@ -11,11 +10,9 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
-	"fmt"
 	"io"
 	"math/big"
 	"mime"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -133,78 +130,6 @@ func (p Policy) secretsFor(host string) []Secret {
 	return out
 }
 
-// inject terminates the guest's TLS to name with a certificate of the
-// sandbox's CA, and forwards its requests over TLS verified for real to
-// the upstream, each with the secrets bound to name put in: placeholders
-// in headers, the query string and bodies of bodyTypes replaced, and a
-// secret's header set. The Host of every request must be name. Responses
-// (redirects too) go back to the guest as they are: the gateway follows
-// nothing, so a secret never goes to another host.
-func (g *Gateway) inject(guest net.Conn, up net.Conn, head []byte, name string, secrets []Secret, ev *Event) {
-	cert, err := g.cfg.CA.leaf(name)
-	if err != nil {
-		ev.Reason = "certificate: " + err.Error()
-		g.audit(*ev)
-		return
-	}
-	gtls := tls.Server(&prefixConn{Conn: guest, r: io.MultiReader(bytes.NewReader(head), guest)}, &tls.Config{
-		Certificates: []tls.Certificate{*cert}, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12,
-	})
-	defer gtls.Close()
-	utls := tls.Client(up, &tls.Config{ServerName: name, RootCAs: g.cfg.UpstreamRoots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
-	defer utls.Close()
-	if err := gtls.Handshake(); err != nil {
-		ev.Reason = "TLS from the guest: " + err.Error()
-		g.audit(*ev)
-		return
-	}
-	if err := utls.Handshake(); err != nil {
-		ev.Reason = "TLS to " + name + ": " + err.Error()
-		g.audit(*ev)
-		return
-	}
-	ev.Allowed = true
-	cr := &countingReader{r: gtls}
-	br, ubr := bufio.NewReader(cr), bufio.NewReader(utls)
-	for {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			break
-		}
-		host := req.Host
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			host = h
-		}
-		if normalize(host) != name {
-			ev.Reason = fmt.Sprintf("a request for %q on a connection to %s", host, name)
-			writeStatus(gtls, http.StatusMisdirectedRequest)
-			break
-		}
-		if err := injectRequest(req, secrets); err != nil {
-			ev.Reason = err.Error()
-			writeStatus(gtls, http.StatusBadRequest)
-			break
-		}
-		ev.Injected = true
-		if err := req.Write(utls); err != nil {
-			break
-		}
-		resp, err := http.ReadResponse(ubr, req)
-		if err != nil {
-			break
-		}
-		cw := &countingWriter{w: gtls}
-		err = resp.Write(cw)
-		resp.Body.Close()
-		ev.BytesIn += cw.n
-		if err != nil || resp.Close || req.Close {
-			break
-		}
-	}
-	ev.BytesOut = cr.n
-	g.audit(*ev)
-}
-
 // injectRequest puts the secrets into req.
 func injectRequest(req *http.Request, secrets []Secret) error {
 	for _, s := range secrets {
@@ -247,39 +172,4 @@ func injectRequest(req *http.Request, secrets []Secret) error {
 	req.Header.Set("Content-Length", strconv.Itoa(len(b)))
 	req.TransferEncoding = nil
 	return nil
-}
-
-func writeStatus(w io.Writer, code int) {
-	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", code, http.StatusText(code))
-}
-
-// prefixConn is a net.Conn that reads r (bytes already read, then the
-// connection).
-type prefixConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (c *prefixConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
-}
-
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }

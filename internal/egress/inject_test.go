@@ -79,8 +79,8 @@ func TestSecretInjection(t *testing.T) {
 		t.Errorf("audit: %+v", ev)
 	}
 
-	// Another host: its TLS passes through untouched, the placeholder with it.
-	if got, err := request(g, other[0], u.Pool, "other.test", "other.test", "/x?key="+placeholder,
+	// Another host: its requests go on untouched, the placeholder with them.
+	if got, err := request(g, other[0], sandboxRoots, "other.test", "other.test", "/x?key="+placeholder,
 		"Authorization: Bearer "+placeholder+"\r\n", placeholder); err != nil || got != "200 OK hello other.test" {
 		t.Fatalf("request to other.test = %q, %v", got, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/http"
 	"strings"
 	"time"
 )
@@ -16,35 +15,52 @@ import (
 // decided: a TLS ClientHello or an HTTP request's header.
 const maxPeek = 64 << 10
 
-// errNoName is a first message that names no host.
-var errNoName = errors.New("the connection names no host (no TLS SNI, no HTTP Host)")
+// What a connection's first bytes are.
+type firstKind int
 
-// peekName reads the start of a connection from the guest: a TLS
-// ClientHello (its SNI) or an HTTP/1 request (its Host, without a port).
-// It returns the name in lower case, whether the connection is TLS, and
-// every byte read, which must be sent on before anything else.
-func peekName(c net.Conn, timeout time.Duration) (name string, isTLS bool, head []byte, err error) {
-	c.SetReadDeadline(time.Now().Add(timeout))
-	defer c.SetReadDeadline(time.Time{})
-	rec := &recorder{r: io.LimitReader(c, maxPeek)}
+const (
+	firstTLS   firstKind = iota + 1 // a TLS handshake record
+	firstHTTP                       // an HTTP/1 request line's method
+	firstOther                      // anything else
+)
+
+// errNoSNI is a ClientHello that names no server.
+var errNoSNI = errors.New("the TLS ClientHello names no server (no SNI)")
+
+// classify says what the guest's connection carries, from its first
+// bytes (first, already read) and as many more as it needs, within
+// timeout. For TLS it returns the SNI in lower case. Every byte read
+// stays in gc to be read again.
+func classify(gc *guestConn, first []byte, timeout time.Duration) (kind firstKind, sni string, err error) {
+	gc.SetReadDeadline(time.Now().Add(timeout))
+	defer gc.SetReadDeadline(time.Time{})
+	src := io.MultiReader(bytes.NewReader(first), gc.r)
+	rec := &recorder{r: io.LimitReader(src, maxPeek)}
+	defer func() { gc.r = io.MultiReader(bytes.NewReader(rec.buf.Bytes()), src) }()
 	br := bufio.NewReaderSize(rec, 4096)
-	first, err := br.Peek(1)
+	b, err := br.Peek(1)
 	if err != nil {
-		return "", false, rec.buf.Bytes(), err
+		return 0, "", err
 	}
-	if first[0] == 0x16 { // a TLS handshake record
-		name, err = clientHelloSNI(br)
-		return normalize(name), true, rec.buf.Bytes(), err
+	if b[0] == 0x16 {
+		name, err := clientHelloSNI(br)
+		return firstTLS, normalize(name), err
 	}
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		return "", false, rec.buf.Bytes(), err
+	// An HTTP method is a token of upper-case letters before a space
+	// (RFC 9110's are; lower-case or odd ones are not worth the doubt).
+	for n := 1; n <= 16; n++ {
+		b, err := br.Peek(n)
+		if err != nil {
+			return firstOther, "", nil
+		}
+		switch c := b[n-1]; {
+		case c == ' ' && n > 1:
+			return firstHTTP, "", nil
+		case c < 'A' || c > 'Z':
+			return firstOther, "", nil
+		}
 	}
-	host := req.Host
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	return normalize(host), false, rec.buf.Bytes(), nil
+	return firstOther, "", nil
 }
 
 func normalize(name string) string { return strings.ToLower(strings.TrimSuffix(name, ".")) }
@@ -76,7 +92,7 @@ func clientHelloSNI(r io.Reader) (string, error) {
 		return sni, nil
 	}
 	if err == nil || errors.Is(err, stop) {
-		return "", errNoName
+		return "", errNoSNI
 	}
 	return "", err
 }

@@ -10,6 +10,7 @@
 package egress
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -44,13 +45,35 @@ const DefaultMaxConns = 256
 
 // Rule allows a host name (exact, or "*.suffix" for any name under
 // suffix) or an address range, on one port or on any.
+//
+// A connection to a name is HTTP(S) decided request by request (see
+// the package doc) unless the rule says Passthrough; TCP that is neither
+// TLS nor HTTP reaches a name only through a rule naming its port.
+// Connections to addresses are not inspected.
 type Rule struct {
 	Host   string       // lower case, no trailing dot; or ""
 	Prefix netip.Prefix // when Host is ""
 	Port   uint16       // 0 = any
+	// Passthrough (host rules only) leaves TLS to the name opaque: the
+	// connection is decided by its SNI alone and its requests are not
+	// seen, so no secret is added to them. For clients that pin their
+	// upstream's certificate and for protocols other than HTTP over TLS.
+	Passthrough bool
 }
 
+// passthroughOption is how a rule's text says Rule.Passthrough.
+const passthroughOption = "tls=passthrough"
+
 func (r Rule) String() string {
+	s := r.dest()
+	if r.Passthrough {
+		s += " " + passthroughOption
+	}
+	return s
+}
+
+// dest is the rule's destination: host or range, and port.
+func (r Rule) dest() string {
 	s := r.Host
 	if s == "" {
 		s = r.Prefix.String()
@@ -68,11 +91,38 @@ func (r Rule) String() string {
 // or CIDR with an optional ":port" ("10.0.0.0/8:5432"), or an IPv6
 // address or CIDR, in brackets when a port follows ("2001:db8::/32",
 // "[2001:db8::7]:443"). IPv6 is reached only by address: names resolve to
-// IPv4 (see the package doc).
+// IPv4 (see the package doc). A host rule may end in " tls=passthrough"
+// (Rule.Passthrough).
 func ParseRule(s string) (Rule, error) {
 	bad := func(why string) (Rule, error) {
 		return Rule{}, fmt.Errorf("rule %.100q: %s: %w", s, why, errkind.InvalidArgument)
 	}
+	fields := strings.Fields(s)
+	if len(fields) == 0 {
+		return bad("empty")
+	}
+	var passthrough bool
+	for _, opt := range fields[1:] {
+		if opt != passthroughOption {
+			return bad("the only option after the destination is " + passthroughOption)
+		}
+		passthrough = true
+	}
+	r, err := parseDest(fields[0])
+	if err != nil {
+		return bad(err.Error())
+	}
+	if passthrough && r.Host == "" {
+		return bad(passthroughOption + " is for host rules: connections to addresses are not inspected")
+	}
+	r.Passthrough = passthrough
+	return r, nil
+}
+
+// parseDest reads a rule's destination; the error says what is wrong
+// with it.
+func parseDest(s string) (Rule, error) {
+	bad := func(why string) (Rule, error) { return Rule{}, errors.New(why) }
 	var r Rule
 	if v6, port, ok := splitIPv6Rule(s); ok {
 		if port != "" {
@@ -208,15 +258,30 @@ func (p Policy) AllowsName(name string) bool {
 
 // allowsHostPort reports whether some rule allows name on port.
 func (p Policy) allowsHostPort(name string, port uint16) bool {
+	return p.nameAccess(name, port).allowed
+}
+
+// access is what the rules allow for a name on a port.
+type access struct {
+	allowed     bool // some rule covers it
+	passthrough bool // some rule covering it says tls=passthrough
+	tcp         bool // some rule covering it names the port: any TCP
+}
+
+// nameAccess is what the rules allow for name on port.
+func (p Policy) nameAccess(name string, port uint16) access {
+	var a access
 	if p.Off {
-		return false
+		return a
 	}
 	for _, r := range p.Allow {
 		if r.hostMatches(name) && (r.Port == 0 || r.Port == port) {
-			return true
+			a.allowed = true
+			a.passthrough = a.passthrough || r.Passthrough
+			a.tcp = a.tcp || r.Port == port
 		}
 	}
-	return false
+	return a
 }
 
 // allowsAddr reports whether some address rule allows addr on port.
@@ -246,26 +311,59 @@ func (p Policy) namesExactly(addr netip.Addr) bool {
 
 // hostOnly reports whether addr means the host the gateway runs on, or
 // its link, rather than a network: loopback, link-local (the metadata
-// service's 169.254.169.254 among them), unspecified, multicast and
-// broadcast, in IPv4 or IPv6 (IPv4-mapped forms included). A range rule
-// (0.0.0.0/0, ::/0) does not reach these; only a rule naming the address.
+// service's 169.254.169.254 among them), unspecified and "this network"
+// (0.0.0.0/8), multicast and broadcast, in IPv4 or IPv6, also when an
+// IPv6 address carries such an IPv4 one (mapped, compatible, NAT64 or
+// 6to4 forms). A range rule (0.0.0.0/0, ::/0) does not reach these; only
+// a rule naming the address. The gateway adds the addresses of the host
+// itself (Config.HostAddr) and of other sandboxes' links (Config.Reserved).
 func hostOnly(addr netip.Addr) bool {
-	addr = addr.Unmap()
-	return addr.IsLoopback() || addr.IsLinkLocalUnicast() || addr.IsUnspecified() || addr.IsMulticast() ||
-		addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() || addr == netip.AddrFrom4([4]byte{255, 255, 255, 255}) ||
-		addr.Is4() && addr.As4()[0] == 0 // "this network"
+	for _, a := range forms(addr) {
+		if a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() || a.IsMulticast() ||
+			a.IsLinkLocalMulticast() || a.IsInterfaceLocalMulticast() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) ||
+			a.Is4() && a.As4()[0] == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // special reports whether addr is one a name must not lead to unless the
-// policy names it: loopback, private, link-local (the metadata service's
-// 169.254.169.254 among them), unspecified, multicast, CGNAT, and the
-// benchmarking range the gateway's synthetic addresses come from.
+// policy names it: what hostOnly says, private, CGNAT, the benchmarking
+// range the gateway's synthetic addresses come from, and any IPv6 (names
+// resolve to IPv4).
 func special(addr netip.Addr) bool {
-	addr = addr.Unmap()
-	return addr.IsLoopback() || addr.IsPrivate() || addr.IsLinkLocalUnicast() || addr.IsUnspecified() ||
-		addr.IsMulticast() || addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() ||
-		cgnat.Contains(addr) || syntheticRange.Contains(addr) || addr == netip.AddrFrom4([4]byte{255, 255, 255, 255}) ||
-		!addr.Is4()
+	if hostOnly(addr) || !addr.Unmap().Is4() {
+		return true
+	}
+	a := addr.Unmap()
+	return a.IsPrivate() || cgnat.Contains(a) || syntheticRange.Contains(a)
 }
 
-var cgnat = netip.MustParsePrefix("100.64.0.0/10")
+// forms returns addr (unmapped) and the IPv4 address an IPv6 one embeds,
+// if it has the form of one that does: IPv4-compatible (::a.b.c.d),
+// NAT64 (64:ff9b::/96) or 6to4 (2002:AABB:CCDD::/48). A translator on
+// the host's network could carry a connection to such an address to the
+// IPv4 one.
+func forms(addr netip.Addr) []netip.Addr {
+	addr = addr.Unmap()
+	if !addr.Is6() {
+		return []netip.Addr{addr}
+	}
+	b := addr.As16()
+	out := []netip.Addr{addr}
+	switch {
+	case compat4.Contains(addr) && !addr.IsUnspecified() && !addr.IsLoopback(), nat64.Contains(addr):
+		out = append(out, netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]}))
+	case sixToFour.Contains(addr):
+		out = append(out, netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]}))
+	}
+	return out
+}
+
+var (
+	cgnat     = netip.MustParsePrefix("100.64.0.0/10")
+	compat4   = netip.MustParsePrefix("::/96")
+	nat64     = netip.MustParsePrefix("64:ff9b::/96")
+	sixToFour = netip.MustParsePrefix("2002::/16")
+)

@@ -78,20 +78,25 @@ func TestGatewayOnTap(t *testing.T) {
 		t.Fatalf("OpenTap = %v", err)
 	}
 	rules, _ := ParseRules([]string{"api.test"})
+	ca, err := NewCA("sandbox test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
 	g, err := New(Config{Frames: frames, Gateway: gatewayIP, Guest: guestIP, Policy: Policy{Allow: rules},
-		Dial: u.Dial, UpstreamRoots: u.Pool,
+		Dial: u.Dial, UpstreamRoots: u.Pool, CA: ca,
 		Resolve: func(context.Context, string) ([]netip.Addr, error) { return []netip.Addr{upstreamIP}, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.Close() })
 	guest := newGuest(t, vmmSide, DefaultMTU)
+	guest.trust(ca)
 
 	api, rcode, err := guest.resolve(t, gatewayIP, "api.test")
 	if err != nil || rcode != dns.RcodeSuccess || len(api) != 1 {
 		t.Fatalf("resolve api.test over the tap = %v, %d, %v", api, rcode, err)
 	}
-	if got, err := httpsGet(guest, u, api[0], "api.test", "api.test", "/"); err != nil || got != "200 OK hello api.test" {
+	if got, err := httpsGet(guest, api[0], "api.test", "api.test", "/"); err != nil || got != "200 OK hello api.test" {
 		t.Errorf("GET https://api.test/ over the tap = %q, %v", got, err)
 	}
 	if _, rcode, err := guest.resolve(t, gatewayIP, "other.test"); err != nil || rcode != dns.RcodeNameError {
@@ -128,7 +133,7 @@ func TestGatewayOnTap(t *testing.T) {
 		t.Fatalf("write an oversize frame: %v", err)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if got, err := httpsGet(guest, u, api[0], "api.test", "api.test", "/"); err != nil || got != "200 OK hello api.test" {
+	if got, err := httpsGet(guest, api[0], "api.test", "api.test", "/"); err != nil || got != "200 OK hello api.test" {
 		t.Errorf("GET after an oversize frame = %q, %v", got, err)
 	}
 }

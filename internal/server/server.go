@@ -317,7 +317,7 @@ type Egress struct {
 	// gateways connect from; "" = the worker's own.
 	Netns string
 	// Roots verify upstream servers where a gateway speaks TLS itself
-	// (to add secrets); nil = the host's roots.
+	// (every HTTPS connection it terminates); nil = the host's roots.
 	Roots *x509.CertPool
 }
 

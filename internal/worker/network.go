@@ -269,11 +269,11 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	if err != nil {
 		return err
 	}
-	var ca *egress.CA
-	if len(policy.Secrets) > 0 {
-		if ca, err = w.sandboxCA(s); err != nil {
-			return err
-		}
+	// Every HTTPS connection the gateway allows it terminates with the
+	// sandbox's CA, which the guest trusts.
+	ca, err := w.sandboxCA(s)
+	if err != nil {
+		return err
 	}
 	frames, err := w.guestFrames(ctx, s)
 	if err != nil {
@@ -285,6 +285,7 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 		Frames: frames, MTU: mtu, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
 		Gateway6: addrs.gateway6(), Guest6: addrs.guest6(),
 		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
+		HostAddr: w.hostAddrs.Contains, Reserved: []netip.Prefix{netBlocks, netBlocks6},
 		Log: w.log.With("sandbox_id", s.id()),
 	})
 	if err != nil {
@@ -303,13 +304,11 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	if agent == nil {
 		return nil // re-adopted: the guest keeps its addresses and CA
 	}
-	if ca != nil {
-		s.mu.Lock()
-		grants := s.rec.Spec.Secrets
-		s.mu.Unlock()
-		if err := installCA(ctx, agent, ca, grants); err != nil {
-			return err
-		}
+	s.mu.Lock()
+	grants := s.rec.Spec.Secrets
+	s.mu.Unlock()
+	if err := installCA(ctx, agent, ca, grants); err != nil {
+		return err
 	}
 	cfg := proto.NetConfig{
 		Interfaces: []proto.Interface{{MAC: addrs.MAC,

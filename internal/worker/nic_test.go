@@ -73,10 +73,9 @@ func testNIC(t *testing.T, tapNICs bool) {
 	if _, err := w.Create(ctx, a, "team", spec); err != nil {
 		t.Fatalf("Create = %v", err)
 	}
-	ca := strings.ReplaceAll(string(u.CAPEM), "\n", `\n`)
-	shell(t, w, a, "printf -- '"+ca+"' > /tmp/ca.pem")
+	// The guest trusts its sandbox's CA (the gateway terminates HTTPS).
 	fetch := func(id, url string) string {
-		return shell(t, w, id, "curl -sS --max-time 10 --cacert /tmp/ca.pem "+url+" 2>&1 || echo failed")
+		return shell(t, w, id, "curl -sS -f --max-time 10 "+url+" 2>&1 || echo failed")
 	}
 	if got := fetch(a, "https://api.test/"); got != "hello api.test" {
 		t.Errorf("curl https://api.test/ over a tap = %q", got)

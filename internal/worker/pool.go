@@ -246,6 +246,9 @@ func (w *Worker) handOver(ctx context.Context, s *sbx, id, team string, spec Spe
 		return "", fmt.Errorf("post-restore: %w", err)
 	}
 	w.crash("create.pool-handed-over")
+	if err := w.resealCA(s, s.id(), id); err != nil {
+		return "", fmt.Errorf("the sandbox's CA: %w", err)
+	}
 	s.mu.Lock()
 	s.rec.Slot = s.rec.slot()
 	slot = s.rec.Slot

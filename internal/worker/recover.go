@@ -10,6 +10,7 @@ import (
 
 	"space/internal/errkind"
 	"space/internal/guestvm"
+	"space/internal/hostaddr"
 	"space/internal/netns"
 	"space/internal/sandbox"
 	"space/internal/store"
@@ -29,6 +30,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := errors.Join(w.removeIncompleteSnapshots(), w.removeIncompleteWarm()); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	// The host's own addresses, which gateways refuse (from the
+	// namespace they dial from: the worker's).
+	addrs, err := hostaddr.New("", w.log)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	w.hostAddrs = addrs
 	entries, err := os.ReadDir(w.sandboxesDir())
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
@@ -66,6 +74,14 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.watchers.Add(1)
 	go w.poolLoop()
+	w.watchers.Go(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			<-w.stop
+			cancel()
+		}()
+		w.hostAddrs.Run(ctx)
+	})
 	return nil
 }
 

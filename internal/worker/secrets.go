@@ -163,6 +163,25 @@ func (w *Worker) sandboxCA(s *sbx) (*egress.CA, error) {
 	return ca, nil
 }
 
+// resealCA seals s's CA key, sealed for sandbox from, for sandbox to: a
+// pool member handed over to a create keeps its CA (its guest trusts
+// it) under its new identity. A member without a CA has nothing to do.
+func (w *Worker) resealCA(s *sbx, from, to string) error {
+	keyPath := filepath.Join(s.dir, "egress-ca.key")
+	sealed, err := os.ReadFile(keyPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	der, err := w.cfg.Secrets.Open(from, "egress-ca", sealed)
+	if err != nil {
+		return err
+	}
+	return writeFileSync(keyPath, w.cfg.Secrets.Seal(to, "egress-ca", der), 0o600)
+}
+
 func writeFileSync(path string, b []byte, mode os.FileMode) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode)
@@ -217,12 +236,12 @@ func installCA(ctx context.Context, a *client.Client, ca *egress.CA, grants []Se
 	return nil
 }
 
-// secretEnv is what a sandbox with secrets or a CA adds to every exec's
-// environment: the bundle for runtimes that ignore the system store, and
-// each secret's placeholder under its name (upper case, other characters
-// as '_').
+// secretEnv is what a sandbox with a network (and so a CA) adds to every
+// exec's environment: the bundle for runtimes that ignore the system
+// store, and each secret's placeholder under its name (upper case, other
+// characters as '_').
 func secretEnv(spec Spec) map[string]string {
-	if spec.Network == nil || len(spec.Secrets) == 0 {
+	if spec.Network == nil {
 		return nil
 	}
 	env := map[string]string{

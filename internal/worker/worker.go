@@ -24,6 +24,7 @@ import (
 	"space/internal/egress"
 	"space/internal/errkind"
 	"space/internal/guestvm"
+	"space/internal/hostaddr"
 	"space/internal/imagebuild"
 	"space/internal/sandbox"
 	"space/internal/secrets"
@@ -89,7 +90,8 @@ type Config struct {
 	// vmm.TapNICs: Firecracker) always get them.
 	TapNICs bool
 	// Secrets seals what the worker keeps of secrets (granted values,
-	// sandboxes' CA keys) on its disk; nil = sandboxes get no secrets.
+	// sandboxes' CA keys) on its disk; nil = a key of the worker's own
+	// in DataDir (secrets.key), made on first use.
 	Secrets *secrets.Box
 	// Log receives the worker's events; nil = discard.
 	Log *slog.Logger
@@ -183,6 +185,10 @@ type Worker struct {
 	// +checklocks:mu
 	pools    map[string]poolTarget // by shape key
 	poolKick chan struct{}         // wakes the pool's refill
+
+	// hostAddrs are the host's own addresses, which no sandbox may
+	// reach; set by Start before any gateway exists.
+	hostAddrs *hostaddr.Set
 }
 
 // New validates cfg and returns a worker. Call Start before using it and
@@ -208,6 +214,16 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Secrets == nil {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		box, err := secrets.LoadOrCreateKey(filepath.Join(cfg.DataDir, "secrets.key"))
+		if err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		cfg.Secrets = box
 	}
 	return &Worker{
 		cfg:       cfg,

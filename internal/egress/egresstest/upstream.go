@@ -4,6 +4,7 @@
 package egresstest
 
 import (
+	"compress/gzip"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -11,6 +12,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -20,11 +22,15 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"space/internal/netns"
 	"space/internal/testenv"
@@ -44,9 +50,27 @@ var Names = []string{"api.test", "other.test", "x.wild.test"}
 // BigBody is what GET /big answers with, in bytes.
 const BigBody = 64 << 20
 
-// Upstream is the running servers: 443 (TLS) and 80 at Addr. They answer
-// "hello HOST", GET /big with BigBody zero bytes, and /redirect with a
-// 302 to https://other.test/landed.
+// BannerPort is the upstream's port whose server speaks first (as SSH
+// or SMTP do), with Banner, and then echoes what it reads.
+const (
+	BannerPort = 2222
+	Banner     = "SSH-2.0-space-test\r\n"
+)
+
+// Echo is what /echo answers: the request as the upstream saw it.
+type Echo struct {
+	Host, Method, Path, RawQuery, Proto string
+	Header                              http.Header
+	Body                                string
+}
+
+// Upstream is the running servers: 443 (TLS, ALPN h2 and http/1.1) and
+// 80 at Addr. They answer "hello HOST", GET /big with BigBody zero
+// bytes, /redirect with a 302 to https://other.test/landed, /echo with
+// the request as JSON (see Echo; gzip-compressed when the client accepts
+// it), /brotli with a body it says is br-encoded, and /ws with a
+// WebSocket that sends back each message after the request's headers as
+// JSON. Port BannerPort speaks first: it sends Banner, then echoes.
 type Upstream struct {
 	Netns string         // the namespace's path
 	CAPEM []byte         // the CA's certificate
@@ -102,6 +126,39 @@ func Start(t testing.TB) *Upstream {
 		u.requests = append(u.requests, Request{Host: r.Host, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: string(body)})
 		u.mu.Unlock()
 		switch r.URL.Path {
+		case "/echo":
+			b, _ := json.Marshal(Echo{Host: r.Host, Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery,
+				Proto: r.Proto, Header: r.Header, Body: string(body)})
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Echo-Authorization", r.Header.Get("Authorization"))
+			if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+				w.Header().Set("Content-Encoding", "gzip")
+				zw := gzip.NewWriter(w)
+				zw.Write(b)
+				zw.Close()
+				return
+			}
+			w.Write(b)
+		case "/brotli":
+			w.Header().Set("Content-Encoding", "br")
+			w.Write([]byte(r.Header.Get("Authorization")))
+		case "/ws":
+			hdr, _ := json.Marshal(r.Header)
+			c, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				return
+			}
+			defer c.CloseNow()
+			ctx := r.Context()
+			for {
+				typ, msg, err := c.Read(ctx)
+				if err != nil {
+					return
+				}
+				if err := c.Write(ctx, typ, append(append(msg, ' '), hdr...)); err != nil {
+					return
+				}
+			}
 		case "/big":
 			w.Write(make([]byte, BigBody))
 		case "/redirect":
@@ -110,6 +167,15 @@ func Start(t testing.TB) *Upstream {
 			fmt.Fprintf(w, "hello %s", r.Host)
 		}
 	})
+	var banner net.Listener
+	if err := netns.Do(u.Netns, func() (err error) {
+		banner, err = net.Listen("tcp", net.JoinHostPort(Addr.String(), strconv.Itoa(BannerPort)))
+		return err
+	}); err != nil {
+		t.Fatalf("setup: listen: %v", err)
+	}
+	t.Cleanup(func() { banner.Close() })
+	go serveBanner(banner)
 	for _, addr := range []string{
 		net.JoinHostPort(Addr.String(), "443"), net.JoinHostPort(Addr.String(), "80"),
 		net.JoinHostPort(Addr6.String(), "443"), net.JoinHostPort(Addr6.String(), "80"),
@@ -122,13 +188,47 @@ func Start(t testing.TB) *Upstream {
 			t.Fatalf("setup: listen: %v", err)
 		}
 		if strings.HasSuffix(addr, ":443") {
-			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
+			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}})
 		}
 		srv := &http.Server{Handler: h}
 		go srv.Serve(l)
 		t.Cleanup(func() { srv.Close() })
 	}
 	return u
+}
+
+// ServeAt serves h over HTTP on addr:port in the upstream's namespace,
+// adding addr to its loopback, until t ends.
+func (u *Upstream) ServeAt(t testing.TB, addr netip.Addr, port uint16, h http.Handler) {
+	t.Helper()
+	if out, err := exec.Command("ip", "-n", filepath.Base(u.Netns), "addr", "add", netip.PrefixFrom(addr, addr.BitLen()).String(), "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("setup: add %s: %v: %s", addr, err, out)
+	}
+	var l net.Listener
+	if err := netns.Do(u.Netns, func() (err error) {
+		l, err = net.Listen("tcp", netip.AddrPortFrom(addr, port).String())
+		return err
+	}); err != nil {
+		t.Fatalf("setup: listen: %v", err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+}
+
+// serveBanner greets each connection with Banner, then echoes it.
+func serveBanner(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			io.WriteString(c, Banner)
+			io.Copy(c, c)
+		}()
+	}
 }
 
 // Requests returns what the upstream was sent so far, oldest first.
