@@ -18,6 +18,7 @@ import (
 // network.
 type networkFlags struct {
 	hosts    []string // --allow-host
+	passes   []string // --allow-passthrough
 	cidrs    []string // --allow-cidr
 	off      bool
 	icmp     bool  // --allow-icmp
@@ -30,6 +31,8 @@ type networkFlags struct {
 func (nf *networkFlags) register(f *pflag.FlagSet, offFlag, offUsage string) {
 	f.StringArrayVar(&nf.hosts, "allow-host", nil,
 		"allow connections to this `host`: a name, name:port, *.suffix or *.suffix:port (repeatable)")
+	f.StringArrayVar(&nf.passes, "allow-passthrough", nil,
+		"allow TLS to this `host` (as --allow-host) without the gateway terminating it: decided by its SNI alone, its requests unseen and given no secrets; for clients that pin certificates and non-HTTP protocols over TLS (repeatable)")
 	f.StringArrayVar(&nf.cidrs, "allow-cidr", nil,
 		"allow connections to this address `range`: an IPv4 or IPv6 CIDR or address, with an optional :port ([v6]:port) (repeatable)")
 	f.BoolVar(&nf.off, offFlag, false, offUsage)
@@ -40,7 +43,7 @@ func (nf *networkFlags) register(f *pflag.FlagSet, offFlag, offUsage string) {
 
 // set reports whether any policy flag was given.
 func (nf *networkFlags) set() bool {
-	return len(nf.hosts) > 0 || len(nf.cidrs) > 0 || nf.off || nf.icmp || nf.maxConns != 0 || nf.bps != 0
+	return len(nf.hosts) > 0 || len(nf.passes) > 0 || len(nf.cidrs) > 0 || nf.off || nf.icmp || nf.maxConns != 0 || nf.bps != 0
 }
 
 // network returns the policy the flags describe. The server checks the
@@ -52,6 +55,12 @@ func (nf *networkFlags) network() (api.Network, error) {
 			return api.Network{}, usagef("--allow-host %q is an address: use --allow-cidr", h)
 		}
 		n.Allow = append(n.Allow, h)
+	}
+	for _, h := range nf.passes {
+		if isAddrRule(h) {
+			return api.Network{}, usagef("--allow-passthrough %q is an address: connections to addresses are not inspected anyway (use --allow-cidr)", h)
+		}
+		n.Allow = append(n.Allow, h+" tls=passthrough")
 	}
 	for _, c := range nf.cidrs {
 		if !isAddrRule(c) {
@@ -167,7 +176,7 @@ printed as JSON lines.`,
 				}
 				return nil
 			}
-			return g.printTable([]string{"TIME", "ALLOWED", "PROTO", "NAME", "ADDR", "PORT", "OUT", "IN", "REASON"},
+			return g.printTable([]string{"TIME", "ALLOWED", "PROTO", "MODE", "NAME", "ADDR", "PORT", "OUT", "IN", "REASON"},
 				func(row func(...any)) {
 					for _, ev := range evs {
 						allowed, port, out, in := "no", "", "", ""
@@ -180,7 +189,7 @@ printed as JSON lines.`,
 						if ev.Allowed && ev.Proto == "tcp" {
 							out, in = strconv.FormatInt(ev.BytesOut, 10), strconv.FormatInt(ev.BytesIn, 10)
 						}
-						row(ev.Time.Local().Format(time.RFC3339), allowed, ev.Proto, ev.Name, ev.Addr, port, out, in, ev.Reason)
+						row(ev.Time.Local().Format(time.RFC3339), allowed, ev.Proto, ev.Mode, ev.Name, ev.Addr, port, out, in, ev.Reason)
 					}
 				})
 		},

@@ -32,7 +32,7 @@ type networkAPI struct {
 
 var egressLog = []api.EgressEvent{
 	{Time: t0, Allowed: true, Proto: "dns", Name: "pypi.org", Addr: "198.18.0.1"},
-	{Time: t0, Allowed: true, Proto: "tcp", Name: "pypi.org", Addr: "151.101.0.223", Port: 443, BytesOut: 517, BytesIn: 4096},
+	{Time: t0, Allowed: true, Proto: "tcp", Mode: "https", Name: "pypi.org", Addr: "151.101.0.223", Port: 443, BytesOut: 517, BytesIn: 4096},
 	{Time: t0, Proto: "tcp", Addr: "10.1.2.3", Port: 22, Reason: "the policy allows no connection to this address by IP"},
 }
 
@@ -105,6 +105,8 @@ func TestSandboxCreateNetwork(t *testing.T) {
 			&api.Network{Allow: []string{"pypi.org:443", "*.github.com", "10.0.0.0/8:5432", "203.0.113.7"}}},
 		{"rules with --network", []string{"--network", "--allow-host", "example.com"}, &api.Network{Allow: []string{"example.com"}}},
 		{"pings", []string{"--allow-cidr", "203.0.113.7", "--allow-icmp"}, &api.Network{Allow: []string{"203.0.113.7"}, ICMP: true}},
+		{"passthrough", []string{"--allow-passthrough", "pinned.example.com:443", "--allow-host", "pypi.org"},
+			&api.Network{Allow: []string{"pypi.org", "pinned.example.com:443 tls=passthrough"}}},
 		{"ipv6", []string{"--allow-cidr", "[2001:db8::7]:443", "--allow-cidr", "2001:db8::/32"},
 			&api.Network{Allow: []string{"[2001:db8::7]:443", "2001:db8::/32"}}},
 	}
@@ -199,10 +201,10 @@ func TestSandboxEgressLog(t *testing.T) {
 	}
 	ts := t0.Local().Format(time.RFC3339)
 	pad := strings.Repeat(" ", len(ts)-len("TIME"))
-	want := "TIME" + pad + "  ALLOWED  PROTO  NAME      ADDR           PORT  OUT  IN    REASON\n" +
-		ts + "  yes      dns    pypi.org  198.18.0.1                      \n" +
-		ts + "  yes      tcp    pypi.org  151.101.0.223  443   517  4096  \n" +
-		ts + "  no       tcp              10.1.2.3       22               the policy allows no connection to this address by IP\n"
+	want := "TIME" + pad + "  ALLOWED  PROTO  MODE   NAME      ADDR           PORT  OUT  IN    REASON\n" +
+		ts + "  yes      dns           pypi.org  198.18.0.1                      \n" +
+		ts + "  yes      tcp    https  pypi.org  151.101.0.223  443   517  4096  \n" +
+		ts + "  no       tcp                     10.1.2.3       22               the policy allows no connection to this address by IP\n"
 	if diff := cmp.Diff(want, stdout.String()); diff != "" {
 		t.Errorf("sandbox egress-log output differs (-want +got):\n%s", diff)
 	}

@@ -425,6 +425,8 @@ func TestParseRule(t *testing.T) {
 		"10.0.0.0/8:5432": "10.0.0.0/8:5432", "10.1.2.3": "10.1.2.3/32", "10.1.2.3/24": "10.1.2.0/24",
 		"2001:db8::7": "2001:db8::7/128", "2001:db8::1/32": "2001:db8::/32", "[2001:db8::7]:443": "[2001:db8::7/128]:443",
 		"[2001:db8::/48]:5432": "[2001:db8::/48]:5432", "[::1]": "::1/128",
+		"pinned.example.com:443 tls=passthrough": "pinned.example.com:443 tls=passthrough",
+		" *.example.com  tls=passthrough ":       "*.example.com tls=passthrough",
 	} {
 		r, err := ParseRule(in)
 		if err != nil || r.String() != want {
@@ -432,7 +434,8 @@ func TestParseRule(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "*", "a..b", "*.*.x", "x:0", "x:65536", "-a.b", "a b", "10.0.0.0/33",
-		"[2001:db8::7]:0", "[2001:db8::7", "[2001:db8::7]443", "::ffff:10.1.2.3", "2001:db8::/129", "[10.1.2.3]:80", "fe80::1%eth0", "a:b:c"} {
+		"[2001:db8::7]:0", "[2001:db8::7", "[2001:db8::7]443", "::ffff:10.1.2.3", "2001:db8::/129", "[10.1.2.3]:80", "fe80::1%eth0", "a:b:c",
+		"10.0.0.0/8 tls=passthrough", "x.test tls=terminate", "x.test y.test", "[2001:db8::7]:443 tls=passthrough"} {
 		if r, err := ParseRule(bad); err == nil {
 			t.Errorf("ParseRule(%q) = %v, want an error", bad, r)
 		}
