@@ -455,6 +455,10 @@ type Network struct {
 	// Allow are rules: "host", "*.suffix", an IPv4 address or CIDR, or an
 	// IPv6 address or CIDR ("[2001:db8::7]:443" with a port), each with an
 	// optional ":port". Names resolve to IPv4 only. Empty allows nothing.
+	// HTTP(S) to a name is decided request by request (the gateway
+	// terminates TLS with the sandbox's CA); a host rule ending in
+	// " tls=passthrough" leaves TLS opaque, decided by its SNI; other TCP
+	// reaches a name only through a rule naming its port.
 	Allow []string `json:"allow,omitempty"`
 	// Off takes the network away, DNS included.
 	Off bool `json:"off,omitempty"`

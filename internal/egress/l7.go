@@ -51,6 +51,7 @@ func newHTTPProxy(g *Gateway) *httpProxy {
 		TLSHandshakeTimeout:   15 * time.Second,
 		IdleConnTimeout:       60 * time.Second,
 		MaxIdleConnsPerHost:   16,
+		MaxConnsPerHost:       64, // an HTTP/2 guest's streams to an HTTP/1 upstream
 		ExpectContinueTimeout: time.Second,
 	}
 	p.rp = &httputil.ReverseProxy{

@@ -482,3 +482,82 @@ func listenOn(t *testing.T, u *egresstest.Upstream, addr netip.Addr, port uint16
 	t.Helper()
 	u.ServeAt(t, addr, port, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "host service") }))
 }
+
+// BenchmarkGatewayHTTPS measures, in one run, a 64 MiB HTTPS download and
+// the time to a first answer on a new connection from a netstack guest:
+// through the gateway terminating TLS (every request decided), through a
+// tls=passthrough rule (decided by the SNI only), and directly from the
+// upstream's namespace.
+//
+//	go test -run '^$' -bench GatewayHTTPS -benchtime 1x ./internal/egress
+func BenchmarkGatewayHTTPS(b *testing.B) {
+	_, g, u, _ := setupWith(b, func(c *Config) { c.MTU = MaxMTU }, "api.test", "other.test tls=passthrough")
+	api, _, _ := g.resolve(b, gatewayIP, "api.test")
+	other, _, _ := g.resolve(b, gatewayIP, "other.test")
+	if len(api) != 1 || len(other) != 1 {
+		b.Fatalf("resolve: %v %v", api, other)
+	}
+	dialer := func(addr netip.Addr, name string, roots *x509.CertPool) func() (net.Conn, error) {
+		return func() (net.Conn, error) {
+			var c net.Conn
+			var err error
+			if addr.IsValid() {
+				c, err = g.dial(addr, 443)
+			} else {
+				c, err = u.Dial(context.Background(), "tcp4", netip.AddrPortFrom(upstreamIP, 443).String())
+			}
+			if err != nil {
+				return nil, err
+			}
+			tc := tls.Client(c, &tls.Config{ServerName: name, RootCAs: roots, NextProtos: []string{"http/1.1"}})
+			return tc, tc.Handshake()
+		}
+	}
+	paths := []struct {
+		name string
+		dial func() (net.Conn, error)
+		host string
+	}{
+		{"direct", dialer(netip.Addr{}, "api.test", u.Pool), "api.test"},
+		{"passthrough", dialer(other[0], "other.test", u.Pool), "other.test"},
+		{"l7", dialer(api[0], "api.test", g.roots), "api.test"},
+	}
+	timed := func(dial func() (net.Conn, error), host, path string) (time.Duration, int64) {
+		t0 := time.Now()
+		c, err := dial()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(60 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, host)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(t0), n
+	}
+	for b.Loop() {
+		mbps := map[string]float64{}
+		first := map[string]time.Duration{}
+		for _, p := range paths {
+			d, n := timed(p.dial, p.host, "/big")
+			mbps[p.name] = float64(n) / d.Seconds() / 1e6
+			best := time.Hour
+			for range 20 {
+				d, _ := timed(p.dial, p.host, "/")
+				best = min(best, d)
+			}
+			first[p.name] = best
+			b.ReportMetric(mbps[p.name], p.name+"-MB/s")
+			b.ReportMetric(float64(best.Microseconds()), p.name+"-first-us")
+		}
+		b.ReportMetric(mbps["l7"]/mbps["passthrough"], "l7/passthrough-throughput")
+		b.ReportMetric(mbps["l7"]/mbps["direct"], "l7/direct-throughput")
+		b.ReportMetric(float64((first["l7"] - first["passthrough"]).Microseconds()), "l7-added-us")
+	}
+}

@@ -27,8 +27,11 @@ import (
 // first byte of a small request on a new connection: through a sandbox's gateway (QEMU's socket NIC), the
 // same over a tap NIC (what Firecracker gets), and directly (a VM whose
 // tap is in the upstream's namespace, routed by that namespace's kernel,
-// no gateway). Every figure is the guest's own curl's; the guest's
-// offloads are off on every path (the agent turns them off).
+// no gateway). Then the same over HTTPS: through the gateway terminating
+// TLS (every request decided: what every allowed HTTPS connection gets),
+// through a tls=passthrough rule (decided by SNI, copied), and directly.
+// Every figure is the guest's own curl's; the guest's offloads are off on
+// every path (the agent turns them off).
 //
 //	go test -run '^$' -bench GatewayVM -benchtime 1x ./internal/worker
 func BenchmarkGatewayVM(b *testing.B) {
@@ -47,40 +50,66 @@ func BenchmarkGatewayVM(b *testing.B) {
 	if _, err := viaSocket.Create(ctx, sandboxID(0), "team", spec); err != nil {
 		b.Fatalf("Create = %v", err)
 	}
+	passSpec := spec
+	passSpec.Network = &Network{Allow: []string{"api.test tls=passthrough"}}
+	if _, err := viaSocket.Create(ctx, sandboxID(2), "team", passSpec); err != nil {
+		b.Fatalf("Create = %v", err)
+	}
+	upCA := strings.ReplaceAll(string(u.CAPEM), "\n", `\n`)
+	shell(b, viaSocket, sandboxID(2), "printf -- '"+upCA+"' > /tmp/up-ca.pem")
 	viaTap := newVMWorkerWith(b, egressCfg(true))
 	if _, err := viaTap.Create(ctx, sandboxID(1), "team", spec); err != nil {
 		b.Fatalf("Create = %v", err)
 	}
 	direct := directVM(b, u)
+	// The passthrough sandbox and the direct VM trust the upstream's CA
+	// themselves, as a pinning client does.
+	agenttest.Output(b, direct, "printf -- '"+upCA+"' > /tmp/up-ca.pem")
 
 	// curl's own numbers: one download, then the median of 15 requests'
 	// time to first byte.
-	measure := func(run func(string) string, host string) (mbps, ttfbUS float64) {
-		out := strings.Fields(run("curl -sS -o /dev/null -w '%{speed_download}' http://" + host + "/big"))
+	measure := func(run func(string) string, url string) (mbps, ttfbUS float64) {
+		out := strings.Fields(run("curl -sS -o /dev/null -w '%{speed_download}' " + url + "/big"))
 		if len(out) != 1 {
-			b.Fatalf("download from %s: %q", host, out)
+			b.Fatalf("download from %s: %q", url, out)
 		}
 		bps, _ := strconv.ParseFloat(out[0], 64)
 		// From the end of the name lookup (the direct path has none) to
 		// the first byte.
 		var ttfb []float64
-		for _, line := range strings.Split(strings.TrimSpace(run("for i in $(seq 15); do curl -sS -o /dev/null -w '%{time_namelookup} %{time_starttransfer}\\n' http://"+host+"/; done")), "\n") {
+		for _, line := range strings.Split(strings.TrimSpace(run("for i in $(seq 15); do curl -sS -o /dev/null -w '%{time_namelookup} %{time_starttransfer}\\n' "+url+"/; done")), "\n") {
 			var dns, first float64
 			if _, err := fmt.Sscan(line, &dns, &first); err != nil {
-				b.Fatalf("requests to %s: %q: %v", host, line, err)
+				b.Fatalf("requests to %s: %q: %v", url, line, err)
 			}
 			ttfb = append(ttfb, (first-dns)*1e6)
 		}
 		if len(ttfb) != 15 {
-			b.Fatalf("requests to %s: %v", host, ttfb)
+			b.Fatalf("requests to %s: %v", url, ttfb)
 		}
 		slices.Sort(ttfb)
 		return bps / 1e6, ttfb[7]
 	}
 	for b.Loop() {
-		dMB, dUS := measure(func(c string) string { return agenttest.Output(b, direct, c) }, egresstest.Addr.String())
-		sMB, sUS := measure(func(c string) string { return shell(b, viaSocket, sandboxID(0), c) }, "api.test")
-		tMB, tUS := measure(func(c string) string { return shell(b, viaTap, sandboxID(1), c) }, "api.test")
+		onDirect := func(c string) string { return agenttest.Output(b, direct, c) }
+		onSocket := func(id string) func(string) string {
+			return func(c string) string { return shell(b, viaSocket, id, c) }
+		}
+		dMB, dUS := measure(onDirect, "http://"+egresstest.Addr.String())
+		sMB, sUS := measure(onSocket(sandboxID(0)), "http://api.test")
+		tMB, tUS := measure(func(c string) string { return shell(b, viaTap, sandboxID(1), c) }, "http://api.test")
+		hdMB, hdUS := measure(onDirect, "--cacert /tmp/up-ca.pem --resolve api.test:443:"+egresstest.Addr.String()+" https://api.test")
+		hlMB, hlUS := measure(onSocket(sandboxID(0)), "https://api.test")
+		hpMB, hpUS := measure(onSocket(sandboxID(2)), "--cacert /tmp/up-ca.pem https://api.test")
+		b.ReportMetric(hdMB, "https-direct-MB/s")
+		b.ReportMetric(hlMB, "https-l7-MB/s")
+		b.ReportMetric(hpMB, "https-passthrough-MB/s")
+		b.ReportMetric(hlMB/hpMB, "l7/passthrough-throughput")
+		b.ReportMetric(hlMB/hdMB, "l7/direct-throughput")
+		b.ReportMetric(hdUS, "https-direct-ttfb-us")
+		b.ReportMetric(hlUS, "https-l7-ttfb-us")
+		b.ReportMetric(hpUS, "https-passthrough-ttfb-us")
+		b.ReportMetric(hlUS-hpUS, "l7-added-us")
 		b.ReportMetric(dMB, "direct-MB/s")
 		b.ReportMetric(sMB, "gateway-MB/s")
 		b.ReportMetric(tMB, "gateway-tap-MB/s")
