@@ -222,26 +222,19 @@ func (p *httpProxy) modifyResponse(resp *http.Response) error {
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && ce != "identity" {
 		return fmt.Errorf("%w (%s)", errUnscrubbable, ce)
 	}
-	scrubHeader(s, resp.Header)
+	s.header(resp.Header)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
 			resp.Body = s.maskRWC(rwc)
 		}
 		return nil
 	}
-	resp.Body = s.reader(resp.Body)
+	resp.Body = s.reader(resp.Body, resp.Trailer)
 	resp.ContentLength = -1
 	resp.Header.Del("Content-Length")
 	return nil
 }
 
-func scrubHeader(s *scrubber, h http.Header) {
-	for k, vs := range h {
-		for i, v := range vs {
-			h[k][i] = s.string(v)
-		}
-	}
-}
 
 // upstreamError answers a request the upstream did not answer.
 func (p *httpProxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"html"
 	"io"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -26,6 +27,10 @@ type scrubber struct {
 
 type scrubPair struct{ from, to []byte }
 
+// minScrubbed is the shortest value scrubbed: a shorter one would match
+// by chance all over a response, and is no credential.
+const minScrubbed = 4
+
 // newScrubber scrubs the values of secrets; nil when there is nothing
 // to scrub.
 func newScrubber(secrets []Secret) *scrubber {
@@ -33,8 +38,11 @@ func newScrubber(secrets []Secret) *scrubber {
 	s := &scrubber{}
 	for _, sec := range secrets {
 		v := string(sec.Value)
+		if len(v) < minScrubbed {
+			continue
+		}
 		for _, f := range valueForms(v) {
-			if len(f) < 4 || seen[f] { // shorter matches by chance
+			if seen[f] {
 				continue
 			}
 			seen[f] = true
@@ -73,6 +81,15 @@ func (s *scrubber) string(v string) string {
 	return v
 }
 
+// header scrubs h's values in place.
+func (s *scrubber) header(h http.Header) {
+	for k, vs := range h {
+		for i, v := range vs {
+			h[k][i] = s.string(v)
+		}
+	}
+}
+
 // replace scrubs buf and returns how much of the result may be sent:
 // out holds the scrubbed bytes before keep, and keep the bytes that
 // must wait for more (a match may still start in them), unless final.
@@ -104,14 +121,16 @@ func (s *scrubber) replace(buf []byte, final bool) (out, keep []byte) {
 	return o, buf[pos:]
 }
 
-// reader scrubs what r reads.
-func (s *scrubber) reader(r io.ReadCloser) io.ReadCloser {
-	return &scrubReader{s: s, r: r}
+// reader scrubs what r reads and then, once r is done, trailer (nil for
+// none): a response's trailers are known only after its body.
+func (s *scrubber) reader(r io.ReadCloser, trailer http.Header) io.ReadCloser {
+	return &scrubReader{s: s, r: r, trailer: trailer}
 }
 
 type scrubReader struct {
 	s       *scrubber
 	r       io.ReadCloser
+	trailer http.Header
 	pending []byte // read, not yet scrubbed
 	out     []byte // scrubbed, not yet returned
 	err     error  // from r, once pending is drained
@@ -127,6 +146,7 @@ func (sr *scrubReader) Read(p []byte) (int, error) {
 		sr.pending = append(sr.pending, buf[:n]...)
 		if err != nil {
 			sr.err = err
+			sr.s.header(sr.trailer)
 		}
 		var out []byte
 		out, sr.pending = sr.s.replace(sr.pending, err != nil)
@@ -153,7 +173,7 @@ func (s *scrubber) maskRWC(rwc io.ReadWriteCloser) io.ReadWriteCloser {
 	for _, p := range s.pairs {
 		masked.pairs = append(masked.pairs, scrubPair{from: p.from, to: bytes.Repeat([]byte{'*'}, len(p.from))})
 	}
-	return &maskRWC{ReadWriteCloser: rwc, r: masked.reader(io.NopCloser(rwc))}
+	return &maskRWC{ReadWriteCloser: rwc, r: masked.reader(io.NopCloser(rwc), nil)}
 }
 
 func (m *maskRWC) Read(p []byte) (int, error) { return m.r.Read(p) }

@@ -96,12 +96,12 @@ print(" | ".join(l.decode() for l in out.split(b"\r\n") if l.startswith(b"HTTP/"
 		out  func() (string, int)
 	}{
 		{"a second request with another Host (keep-alive)", func() (string, int) {
-			return curl("--http1.1 https://api.test/ --next --http1.1 -H 'Host: other.test' https://api.test/")
+			return curl("--http1.1 https://api.test/ --next -sS -f --http1.1 -H 'Host: other.test' https://api.test/")
 		}},
 		{"another Host inside TLS", func() (string, int) { return curl("--http1.1 -H 'Host: other.test' https://api.test/") }},
 		{"another :authority on HTTP/2", func() (string, int) { return curl("--http2 -H 'Host: other.test' https://api.test/") }},
 		{"an HTTP/2 connection's second stream for another site", func() (string, int) {
-			return curl("--http2 https://api.test/ --next --http2 -H 'Host: x.wild.test' https://api.test/")
+			return curl("--http2 https://api.test/ --next -sS -f --http2 -H 'Host: x.wild.test' https://api.test/")
 		}},
 		{"another Host over plain HTTP", func() (string, int) { return curl("-H 'Host: other.test' http://api.test/") }},
 		{"a forged DNS answer", func() (string, int) {
