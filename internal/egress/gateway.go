@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -66,7 +67,11 @@ type Config struct {
 	// TLS itself; nil = the host's roots.
 	UpstreamRoots *x509.CertPool
 	// Audit receives every decision; nil = none. It must not block.
+	// Repeated events come aggregated (see Event.Count and audit.go).
 	Audit func(Event)
+	// AuditInterval is how long repeated events are counted before
+	// their line is written; 0 = DefaultAuditInterval.
+	AuditInterval time.Duration
 	// Log receives the gateway's own events; nil = discard.
 	Log *slog.Logger
 }
@@ -84,6 +89,7 @@ type Gateway struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	names  *nameTable
+	agg    *aggregator     // or nil, without Config.Audit
 	pings  chan struct{}   // a slot per echo request in flight (maxPings)
 	ctx    context.Context // ends with Close
 
@@ -94,8 +100,6 @@ type Gateway struct {
 	conns int
 	// +checklocks:mu
 	limiter *rate.Limiter // nil: unlimited
-	// +checklocks:mu
-	dropped map[string]bool // dropped-packet events already audited
 	closed  sync.Once
 }
 
@@ -130,8 +134,14 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), names: newNameTable(), dropped: map[string]bool{},
-		pings: make(chan struct{}, maxPings)}
+	if cfg.AuditInterval < 0 {
+		return nil, fmt.Errorf("egress: negative audit interval: %w", errkind.InvalidArgument)
+	}
+	cfg.AuditInterval = cmp.Or(cfg.AuditInterval, DefaultAuditInterval)
+	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), pings: make(chan struct{}, maxPings), names: newNameTable()}
+	if cfg.Audit != nil {
+		g.agg = newAggregator(cfg.Audit, cfg.AuditInterval) // run once New succeeds
+	}
 	g.SetPolicy(cfg.Policy)
 	protocols := []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol}
 	if cfg.Gateway6.IsValid() {
@@ -163,6 +173,9 @@ func New(cfg Config) (*Gateway, error) {
 		}
 	}()
 	go g.serveDNS(dns)
+	if g.agg != nil {
+		go g.agg.run()
+	}
 	return g, nil
 }
 
@@ -210,11 +223,17 @@ func (g *Gateway) setUpStack() error {
 
 // admit filters frames from the guest before the stack sees them: ARP,
 // TCP to anywhere (the forwarder decides), DNS and pings to the gateway
-// itself. Everything else (other UDP, ICMP out, IPv6) is dropped and
-// audited once per destination.
+// itself. Everything else (other UDP, ICMP out, IPv6, other protocols,
+// malformed frames, packets from or to addresses the stack would drop
+// without a word, see martian4) is dropped and audited.
 func (g *Gateway) admit(frame []byte) bool {
+	if len(frame) < header.EthernetMinimumSize || len(frame) > g.link.maxFrame {
+		g.drop("ip", "", 0, fmt.Sprintf("a frame of %d bytes (the link's are %d to %d)", len(frame), header.EthernetMinimumSize, g.link.maxFrame))
+		return false
+	}
 	info, err := parseFrame(frame)
 	if err != nil {
+		g.drop("ip", "", 0, "a malformed IPv4 packet")
 		return false
 	}
 	switch info.ethType {
@@ -224,6 +243,11 @@ func (g *Gateway) admit(frame []byte) bool {
 		return g.admit6(frame)
 	case header.IPv4ProtocolNumber:
 	default:
+		g.drop("ip", "", 0, fmt.Sprintf("ethertype %#04x is not routed", uint16(info.ethType)))
+		return false
+	}
+	if why := g.martian4(frame, info); why != "" {
+		g.drop(protoName(info.proto), info.dst.String(), info.dstPort, why)
 		return false
 	}
 	switch {
@@ -255,24 +279,19 @@ func (g *Gateway) admit(frame []byte) bool {
 	return false
 }
 
-// drop audits a dropped packet, once per kind of destination.
+// drop audits a dropped packet (aggregated, as every refusal).
 func (g *Gateway) drop(proto, addr string, port uint16, reason string) {
-	key := proto + " " + addr + " " + strconv.Itoa(int(port))
-	g.mu.Lock()
-	seen := g.dropped[key] || len(g.dropped) >= 4096
-	g.dropped[key] = true
-	g.mu.Unlock()
-	if !seen {
-		g.audit(Event{Proto: proto, Addr: addr, Port: port, Reason: reason})
-	}
+	g.audit(Event{Proto: proto, Addr: addr, Port: port, Reason: reason})
 }
 
+// audit records a decision: at once, or counted for a later line when
+// it repeats (see audit.go).
 func (g *Gateway) audit(ev Event) {
-	if g.cfg.Audit == nil {
+	if g.agg == nil {
 		return
 	}
 	ev.Time = time.Now().UTC()
-	g.cfg.Audit(ev)
+	g.agg.add(ev)
 }
 
 // SetPolicy replaces the policy; new connections and DNS queries follow
@@ -295,21 +314,27 @@ func (g *Gateway) Policy() Policy {
 	return g.policy
 }
 
-// Names returns the synthetic addresses the gateway gave out, for a fork's
-// gateway to keep answering the parent's (see Config... SetNames).
+// Names returns the synthetic addresses the gateway gave out (those it
+// has not recycled), for a fork's gateway to keep answering the parent's
+// (see SetNames).
 func (g *Gateway) Names() map[string]netip.Addr { return g.names.all() }
 
 // SetNames takes over another gateway's synthetic addresses (a fork's
-// guest remembers its parent's answers).
+// guest remembers its parent's answers), where they are free. They cost
+// no wildcard names: the other gateway counted them.
 func (g *Gateway) SetNames(m map[string]netip.Addr) { g.names.load(m) }
 
-// Close stops the gateway and closes the guest NIC's backend.
+// Close stops the gateway and closes the guest NIC's backend, and writes
+// the audit lines still pending.
 func (g *Gateway) Close() error {
 	g.closed.Do(func() {
 		g.cancel()
 		g.cfg.Frames.Close()
 		<-g.done
 		g.stack.Close()
+		if g.agg != nil {
+			g.agg.close()
+		}
 	})
 	return nil
 }
