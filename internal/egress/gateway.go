@@ -72,8 +72,23 @@ type Config struct {
 	// AuditInterval is how long repeated events are counted before
 	// their line is written; 0 = DefaultAuditInterval.
 	AuditInterval time.Duration
+	// WildcardNames and WildcardNamesPerMinute bound the distinct names
+	// DNS answers under wildcard rules, the only names the guest chooses
+	// that reach the gateway's resolver: a token bucket holding
+	// WildcardNames (0 = DefaultWildcardNames), refilled at
+	// WildcardNamesPerMinute (0 = DefaultWildcardNamesPerMinute). A name
+	// the gateway already gave an address costs nothing; names an exact
+	// rule allows are not limited. See names.go for the channel this
+	// leaves.
+	WildcardNames          int
+	WildcardNamesPerMinute int
 	// Log receives the gateway's own events; nil = discard.
 	Log *slog.Logger
+
+	// Test hooks: the synthetic range (invalid = syntheticRange) and
+	// the clock of the wildcard names' bucket (nil = time.Now).
+	namesRange netip.Prefix
+	now        func() time.Time
 }
 
 // Event is one egress decision, as the API reports it. It never holds a
@@ -134,11 +149,20 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.AuditInterval < 0 {
-		return nil, fmt.Errorf("egress: negative audit interval: %w", errkind.InvalidArgument)
+	if cfg.AuditInterval < 0 || cfg.WildcardNames < 0 || cfg.WildcardNamesPerMinute < 0 {
+		return nil, fmt.Errorf("egress: negative audit interval or wildcard name limits: %w", errkind.InvalidArgument)
 	}
 	cfg.AuditInterval = cmp.Or(cfg.AuditInterval, DefaultAuditInterval)
-	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), pings: make(chan struct{}, maxPings), names: newNameTable()}
+	cfg.WildcardNames = cmp.Or(cfg.WildcardNames, DefaultWildcardNames)
+	cfg.WildcardNamesPerMinute = cmp.Or(cfg.WildcardNamesPerMinute, DefaultWildcardNamesPerMinute)
+	if !cfg.namesRange.IsValid() {
+		cfg.namesRange = syntheticRange
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
+	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), pings: make(chan struct{}, maxPings),
+		names: newNameTable(cfg.namesRange, cfg.WildcardNames, cfg.WildcardNamesPerMinute, cfg.now)}
 	if cfg.Audit != nil {
 		g.agg = newAggregator(cfg.Audit, cfg.AuditInterval) // run once New succeeds
 	}
@@ -350,7 +374,10 @@ func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 	}
 	port := id.LocalPort
 	p := g.Policy()
-	name, synthetic := g.names.name(dst)
+	name, synthetic := g.names.pin(dst) // dst keeps its name while the connection is open
+	if synthetic {
+		defer g.names.unpin(dst)
+	}
 	refuse := func(reason string) {
 		req.Complete(true)
 		g.audit(Event{Proto: "tcp", Name: name, Addr: dst.String(), Port: port, Reason: reason})
