@@ -476,7 +476,8 @@ type Network struct {
 // EgressEvent is one line of the NDJSON reply of
 // GET /v1/sandboxes/{id}/egress: a decision of the sandbox's egress
 // gateway. An allowed connection is logged when it closes, with its byte
-// counts; a dropped packet once per kind of destination.
+// counts; repeated refusals, DNS answers and pings are aggregated (see
+// Count).
 type EgressEvent struct {
 	Time    time.Time `json:"time"`
 	Allowed bool      `json:"allowed"`
@@ -508,6 +509,13 @@ type EgressEvent struct {
 	Requests int64 `json:"requests,omitempty"`
 	// Method is a refused HTTP request's method (Proto "http").
 	Method string `json:"method,omitempty"`
+	// Count is how many events the line stands for; 0 = one. Repeated
+	// events (refusals, DNS answers, pings) are aggregated: the first
+	// to a destination is a line of its own, and those that follow are
+	// counted into one line per destination every few seconds, with
+	// Time the last one's, Port 0 when they went to several ports (the
+	// Reason says which), and the byte counts summed.
+	Count int `json:"count,omitempty"`
 }
 
 // CreateSecret is the body of POST /v1/secrets: a credential of the team

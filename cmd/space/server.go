@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"space/internal/server"
 )
@@ -20,6 +21,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		listen, agent, storeURL, workerID, chunkDir string
 		vcpus, pool                                 int
 		memory                                      int64
+		egress                                      server.Egress
 	)
 	c := &cobra.Command{
 		Use:   "server",
@@ -49,7 +51,7 @@ server stops, and the next start re-adopts them.`,
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
-				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool,
+				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress,
 			})
 		},
 	}
@@ -61,6 +63,7 @@ server stops, and the next start re-adopts them.`,
 	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers (default: 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
+	egressFlags(f, &egress)
 	agentFlag(f, &agent)
 	return c
 }
@@ -72,6 +75,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 		controlPlane, token, tokenFile, listen, advertise, agent, id, chunkDir string
 		vcpus                                                                  int
 		memory                                                                 int64
+		egress                                                                 server.Egress
 	)
 	c := &cobra.Command{
 		Use:   "worker --control-plane URL --token T",
@@ -119,7 +123,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
 				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
 				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
-				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(),
+				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress,
 			})
 		},
 	}
@@ -133,6 +137,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks); the server's to share its snapshots")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs offered (default: 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory offered (default: 80% of host RAM)")
+	egressFlags(f, &egress)
 	agentFlag(f, &agent)
 	return c
 }
@@ -146,4 +151,10 @@ func (g *globals) serverDataDir() (string, error) {
 		return d, nil
 	}
 	return "", usagef("no data directory: pass --data-dir DIR or set SPACE_DATA_DIR")
+}
+
+// egressFlags binds the flags that tune sandboxes' gateways.
+func egressFlags(fs *pflag.FlagSet, e *server.Egress) {
+	fs.IntVar(&e.WildcardNames, "egress-wildcard-names", 0, "distinct names a sandbox may resolve under wildcard rules at first, `N` (default 256)")
+	fs.IntVar(&e.WildcardNamesPerMinute, "egress-wildcard-names-per-minute", 0, "further distinct wildcard names a sandbox may resolve each minute, `N` (default 30)")
 }

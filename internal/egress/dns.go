@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 
 	"github.com/miekg/dns"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -22,68 +21,6 @@ var syntheticRange = netip.MustParsePrefix("198.18.0.0/15")
 // dnsTTL is the TTL of the gateway's answers: short, so that a policy
 // change is seen soon by resolvers that cache.
 const dnsTTL = 30
-
-// nameTable maps allowed names to synthetic addresses and back.
-type nameTable struct {
-	mu sync.Mutex
-	// +checklocks:mu
-	byName map[string]netip.Addr
-	// +checklocks:mu
-	byAddr map[netip.Addr]string
-	// +checklocks:mu
-	next netip.Addr
-}
-
-func newNameTable() *nameTable {
-	return &nameTable{byName: map[string]netip.Addr{}, byAddr: map[netip.Addr]string{}, next: syntheticRange.Addr().Next()}
-}
-
-// addr returns name's address, giving it the next free one on first use;
-// ok is false when the range is used up.
-func (t *nameTable) addr(name string) (netip.Addr, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if a, ok := t.byName[name]; ok {
-		return a, true
-	}
-	for t.byAddr[t.next] != "" {
-		t.next = t.next.Next()
-	}
-	if !syntheticRange.Contains(t.next) {
-		return netip.Addr{}, false
-	}
-	a := t.next
-	t.byName[name], t.byAddr[a] = a, name
-	t.next = a.Next()
-	return a, true
-}
-
-func (t *nameTable) name(a netip.Addr) (string, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n, ok := t.byAddr[a]
-	return n, ok
-}
-
-func (t *nameTable) all() map[string]netip.Addr {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := make(map[string]netip.Addr, len(t.byName))
-	for n, a := range t.byName {
-		out[n] = a
-	}
-	return out
-}
-
-func (t *nameTable) load(m map[string]netip.Addr) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for n, a := range m {
-		if syntheticRange.Contains(a) && t.byAddr[a] == "" {
-			t.byName[n], t.byAddr[a] = a, n
-		}
-	}
-}
 
 // listenDNS opens UDP port 53 on the gateway's address in the stack.
 func (g *Gateway) listenDNS() (*gonet.UDPConn, error) {
@@ -134,10 +71,14 @@ func (g *Gateway) answer(q *dns.Msg) *dns.Msg {
 	ev.Allowed = true
 	switch question.Qtype {
 	case dns.TypeA:
-		a, ok := g.names.addr(name)
-		if !ok {
+		a, err := g.names.addr(name, !g.Policy().allowsExactName(name))
+		if errors.Is(err, errWildcardLimit) {
+			g.refuseName(q, resp, &ev)
+			break
+		}
+		if err != nil {
 			resp.Rcode = dns.RcodeServerFailure
-			ev.Allowed, ev.Reason = false, "out of synthetic addresses"
+			ev.Allowed, ev.Reason = false, err.Error()
 			break
 		}
 		ev.Addr = a.String()

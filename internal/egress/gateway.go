@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -76,9 +77,28 @@ type Config struct {
 	// rule names the address exactly: the links of other sandboxes.
 	Reserved []netip.Prefix
 	// Audit receives every decision; nil = none. It must not block.
+	// Repeated events come aggregated (see Event.Count and audit.go).
 	Audit func(Event)
+	// AuditInterval is how long repeated events are counted before
+	// their line is written; 0 = DefaultAuditInterval.
+	AuditInterval time.Duration
+	// WildcardNames and WildcardNamesPerMinute bound the distinct names
+	// DNS answers under wildcard rules, the only names the guest chooses
+	// that reach the gateway's resolver: a token bucket holding
+	// WildcardNames (0 = DefaultWildcardNames), refilled at
+	// WildcardNamesPerMinute (0 = DefaultWildcardNamesPerMinute). A name
+	// the gateway already gave an address costs nothing; names an exact
+	// rule allows are not limited. See names.go for the channel this
+	// leaves.
+	WildcardNames          int
+	WildcardNamesPerMinute int
 	// Log receives the gateway's own events; nil = discard.
 	Log *slog.Logger
+
+	// Test hooks: the synthetic range (invalid = syntheticRange) and
+	// the clock of the wildcard names' bucket (nil = time.Now).
+	namesRange netip.Prefix
+	now        func() time.Time
 }
 
 // Event is one egress decision, as the API reports it. It never holds a
@@ -94,6 +114,7 @@ type Gateway struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	names  *nameTable
+	agg    *aggregator     // or nil, without Config.Audit
 	pings  chan struct{}   // a slot per echo request in flight (maxPings)
 	ctx    context.Context // ends with Close
 	http   *httpProxy
@@ -105,8 +126,6 @@ type Gateway struct {
 	open map[*conn]struct{} // the guest's connections being served
 	// +checklocks:mu
 	limiter *rate.Limiter // nil: unlimited
-	// +checklocks:mu
-	dropped map[string]bool // dropped-packet events already audited
 	closed  sync.Once
 }
 
@@ -141,11 +160,26 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.AuditInterval < 0 || cfg.WildcardNames < 0 || cfg.WildcardNamesPerMinute < 0 {
+		return nil, fmt.Errorf("egress: negative audit interval or wildcard name limits: %w", errkind.InvalidArgument)
+	}
+	cfg.AuditInterval = cmp.Or(cfg.AuditInterval, DefaultAuditInterval)
+	cfg.WildcardNames = cmp.Or(cfg.WildcardNames, DefaultWildcardNames)
+	cfg.WildcardNamesPerMinute = cmp.Or(cfg.WildcardNamesPerMinute, DefaultWildcardNamesPerMinute)
+	if !cfg.namesRange.IsValid() {
+		cfg.namesRange = syntheticRange
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
 	if cfg.HostAddr == nil {
 		cfg.HostAddr = func(netip.Addr) bool { return false }
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), names: newNameTable(), dropped: map[string]bool{},
-		pings: make(chan struct{}, maxPings), open: map[*conn]struct{}{}}
+	g := &Gateway{cfg: cfg, log: cfg.Log, done: make(chan struct{}), pings: make(chan struct{}, maxPings),
+		names: newNameTable(cfg.namesRange, cfg.WildcardNames, cfg.WildcardNamesPerMinute, cfg.now), open: map[*conn]struct{}{}}
+	if cfg.Audit != nil {
+		g.agg = newAggregator(cfg.Audit, cfg.AuditInterval) // run once New succeeds
+	}
 	g.SetPolicy(cfg.Policy)
 	protocols := []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol}
 	if cfg.Gateway6.IsValid() {
@@ -179,6 +213,9 @@ func New(cfg Config) (*Gateway, error) {
 		}
 	}()
 	go g.serveDNS(dns)
+	if g.agg != nil {
+		go g.agg.run()
+	}
 	return g, nil
 }
 
@@ -226,11 +263,17 @@ func (g *Gateway) setUpStack() error {
 
 // admit filters frames from the guest before the stack sees them: ARP,
 // TCP to anywhere (the forwarder decides), DNS and pings to the gateway
-// itself. Everything else (other UDP, ICMP out, IPv6) is dropped and
-// audited once per destination.
+// itself. Everything else (other UDP, ICMP out, IPv6, other protocols,
+// malformed frames, packets from or to addresses the stack would drop
+// without a word, see martian4) is dropped and audited.
 func (g *Gateway) admit(frame []byte) bool {
+	if len(frame) < header.EthernetMinimumSize || len(frame) > g.link.maxFrame {
+		g.drop("ip", "", 0, fmt.Sprintf("a frame of %d bytes (the link's are %d to %d)", len(frame), header.EthernetMinimumSize, g.link.maxFrame))
+		return false
+	}
 	info, err := parseFrame(frame)
 	if err != nil {
+		g.drop("ip", "", 0, "a malformed IPv4 packet")
 		return false
 	}
 	switch info.ethType {
@@ -240,6 +283,11 @@ func (g *Gateway) admit(frame []byte) bool {
 		return g.admit6(frame)
 	case header.IPv4ProtocolNumber:
 	default:
+		g.drop("ip", "", 0, fmt.Sprintf("ethertype %#04x is not routed", uint16(info.ethType)))
+		return false
+	}
+	if why := g.martian4(frame, info); why != "" {
+		g.drop(protoName(info.proto), info.dst.String(), info.dstPort, why)
 		return false
 	}
 	switch {
@@ -271,24 +319,19 @@ func (g *Gateway) admit(frame []byte) bool {
 	return false
 }
 
-// drop audits a dropped packet, once per kind of destination.
+// drop audits a dropped packet (aggregated, as every refusal).
 func (g *Gateway) drop(proto, addr string, port uint16, reason string) {
-	key := proto + " " + addr + " " + strconv.Itoa(int(port))
-	g.mu.Lock()
-	seen := g.dropped[key] || len(g.dropped) >= 4096
-	g.dropped[key] = true
-	g.mu.Unlock()
-	if !seen {
-		g.audit(Event{Proto: proto, Addr: addr, Port: port, Reason: reason})
-	}
+	g.audit(Event{Proto: proto, Addr: addr, Port: port, Reason: reason})
 }
 
+// audit records a decision: at once, or counted for a later line when
+// it repeats (see audit.go).
 func (g *Gateway) audit(ev Event) {
-	if g.cfg.Audit == nil {
+	if g.agg == nil {
 		return
 	}
 	ev.Time = time.Now().UTC()
-	g.cfg.Audit(ev)
+	g.agg.add(ev)
 }
 
 // SetPolicy replaces the policy. DNS queries, new connections and every
@@ -316,15 +359,18 @@ func (g *Gateway) Policy() Policy {
 	return g.policy
 }
 
-// Names returns the synthetic addresses the gateway gave out, for a fork's
-// gateway to keep answering the parent's (see Config... SetNames).
+// Names returns the synthetic addresses the gateway gave out (those it
+// has not recycled), for a fork's gateway to keep answering the parent's
+// (see SetNames).
 func (g *Gateway) Names() map[string]netip.Addr { return g.names.all() }
 
 // SetNames takes over another gateway's synthetic addresses (a fork's
-// guest remembers its parent's answers).
+// guest remembers its parent's answers), where they are free. They cost
+// no wildcard names: the other gateway counted them.
 func (g *Gateway) SetNames(m map[string]netip.Addr) { g.names.load(m) }
 
-// Close stops the gateway and closes the guest NIC's backend.
+// Close stops the gateway and closes the guest NIC's backend, and writes
+// the audit lines still pending.
 func (g *Gateway) Close() error {
 	g.closed.Do(func() {
 		g.cancel()
@@ -341,6 +387,9 @@ func (g *Gateway) Close() error {
 			c.close("the sandbox's network closed")
 		}
 		g.stack.Close()
+		if g.agg != nil {
+			g.agg.close()
+		}
 	})
 	return nil
 }
@@ -356,7 +405,10 @@ func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 	}
 	port := id.LocalPort
 	p := g.Policy()
-	name, synthetic := g.names.name(dst)
+	name, synthetic := g.names.pin(dst) // dst keeps its name while the connection is open
+	if synthetic {
+		defer g.names.unpin(dst)
+	}
 	refuse := func(reason string) {
 		req.Complete(true)
 		g.audit(Event{Proto: "tcp", Name: name, Addr: dst.String(), Port: port, Reason: reason})

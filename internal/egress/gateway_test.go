@@ -46,7 +46,8 @@ var (
 // guest is a netstack playing the sandbox: the same stack a kernel would
 // be as far as the gateway can tell (ARP, IPv4, TCP, UDP over Ethernet).
 type guest struct {
-	s *stack.Stack
+	s      *stack.Stack
+	frames Frames // its NIC's backend, for frames the stack would not send
 	// roots is what the guest trusts: its sandbox's CA, as a real
 	// guest does.
 	roots *x509.CertPool
@@ -73,7 +74,7 @@ func newGuest(t testing.TB, frames Frames, mtu int) *guest {
 	ctx, cancel := context.WithCancel(context.Background())
 	go link.run(ctx)
 	t.Cleanup(func() { cancel(); s.Close() })
-	return &guest{s: s}
+	return &guest{s: s, frames: frames}
 }
 
 // resolve asks the DNS server at server:53 for name's A records.

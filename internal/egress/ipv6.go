@@ -22,11 +22,16 @@ func (g *Gateway) admit6(frame []byte) bool {
 	}
 	ip := header.IPv6(frame[header.EthernetMinimumSize:])
 	if !ip.IsValid(len(ip)) {
+		g.drop("ipv6", "", 0, "a malformed IPv6 packet")
 		return false
 	}
 	dst := netip.AddrFrom16(ip.DestinationAddress().As16())
 	switch ip.TransportProtocol() {
 	case header.TCPProtocolNumber:
+		if why := martian6(dst); why != "" {
+			g.drop("tcp", dst.String(), 0, why)
+			return false
+		}
 		return true // the forwarder decides
 	case header.ICMPv6ProtocolNumber:
 		icmp := header.ICMPv6(ip.Payload())

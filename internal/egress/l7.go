@@ -235,7 +235,6 @@ func (p *httpProxy) modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-
 // upstreamError answers a request the upstream did not answer.
 func (p *httpProxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	c, _ := r.Context().Value(connKey{}).(*conn)

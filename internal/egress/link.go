@@ -95,7 +95,7 @@ type frameLink struct {
 	ep       *channel.Endpoint
 	frames   Frames
 	maxFrame int                     // the link's MTU and an Ethernet header
-	filter   func(frame []byte) bool // false drops a frame from the guest
+	filter   func(frame []byte) bool // false drops a frame from the guest; it sees every frame, of whatever size
 }
 
 func newFrameLink(frames Frames, mtu int, mac tcpip.LinkAddress, filter func([]byte) bool) *frameLink {
@@ -122,7 +122,7 @@ func (l *frameLink) fromGuest() error {
 			return err
 		}
 		frame := buf[:n]
-		if n < header.EthernetMinimumSize || n > l.maxFrame || !l.filter(frame) {
+		if !l.filter(frame) || n < header.EthernetMinimumSize || n > l.maxFrame { // the filter sees (and audits) every frame
 			continue
 		}
 		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(append([]byte(nil), frame...))})

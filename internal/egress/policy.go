@@ -7,6 +7,20 @@
 // or HTTP Host against the name the guest resolved, resolves and dials
 // the name itself, and refuses loopback, private, link-local and metadata
 // destinations unless the policy names that exact address.
+//
+// The names a guest chooses under a wildcard rule reach the host's
+// resolver when it connects to them, so their number is bounded (a
+// token bucket: Config.WildcardNames, then Config.WildcardNamesPerMinute;
+// REFUSED beyond): the channel carries at most 253 bytes per name, 7,590
+// bytes a minute after a first 64,768 with the defaults (names.go).
+// Synthetic addresses are recycled least recently used, never one an open
+// connection pins. Every decision is audited, repeats aggregated into
+// one line per destination and interval (audit.go), and frames the
+// stack would drop silently are dropped and audited first (martian.go).
+//
+// Lock order: Gateway.mu, nameTable.mu and aggregator.mu are never held
+// together, nor across a callback (Audit); nameTable.mu is held while
+// its rate.Limiter takes its own.
 package egress
 
 import (

@@ -319,6 +319,10 @@ type Egress struct {
 	// Roots verify upstream servers where a gateway speaks TLS itself
 	// (every HTTPS connection it terminates); nil = the host's roots.
 	Roots *x509.CertPool
+	// WildcardNames and WildcardNamesPerMinute bound the distinct names
+	// each sandbox may resolve under wildcard rules (see
+	// egress.Config); 0 = 256, then 30 a minute.
+	WildcardNames, WildcardNamesPerMinute int
 }
 
 // resolve is the gateways' resolver.
@@ -420,6 +424,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
 		Cgroups:   cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
 		EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
+		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
 	})
 	if err != nil {
 		return nil, err

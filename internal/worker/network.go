@@ -1,9 +1,7 @@
 package worker
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,11 +10,8 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"space/internal/agent/proto"
@@ -248,12 +243,9 @@ func (w *Worker) guestFrames(ctx context.Context, s *sbx) (egress.Frames, error)
 // netSocket is where the sandbox's VMM accepts its gateway.
 func (s *sbx) netSocket() string { return filepath.Join(s.runDir, "vm", "net.sock") }
 
-// egressLog is the sandbox's audit file of egress decisions (JSON lines).
+// egressLog is the sandbox's audit file of egress decisions (JSON lines):
+// the tail of it, after its head (see auditlog.go).
 func (s *sbx) egressLog() string { return filepath.Join(s.dir, "egress.log") }
-
-// maxEgressLog is the size at which the audit file is rotated (one
-// previous file is kept).
-const maxEgressLog = 16 << 20
 
 // attachGateway connects a gateway to the sandbox's NIC and gives the
 // guest its addresses, once its VM runs and its agent answers. A sandbox
@@ -286,6 +278,7 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 		Gateway6: addrs.gateway6(), Guest6: addrs.guest6(),
 		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
 		HostAddr: w.hostAddrs.Contains, Reserved: []netip.Prefix{netBlocks, netBlocks6},
+		WildcardNames: w.cfg.EgressWildcardNames, WildcardNamesPerMinute: w.cfg.EgressWildcardNamesPerMinute,
 		Log: w.log.With("sandbox_id", s.id()),
 	})
 	if err != nil {
@@ -410,7 +403,8 @@ func (w *Worker) EgressLog(id string, out io.Writer) error {
 const EgressLogHeader = "Space-Egress-Log"
 
 // OpenEgressLog opens the sandbox's audit of egress decisions (JSON
-// lines, oldest first) and names it: logID is unique to this worker's
+// lines, oldest first: the head of the run, a line saying how many
+// events were dropped after it if any were, and the tail) and names it: logID is unique to this worker's
 // run of the sandbox (a restore in place keeps it; a resume or a move
 // starts another), so the control plane, which archives a log when the
 // sandbox leaves the worker, stores each run's once.
@@ -422,121 +416,11 @@ func (w *Worker) OpenEgressLog(id string) (logID string, rc io.ReadCloser, err e
 	s.mu.Lock()
 	logID = fmt.Sprintf("%s/%s/%s", w.cfg.ID, s.rec.slot(), strconv.FormatInt(s.rec.Created.UnixNano(), 36))
 	s.mu.Unlock()
-	var files []*os.File
-	var readers []io.Reader
-	for _, p := range []string{s.egressLog() + ".1", s.egressLog()} {
-		f, err := os.Open(p)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			for _, f := range files {
-				f.Close()
-			}
-			return "", nil, err
-		}
-		files = append(files, f)
-		readers = append(readers, f)
-	}
-	return logID, &multiFile{Reader: io.MultiReader(readers...), files: files}, nil
-}
-
-type multiFile struct {
-	io.Reader
-	files []*os.File
-}
-
-func (m *multiFile) Close() error {
-	var errs []error
-	for _, f := range m.files {
-		errs = append(errs, f.Close())
-	}
-	return errors.Join(errs...)
-}
-
-// auditFile appends egress events to a sandbox's audit file.
-type auditFile struct {
-	path string
-	ch   chan egress.Event
-	done chan struct{}
-	lost atomic.Int64 // events dropped since the last one written
-	// mu orders writes before close: a gateway's connection handlers may
-	// still finish (and audit) after the sandbox's gateway is closed.
-	mu sync.RWMutex
-	// +checklocks:mu
-	closed bool
-}
-
-func (w *Worker) auditor(s *sbx) *auditFile {
-	a := &auditFile{path: s.egressLog(), ch: make(chan egress.Event, 1024), done: make(chan struct{})}
-	go a.run(w)
-	return a
-}
-
-// write queues an event; when the writer falls behind (1024 queued),
-// the event is dropped rather than blocking the gateway, and the next
-// one written says how many were.
-func (a *auditFile) write(ev egress.Event) {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.closed {
-		return
-	}
-	select {
-	case a.ch <- ev:
-	default:
-		a.lost.Add(1)
-	}
-}
-
-func (a *auditFile) close() {
-	a.mu.Lock()
-	if !a.closed {
-		a.closed = true
-		close(a.ch)
-	}
-	a.mu.Unlock()
-	<-a.done
-}
-
-func (a *auditFile) run(w *Worker) {
-	defer close(a.done)
-	f, err := os.OpenFile(a.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	rc, err = openAuditLog(s.egressLog())
 	if err != nil {
-		w.log.Warn("egress audit file", "err", err)
-		for range a.ch {
-		}
-		return
+		return "", nil, err
 	}
-	bw := bufio.NewWriter(f)
-	size, _ := f.Seek(0, io.SeekEnd)
-	for ev := range a.ch {
-		if n := a.lost.Swap(0); n > 0 {
-			b, _ := json.Marshal(egress.Event{Time: ev.Time, Proto: "audit", Reason: fmt.Sprintf("%d events dropped: the log fell behind", n)})
-			bw.Write(append(b, '\n'))
-		}
-		b, _ := json.Marshal(ev)
-		n, _ := bw.Write(append(b, '\n'))
-		size += int64(n)
-		if len(a.ch) == 0 {
-			bw.Flush()
-		}
-		if size > maxEgressLog {
-			bw.Flush()
-			f.Close()
-			os.Rename(a.path, a.path+".1")
-			if f, err = os.OpenFile(a.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
-				w.log.Warn("egress audit file", "err", err)
-				for range a.ch {
-				}
-				return
-			}
-			bw.Reset(f)
-			size = 0
-		}
-	}
-	bw.Flush()
-	f.Close()
+	return logID, rc, nil
 }
 
 // handleExposed proxies an HTTP request to a port of the guest through

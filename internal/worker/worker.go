@@ -84,6 +84,12 @@ type Config struct {
 	// EgressRoots verify upstream servers where a gateway speaks TLS
 	// itself (to add secrets); nil = the host's roots.
 	EgressRoots *x509.CertPool
+	// EgressWildcardNames and EgressWildcardNamesPerMinute bound the
+	// distinct names each sandbox's gateway answers under wildcard rules
+	// (egress.Config.WildcardNames, WildcardNamesPerMinute); 0 = the
+	// egress package's defaults (256, then 30 a minute).
+	EgressWildcardNames          int
+	EgressWildcardNamesPerMinute int
 	// TapNICs gives sandboxes tap NICs, each in a network namespace of
 	// its own with the gateway on the tap's host side, even when the
 	// driver takes socket NICs. Drivers that take only taps (see
@@ -199,6 +205,10 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.DataDir == "" || cfg.Driver == nil || cfg.Templates == nil {
 		return nil, fmt.Errorf("worker: data dir, driver and templates are required: %w", errkind.InvalidArgument)
+	}
+	if cfg.EgressWildcardNames < 0 || cfg.EgressWildcardNamesPerMinute < 0 {
+		return nil, fmt.Errorf("worker: egress wildcard name limits %d, %d per minute: not negative: %w",
+			cfg.EgressWildcardNames, cfg.EgressWildcardNamesPerMinute, errkind.InvalidArgument)
 	}
 	if cfg.RunRoot == "" {
 		cfg.RunRoot = filepath.Join("/dev/shm", "space-"+cfg.ID)
