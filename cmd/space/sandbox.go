@@ -95,7 +95,7 @@ them, nothing: DNS answers NXDOMAIN). Change that later with
 	f.StringArrayVar(&env, "env", nil, "environment of every command, `KEY=VALUE` (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "a label, `key=value` (repeatable)")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start as a copy of this `snapshot` (ID or name) instead of booting")
-	f.StringArrayVar(&req.Secrets, "secret", nil, "grant this secret of the team (`name`; repeatable): the sandbox sees a placeholder, its gateway adds the value for the secret's hosts")
+	f.StringArrayVar(&req.Secrets, "secret", nil, "grant this secret of the team (`name`; repeatable): the sandbox sees a placeholder, its gateway adds the value for the secret's hosts (allowed as host:443 in the policy)")
 	f.BoolVar(&req.ColdBoot, "cold-boot", false, "boot the VM rather than restore the template's warm snapshot")
 	f.BoolVar(&network, "network", false, "a network allowing nothing (the default)")
 	f.MarkHidden("network") // every sandbox has a network now; kept for scripts that pass it

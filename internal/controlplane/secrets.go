@@ -258,3 +258,39 @@ func randomBytes(n int) []byte {
 	rand.Read(b)
 	return b
 }
+
+// allowGrantHosts returns n with the hosts of grants allowed on port 443
+// ("host:443"), each one that no rule of n allows there already. This is
+// how a grant reaches its hosts: the worker's gateway enforces the
+// policy exactly as the record shows it, adds nothing of its own, and
+// never adds a secret to a connection the policy refuses. The user sees
+// the rules and may remove them (the grant then stays, inert for that
+// host).
+func allowGrantHosts(n worker.Network, grants []worker.SecretGrant) worker.Network {
+	rules, _ := egress.ParseRules(n.Allow) // n is checked; a bad one fails its Policy
+	allow := append([]string(nil), n.Allow...)
+	for _, g := range grants {
+		for _, h := range g.Hosts {
+			if !allowsOn443(rules, h) {
+				r := egress.Rule{Host: h, Port: 443}
+				rules = append(rules, r)
+				allow = append(allow, r.String())
+			}
+		}
+	}
+	n.Allow = allow
+	return n
+}
+
+// allowsOn443 reports whether a rule allows host name on port 443.
+func allowsOn443(rules []egress.Rule, name string) bool {
+	for _, r := range rules {
+		if r.Port != 0 && r.Port != 443 {
+			continue
+		}
+		if suffix, ok := strings.CutPrefix(r.Host, "*."); ok && strings.HasSuffix(name, "."+suffix) || r.Host == name {
+			return true
+		}
+	}
+	return false
+}
