@@ -521,6 +521,17 @@ type CreateSecret struct {
 	Format string `json:"format,omitempty"`
 }
 
+// SecretGrants is the body of PUT /v1/sandboxes/{id}/secrets: the names
+// of all the team's secrets the running sandbox is granted from now on
+// ([] for none). A grant kept keeps its placeholder; a new one gets a
+// placeholder (in new execs' environment and /etc/space/secrets/NAME)
+// and, as at create, its hosts in the sandbox's policy as "host:443"
+// unless a rule allows them on 443 already; a dropped one loses its file,
+// is no longer replaced, and leaves the policy as it is.
+type SecretGrants struct {
+	Secrets []string `json:"secrets"`
+}
+
 // Secret describes a team secret. It never carries the value.
 type Secret struct {
 	Name      string    `json:"name"`

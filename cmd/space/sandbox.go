@@ -26,7 +26,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		newSandboxStateCmd(g, "pause", "Pause sandboxes (vCPUs stop; memory stays)", (*client.Client).PauseSandbox),
 		newSandboxStateCmd(g, "suspend", "Suspend sandboxes to storage (the VM stops; memory is freed)", (*client.Client).SuspendSandbox),
 		newSandboxStateCmd(g, "resume", "Resume paused or suspended sandboxes", (*client.Client).ResumeSandbox),
-		newSandboxRestoreCmd(g), newSandboxForkCmd(g), newSandboxNetworkCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g))
+		newSandboxRestoreCmd(g), newSandboxForkCmd(g), newSandboxNetworkCmd(g), newSandboxSecretsCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g))
 }
 
 func newSandboxCreateCmd(g *globals) *cobra.Command {
@@ -195,7 +195,8 @@ func (g *globals) printSandbox(sb api.Sandbox) error {
 	if sb.ExpiresAt != nil {
 		kv = append(kv, "expires", sb.ExpiresAt.Local().Format(time.RFC3339))
 	}
-	kv = append(kv, "env", joinKV(sb.Env), "labels", joinKV(sb.Labels), "network", networkText(sb.Network))
+	kv = append(kv, "env", joinKV(sb.Env), "labels", joinKV(sb.Labels), "network", networkText(sb.Network),
+		"secrets", strings.Join(sb.Secrets, ", "))
 	if vm := sb.VM; vm != nil {
 		kv = append(kv, "vm", fmt.Sprintf("%s %s (%s), %s in %d ms", vm.VMM, vm.VMMVersion, vm.Accel, vm.StartedBy, vm.BootMS))
 	}

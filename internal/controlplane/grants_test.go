@@ -15,6 +15,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"space/api"
+	"space/internal/errkind"
+	"space/internal/sandbox"
 	"space/internal/secrets"
 	"space/internal/store"
 	"space/internal/store/sqlite"
@@ -28,6 +30,30 @@ type grantWorker struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	creates []worker.CreateRequest
+	// +checklocks:mu
+	sets []worker.SecretsRequest
+	// +checklocks:mu
+	fail error // what SetSecrets answers, or nil
+}
+
+func (w *grantWorker) SetSecrets(_ context.Context, id string, req worker.SecretsRequest) (worker.Info, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sets = append(w.sets, req)
+	if w.fail != nil {
+		return worker.Info{}, w.fail
+	}
+	return worker.Info{ID: id, State: sandbox.Running}, nil
+}
+
+// lastSet returns the last SetSecrets request and how many there were.
+func (w *grantWorker) lastSet() (worker.SecretsRequest, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.sets) == 0 {
+		return worker.SecretsRequest{}, 0
+	}
+	return w.sets[len(w.sets)-1], len(w.sets)
 }
 
 func (w *grantWorker) Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error) {
@@ -156,5 +182,158 @@ func TestCreateAllowsGrantHosts(t *testing.T) {
 	}
 	if want := []string{"upload.pypi.org:443"}; sb.Network == nil || !cmp.Equal(sb.Network.Allow, want) {
 		t.Errorf("created sandbox's network = %+v, want allow %q", sb.Network, want)
+	}
+}
+
+// storedGrants returns the grants and policy the store keeps for sandbox id.
+func storedGrants(t *testing.T, st store.Store, id string) ([]worker.SecretGrant, []string) {
+	t.Helper()
+	sb, err := st.Sandbox(t.Context(), DefaultTeam, id)
+	if err != nil {
+		t.Fatalf("store Sandbox(%s) = %v", id, err)
+	}
+	sp := specOf(sb)
+	if sp.Network == nil {
+		return sp.Secrets, nil
+	}
+	return sp.Secrets, sp.Network.Allow
+}
+
+// TestSetSecrets checks PUT /v1/sandboxes/{id}/secrets: kept grants keep
+// their placeholders, new ones bring their hosts into the policy as at
+// create, the worker gets the grants with their values and the policy,
+// and the store keeps them only once the worker took them.
+func TestSetSecrets(t *testing.T) {
+	wk := &grantWorker{}
+	st, do := grantServer(t, wk)
+	createSecret(t, do, "gh", "tok-gh", "api.github.com")
+	createSecret(t, do, "pypi", "tok-pypi", "upload.pypi.org")
+	code, body := do("POST", "/v1/sandboxes", `{"secrets":["gh"],"network":{"allow":["example.com"]}}`)
+	var sb api.Sandbox
+	if code != 201 || json.Unmarshal(body, &sb) != nil {
+		t.Fatalf("setup: POST /v1/sandboxes = %d %s", code, body)
+	}
+	created, _ := storedGrants(t, st, sb.ID)
+	path := "/v1/sandboxes/" + sb.ID + "/secrets"
+
+	code, body = do("PUT", path, `{"secrets":["gh","pypi"]}`)
+	var got api.Sandbox
+	if code != 200 || json.Unmarshal(body, &got) != nil {
+		t.Fatalf("PUT %s = %d %s, want 200", path, code, body)
+	}
+	wantAllow := []string{"example.com", "api.github.com:443", "upload.pypi.org:443"}
+	if !cmp.Equal(got.Secrets, []string{"gh", "pypi"}) || got.Network == nil || !cmp.Equal(got.Network.Allow, wantAllow) {
+		t.Errorf("PUT %s = secrets %q, network %+v; want gh, pypi and allow %q", path, got.Secrets, got.Network, wantAllow)
+	}
+	req, n := wk.lastSet()
+	if n != 1 || len(req.Secrets) != 2 || !cmp.Equal(req.Network.Allow, wantAllow) {
+		t.Fatalf("the worker got %d requests, the last %+v; want one with both grants and allow %q", n, req, wantAllow)
+	}
+	if !cmp.Equal(req.Secrets[0], created[0]) {
+		t.Errorf("the kept grant is %+v, was %+v: it must keep its placeholder", req.Secrets[0], created[0])
+	}
+	if g := req.Secrets[1]; g.Name != "pypi" || !placeholderLike(g.Placeholder) || g.Placeholder == created[0].Placeholder ||
+		!cmp.Equal(g.Hosts, []string{"upload.pypi.org"}) {
+		t.Errorf("the new grant is %+v, want pypi's with a fresh placeholder", g)
+	}
+	if string(req.SecretValues["gh"]) != "tok-gh" || string(req.SecretValues["pypi"]) != "tok-pypi" || len(req.SecretValues) != 2 {
+		t.Errorf("the worker got values for %d secrets, want gh's and pypi's", len(req.SecretValues))
+	}
+	grants, allow := storedGrants(t, st, sb.ID)
+	if diff := cmp.Diff(req.Secrets, grants); diff != "" || !cmp.Equal(allow, wantAllow) {
+		t.Errorf("the store keeps grants (-sent +stored):\n%s and allow %q, want %q", diff, allow, wantAllow)
+	}
+
+	// A policy without gh's host stays so: keeping the grant adds
+	// nothing back. Dropping pypi leaves its rule.
+	if code, body := do("PUT", "/v1/sandboxes/"+sb.ID+"/network", `{"allow":["example.com","upload.pypi.org:443"]}`); code != 200 {
+		t.Fatalf("PUT network = %d %s", code, body)
+	}
+	if code, body = do("PUT", path, `{"secrets":["gh"]}`); code != 200 {
+		t.Fatalf("PUT %s gh = %d %s", path, code, body)
+	}
+	wantAllow = []string{"example.com", "upload.pypi.org:443"}
+	grants, allow = storedGrants(t, st, sb.ID)
+	if len(grants) != 1 || !cmp.Equal(grants[0], created[0]) || !cmp.Equal(allow, wantAllow) {
+		t.Errorf("after PUT gh the store keeps %+v and allow %q, want gh's first grant and %q", grants, allow, wantAllow)
+	}
+	if code, body = do("PUT", path, `{"secrets":[]}`); code != 200 {
+		t.Fatalf("PUT %s [] = %d %s", path, code, body)
+	}
+	if grants, _ = storedGrants(t, st, sb.ID); len(grants) != 0 {
+		t.Errorf("after PUT [] the store keeps grants %+v, want none", grants)
+	}
+	if req, _ := wk.lastSet(); len(req.Secrets) != 0 || !cmp.Equal(req.Network.Allow, wantAllow) {
+		t.Errorf("PUT [] sent the worker %+v, want no grants and allow %q", req, wantAllow)
+	}
+}
+
+func placeholderLike(s string) bool {
+	return strings.HasPrefix(s, "SPACE_SECRET_") && len(s) == len("SPACE_SECRET_")+32
+}
+
+// TestSetSecretsRefused checks bad requests to PUT .../secrets answer
+// with the right code, naming the field or the secret, and change
+// nothing: neither the worker nor the store hears of them.
+func TestSetSecretsRefused(t *testing.T) {
+	wk := &grantWorker{}
+	st, do := grantServer(t, wk)
+	createSecret(t, do, "gh", "tok-gh", "api.github.com")
+	code, body := do("POST", "/v1/sandboxes", `{"secrets":["gh"]}`)
+	var sb api.Sandbox
+	if code != 201 || json.Unmarshal(body, &sb) != nil {
+		t.Fatalf("setup: POST /v1/sandboxes = %d %s", code, body)
+	}
+	before, beforeAllow := storedGrants(t, st, sb.ID)
+	path := "/v1/sandboxes/" + sb.ID + "/secrets"
+	many := `["s0"` + strings.Repeat(`,"s"`, maxGrants) + `]`
+	tests := []struct {
+		name, path, body string
+		code             int
+		field, message   string // in the error
+		worker           bool   // the worker is asked (and fails)
+	}{
+		{name: "no list", path: path, body: `{}`, code: 400, field: "secrets"},
+		{name: "null list", path: path, body: `{"secrets":null}`, code: 400, field: "secrets"},
+		{name: "not a list", path: path, body: `{"secrets":"gh"}`, code: 400, field: "secrets"},
+		{name: "unknown field", path: path, body: `{"secrets":["gh"],"network":{}}`, code: 400, field: "network"},
+		{name: "bad name", path: path, body: `{"secrets":["a/b"]}`, code: 400, field: "secrets"},
+		{name: "named twice", path: path, body: `{"secrets":["gh","gh"]}`, code: 400, field: "secrets"},
+		{name: "too many", path: path, body: `{"secrets":` + many + `}`, code: 400, field: "secrets"},
+		{name: "unknown secret", path: path, body: `{"secrets":["gh","nosuch"]}`, code: 404, message: "nosuch"},
+		{name: "unknown sandbox", path: "/v1/sandboxes/sbx_nosuchsandboxxxxxxxx/secrets", body: `{"secrets":["gh"]}`, code: 404},
+		{name: "the worker refuses", path: path, body: `{"secrets":[]}`, code: 409, message: "not running", worker: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, sentBefore := wk.lastSet()
+			wk.mu.Lock()
+			wk.fail = fmt.Errorf("sandbox is not running: %w", errkind.FailedPrecondition)
+			wk.mu.Unlock()
+			code, body := do("PUT", tt.path, tt.body)
+			var e api.Error
+			if code != tt.code || json.Unmarshal(body, &e) != nil || e.Error.Field != tt.field || !strings.Contains(e.Error.Message, tt.message) {
+				t.Errorf("PUT %s %s = %d %s, want %d naming field %q and %q", tt.path, tt.body, code, body, tt.code, tt.field, tt.message)
+			}
+			if _, sent := wk.lastSet(); (sent > sentBefore) != tt.worker {
+				t.Errorf("PUT %s %s asked the worker: %v, want %v", tt.path, tt.body, sent > sentBefore, tt.worker)
+			}
+			grants, allow := storedGrants(t, st, sb.ID)
+			if diff := cmp.Diff(before, grants); diff != "" || !cmp.Equal(allow, beforeAllow) {
+				t.Errorf("PUT %s %s changed the stored grants (-before +after):\n%s or allow %q (was %q)", tt.path, tt.body, diff, allow, beforeAllow)
+			}
+		})
+	}
+
+	// A paused sandbox's guest cannot take placeholders.
+	if code, body := do("POST", "/v1/sandboxes/"+sb.ID+"/pause", ""); code != 200 {
+		t.Fatalf("setup: pause = %d %s", code, body)
+	}
+	_, sentBefore := wk.lastSet()
+	if code, body := do("PUT", path, `{"secrets":[]}`); code != 409 || !strings.Contains(string(body), "failed_precondition") {
+		t.Errorf("PUT %s on a paused sandbox = %d %s, want 409 failed_precondition", path, code, body)
+	}
+	if _, sent := wk.lastSet(); sent != sentBefore {
+		t.Errorf("PUT %s on a paused sandbox asked the worker", path)
 	}
 }
