@@ -46,6 +46,11 @@ func (w *grantWorker) SetSecrets(_ context.Context, id string, req worker.Secret
 	return worker.Info{ID: id, State: sandbox.Running}, nil
 }
 
+// Snapshot takes chunked snapshots, which suspends need.
+func (w *grantWorker) Snapshot(_ context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error) {
+	return worker.SnapshotInfo{ID: req.SnapshotID, SandboxID: id, Chunked: true}, nil
+}
+
 // lastSet returns the last SetSecrets request and how many there were.
 func (w *grantWorker) lastSet() (worker.SecretsRequest, int) {
 	w.mu.Lock()
@@ -335,5 +340,31 @@ func TestSetSecretsRefused(t *testing.T) {
 	}
 	if _, sent := wk.lastSet(); sent != sentBefore {
 		t.Errorf("PUT %s on a paused sandbox asked the worker", path)
+	}
+}
+
+// TestResumeSuspendedSendsValues checks a suspended sandbox with grants
+// resumes with their values: the worker seals them anew, and refuses a
+// grant without its value.
+func TestResumeSuspendedSendsValues(t *testing.T) {
+	wk := &grantWorker{}
+	_, do := grantServer(t, wk)
+	createSecret(t, do, "gh", "tok-gh", "api.github.com")
+	code, body := do("POST", "/v1/sandboxes", `{"secrets":["gh"]}`)
+	var sb api.Sandbox
+	if code != 201 || json.Unmarshal(body, &sb) != nil {
+		t.Fatalf("setup: POST /v1/sandboxes = %d %s", code, body)
+	}
+	if code, body := do("POST", "/v1/sandboxes/"+sb.ID+"/suspend", ""); code != 200 {
+		t.Fatalf("setup: suspend = %d %s", code, body)
+	}
+	if code, body := do("POST", "/v1/sandboxes/"+sb.ID+"/resume", ""); code != 200 {
+		t.Fatalf("resume = %d %s", code, body)
+	}
+	wk.mu.Lock()
+	defer wk.mu.Unlock()
+	last := wk.creates[len(wk.creates)-1]
+	if len(wk.creates) != 2 || last.FromSnapshot == "" || string(last.SecretValues["gh"]) != "tok-gh" {
+		t.Errorf("the resume asked the worker for %+v, want a create from the snapshot with gh's value", last)
 	}
 }
