@@ -55,8 +55,14 @@ type CreateSandbox struct {
 	Network *Network `json:"network,omitempty"`
 	// Secrets grants the team's secrets by name: the sandbox sees only
 	// placeholders, and its gateway adds the values to requests for the
-	// hosts each secret is bound to (allowed on port 443). A sandbox with
-	// secrets has a network (one allowing nothing else if Network is nil).
+	// hosts each secret is bound to. The server adds each of those hosts
+	// to the sandbox's Network.Allow as "host:443" unless a rule allows it
+	// on 443 already, so the reply's policy is all the gateway enforces; a
+	// later PUT .../network may remove them (the grant then stays, inert
+	// for that host: the gateway adds a secret only to connections the
+	// policy allows). A sandbox with secrets has a network (one allowing
+	// only the secrets' hosts if Network is nil). Change the grants of a
+	// running sandbox with PUT .../secrets (SecretGrants).
 	Secrets        []string          `json:"secrets,omitempty"`
 	VCPUs          int               `json:"vcpus,omitempty"`
 	MemoryMiB      int64             `json:"memory_mib,omitempty"`
@@ -536,6 +542,17 @@ type CreateSecret struct {
 	// Format is the header's value, with "{}" (exactly once) standing for
 	// the secret's, e.g. "Bearer {}"; "" = "{}". Only with Header.
 	Format string `json:"format,omitempty"`
+}
+
+// SecretGrants is the body of PUT /v1/sandboxes/{id}/secrets: the names
+// of all the team's secrets the running sandbox is granted from now on
+// ([] for none). A grant kept keeps its placeholder; a new one gets a
+// placeholder (in new execs' environment and /etc/space/secrets/NAME)
+// and, as at create, its hosts in the sandbox's policy as "host:443"
+// unless a rule allows them on 443 already; a dropped one loses its file,
+// is no longer replaced, and leaves the policy as it is.
+type SecretGrants struct {
+	Secrets []string `json:"secrets"`
 }
 
 // Secret describes a team secret. It never carries the value.

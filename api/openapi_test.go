@@ -183,7 +183,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"Template": Template{}, "TemplateList": TemplateList{},
 		"BuildReport": BuildReport{}, "BuildEvent": BuildEvent{},
 		"Network": Network{}, "EgressEvent": EgressEvent{},
-		"CreateSecret": CreateSecret{}, "Secret": Secret{}, "SecretList": SecretList{},
+		"CreateSecret": CreateSecret{}, "Secret": Secret{}, "SecretList": SecretList{}, "SecretGrants": SecretGrants{},
 	}
 	doc := loadSpec(t)
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)

@@ -35,3 +35,25 @@ func (c *Client) DeleteSecret(ctx context.Context, name string) error {
 	return c.call(ctx, request{method: http.MethodDelete, path: "/v1/secrets/" + url.PathEscape(name),
 		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
 }
+
+// SetSecrets replaces the secret grants of running sandbox id with the
+// team's secrets names (none takes every grant away) and returns the
+// sandbox. A grant kept keeps its placeholder; a new one gets a
+// placeholder (in the environment of execs started from now on and in
+// /etc/space/secrets/NAME) and its secret's hosts in the sandbox's
+// policy, as at create; a dropped one is no longer replaced. An unknown
+// secret is a not-found error (IsNotFound); a sandbox that is not running
+// or has no network is a conflict error (IsConflict). On an error nothing
+// changes.
+func (c *Client) SetSecrets(ctx context.Context, id string, names []string) (api.Sandbox, error) {
+	if names == nil {
+		names = []string{} // [] clears; a missing list is refused
+	}
+	body, err := jsonBody(api.SecretGrants{Secrets: names})
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	var sb api.Sandbox
+	err = c.call(ctx, request{method: http.MethodPut, path: sandboxPath(id, "/secrets"), body: body}, &sb)
+	return sb, err
+}

@@ -145,3 +145,89 @@ func secretNames(scs []api.Secret) []string {
 	}
 	return names
 }
+
+// newGrantServer plays PUT /v1/sandboxes/{id}/secrets: it refuses a body
+// without the list, answers a secret "missing" with not_found and a
+// sandbox "stopped" with failed_precondition, and otherwise echoes the
+// names in the sandbox.
+func newGrantServer(t *testing.T) *Client {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/secrets", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+testKey || r.Header.Get("Content-Type") != "application/json" {
+			writeError(w, http.StatusBadRequest, api.CodeInvalidArgument, "want the key and a JSON body", "")
+			return
+		}
+		var body map[string][]string
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body["secrets"] == nil {
+			writeError(w, http.StatusBadRequest, api.CodeInvalidArgument, "secrets: required", "secrets")
+			return
+		}
+		if r.PathValue("id") == "stopped" {
+			writeError(w, http.StatusConflict, api.CodeFailedPrecondition, "sandbox stopped is stopped", "")
+			return
+		}
+		names := body["secrets"]
+		for _, n := range names {
+			if n == "missing" {
+				writeError(w, http.StatusNotFound, api.CodeNotFound, "no secret missing in your team", "")
+				return
+			}
+		}
+		if len(names) == 0 {
+			names = nil
+		}
+		writeJSON(w, http.StatusOK, api.Sandbox{ID: r.PathValue("id"), State: "running", Secrets: names, CreatedAt: t0, UpdatedAt: t0})
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	c, err := New(srv.URL, testKey)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	return c
+}
+
+func TestSetSecrets(t *testing.T) {
+	c := newGrantServer(t)
+	tests := []struct {
+		name    string
+		id      string
+		names   []string
+		want    api.Sandbox
+		wantErr *Error
+	}{
+		{name: "grants", id: "sb-1", names: []string{"gh", "pypi"},
+			want: api.Sandbox{ID: "sb-1", State: "running", Secrets: []string{"gh", "pypi"}, CreatedAt: t0, UpdatedAt: t0}},
+		{name: "none sends an empty list", id: "sb-1", names: nil,
+			want: api.Sandbox{ID: "sb-1", State: "running", CreatedAt: t0, UpdatedAt: t0}},
+		{name: "unknown secret", id: "sb-1", names: []string{"gh", "missing"},
+			wantErr: &Error{Status: 404, Code: api.CodeNotFound, Message: "no secret missing in your team"}},
+		{name: "not running", id: "stopped", names: []string{"gh"},
+			wantErr: &Error{Status: 409, Code: api.CodeFailedPrecondition, Message: "sandbox stopped is stopped"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := c.SetSecrets(t.Context(), tt.id, tt.names)
+			if tt.wantErr != nil {
+				var e *Error
+				if !errors.As(err, &e) {
+					t.Fatalf("SetSecrets(%q, %q) = %v, want an *Error", tt.id, tt.names, err)
+				}
+				if diff := cmp.Diff(tt.wantErr, e); diff != "" {
+					t.Errorf("SetSecrets(%q, %q) error differs (-want +got):\n%s", tt.id, tt.names, diff)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("SetSecrets(%q, %q) = %v", tt.id, tt.names, err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("SetSecrets(%q, %q) differs (-want +got):\n%s", tt.id, tt.names, diff)
+			}
+		})
+	}
+	if _, err := c.SetSecrets(t.Context(), "sb-1", []string{"missing"}); !IsNotFound(err) {
+		t.Errorf("SetSecrets(sb-1, missing) = %v, want IsNotFound", err)
+	}
+}

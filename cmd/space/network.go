@@ -129,6 +129,8 @@ func newSandboxNetworkCmd(g *globals) *cobra.Command {
 		Long: `Replace the egress policy of a running sandbox with the rules given and
 print the sandbox. New DNS queries and connections follow it; open
 connections are left alone. Without rules the sandbox may reach nothing.
+The rules are all the gateway allows: a granted secret's host left out
+(create adds them as host:443) is unreachable, and its grant inert there.
 
 Only a sandbox created with a network (sandbox create --network or an
 --allow-* flag, or from a built template) has a policy to replace.`,

@@ -26,7 +26,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		newSandboxStateCmd(g, "pause", "Pause sandboxes (vCPUs stop; memory stays)", (*client.Client).PauseSandbox),
 		newSandboxStateCmd(g, "suspend", "Suspend sandboxes to storage (the VM stops; memory is freed)", (*client.Client).SuspendSandbox),
 		newSandboxStateCmd(g, "resume", "Resume paused or suspended sandboxes", (*client.Client).ResumeSandbox),
-		newSandboxRestoreCmd(g), newSandboxForkCmd(g), newSandboxNetworkCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g))
+		newSandboxRestoreCmd(g), newSandboxForkCmd(g), newSandboxNetworkCmd(g), newSandboxSecretsCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g))
 }
 
 func newSandboxCreateCmd(g *globals) *cobra.Command {
@@ -95,7 +95,7 @@ them, nothing: DNS answers NXDOMAIN). Change that later with
 	f.StringArrayVar(&env, "env", nil, "environment of every command, `KEY=VALUE` (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "a label, `key=value` (repeatable)")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start as a copy of this `snapshot` (ID or name) instead of booting")
-	f.StringArrayVar(&req.Secrets, "secret", nil, "grant this secret of the team (`name`; repeatable): the sandbox sees a placeholder, its gateway adds the value for the secret's hosts")
+	f.StringArrayVar(&req.Secrets, "secret", nil, "grant this secret of the team (`name`; repeatable): the sandbox sees a placeholder, its gateway adds the value for the secret's hosts (allowed as host:443 in the policy)")
 	f.BoolVar(&req.ColdBoot, "cold-boot", false, "boot the VM rather than restore the template's warm snapshot")
 	f.BoolVar(&network, "network", false, "a network allowing nothing (the default)")
 	f.MarkHidden("network") // every sandbox has a network now; kept for scripts that pass it
@@ -195,7 +195,8 @@ func (g *globals) printSandbox(sb api.Sandbox) error {
 	if sb.ExpiresAt != nil {
 		kv = append(kv, "expires", sb.ExpiresAt.Local().Format(time.RFC3339))
 	}
-	kv = append(kv, "env", joinKV(sb.Env), "labels", joinKV(sb.Labels), "network", networkText(sb.Network))
+	kv = append(kv, "env", joinKV(sb.Env), "labels", joinKV(sb.Labels), "network", networkText(sb.Network),
+		"secrets", strings.Join(sb.Secrets, ", "))
 	if vm := sb.VM; vm != nil {
 		kv = append(kv, "vm", fmt.Sprintf("%s %s (%s), %s in %d ms", vm.VMM, vm.VMMVersion, vm.Accel, vm.StartedBy, vm.BootMS))
 	}

@@ -131,3 +131,34 @@ func newSecretRemoveCmd(g *globals) *cobra.Command {
 	c.Aliases = []string{"delete"}
 	return c
 }
+
+func newSandboxSecretsCmd(g *globals) *cobra.Command {
+	var none bool
+	c := withOutput(g, &cobra.Command{
+		Use:   "secrets ID (NAME... | --none)",
+		Short: "Replace a running sandbox's secret grants",
+		Long: `Grant a running sandbox exactly the team's secrets named (--none: no
+secret at all) and print the sandbox. A secret it had keeps its
+placeholder. A new one gets a placeholder, in the environment of execs
+started from now on and in /etc/space/secrets/NAME, and, as at create,
+its hosts are added to the sandbox's policy as host:443 unless a rule
+allows them there already. A secret left out is no longer replaced by
+its gateway and its file goes; the policy keeps its rules (space sandbox
+network changes them).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case len(args) == 0:
+				return usagef("secrets needs the sandbox's ID")
+			case none && len(args) > 1:
+				return usagef("--none takes no secret names")
+			case !none && len(args) == 1:
+				return usagef("name the secrets to grant, or --none to take them all away")
+			}
+			return nil
+		},
+	}, func(cmd *cobra.Command, cl *client.Client, args []string) (api.Sandbox, error) {
+		return cl.SetSecrets(cmd.Context(), args[0], args[1:])
+	}, g.printSandbox)
+	c.Flags().BoolVar(&none, "none", false, "take every grant away")
+	return c
+}

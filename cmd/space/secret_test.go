@@ -28,6 +28,8 @@ type secretAPI struct {
 	create *api.CreateSecret // the last create's body, or nil
 	// +checklocks:mu
 	deleted []string
+	// +checklocks:mu
+	grants *api.SecretGrants // the last PUT .../secrets body, or nil
 }
 
 var secretList = []api.Secret{
@@ -71,6 +73,19 @@ func newSecretAPI(t *testing.T) *secretAPI {
 		f.deleted = append(f.deleted, r.PathValue("name"))
 		f.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/secrets", func(w http.ResponseWriter, r *http.Request) {
+		var req api.SecretGrants
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Secrets == nil {
+			writeJSON(w, http.StatusBadRequest, api.Error{Error: api.ErrorBody{Code: api.CodeInvalidArgument, Message: "secrets: required", Field: "secrets"}})
+			return
+		}
+		f.mu.Lock()
+		f.grants = &req
+		f.mu.Unlock()
+		writeJSON(w, http.StatusOK, api.Sandbox{ID: r.PathValue("id"), Team: "t", State: "running", Template: "default",
+			VCPUs: 1, MemoryMiB: 512, DiskMiB: 4096, CreatedAt: t0, UpdatedAt: t0,
+			Network: &api.Network{Allow: []string{"upload.pypi.org:443"}}, Secrets: req.Secrets})
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -245,5 +260,51 @@ func TestSecretRemove(t *testing.T) {
 	if code := execute(t.Context(), g, []string{"secret", "rm", "nosuch"}); code != exitFailure || !strings.Contains(stderr.String(), "rm nosuch: ") ||
 		!strings.Contains(stderr.String(), "not found") {
 		t.Errorf("secret rm nosuch = exit %d, stderr %q; want %d and not found", code, stderr, exitFailure)
+	}
+}
+
+func TestSandboxSecrets(t *testing.T) {
+	f := newSecretAPI(t)
+	tests := []struct {
+		args []string
+		want []string
+		out  string // a line the output holds
+	}{
+		{[]string{"sandbox", "secrets", "sb-1", "github", "pypi"}, []string{"github", "pypi"}, "secrets   github, pypi\n"},
+		{[]string{"sandbox", "secrets", "sb-1", "--none"}, []string{}, "network   allow upload.pypi.org:443\n"},
+	}
+	for _, tt := range tests {
+		g, stdout, stderr := newTestGlobals(t, f.env())
+		if code := execute(t.Context(), g, tt.args); code != 0 {
+			t.Fatalf("execute(%q) = %d, stderr %q", tt.args, code, stderr)
+		}
+		f.mu.Lock()
+		got := f.grants
+		f.grants = nil
+		f.mu.Unlock()
+		if got == nil {
+			t.Fatalf("execute(%q) sent no PUT .../secrets", tt.args)
+		}
+		if diff := cmp.Diff(tt.want, got.Secrets); diff != "" {
+			t.Errorf("execute(%q) sent grants differing (-want +got):\n%s", tt.args, diff)
+		}
+		if !strings.Contains(stdout.String(), tt.out) {
+			t.Errorf("execute(%q) printed %q, want a line %q", tt.args, stdout, tt.out)
+		}
+	}
+	for _, args := range [][]string{
+		{"sandbox", "secrets"},
+		{"sandbox", "secrets", "sb-1"},
+		{"sandbox", "secrets", "sb-1", "github", "--none"},
+	} {
+		g, _, stderr := newTestGlobals(t, f.env())
+		if code := execute(t.Context(), g, args); code != exitUsage {
+			t.Errorf("execute(%q) = %d (stderr %q), want usage error %d", args, code, stderr, exitUsage)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.grants != nil {
+		t.Errorf("a usage error sent %+v", f.grants)
 	}
 }

@@ -43,6 +43,9 @@ func (w *instantWorker) EgressLog(context.Context, string) (string, io.ReadClose
 func (w *instantWorker) SetNetwork(_ context.Context, id string, _ worker.Network) (worker.Info, error) {
 	return worker.Info{ID: id, State: sandbox.Running}, nil
 }
+func (w *instantWorker) SetSecrets(_ context.Context, id string, req worker.SecretsRequest) (worker.Info, error) {
+	return worker.Info{ID: id, State: sandbox.Running}, nil
+}
 func (w *instantWorker) Snapshot(_ context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error) {
 	return worker.SnapshotInfo{ID: req.SnapshotID, SandboxID: id}, nil
 }

@@ -215,9 +215,16 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 			httpapi.WriteError(w, err)
 			return
 		}
-		if sp.Network == nil {
-			sp.Network = &worker.Network{}
+		var n worker.Network // none given: one that allows only the grants' hosts
+		if sp.Network != nil {
+			n = *sp.Network
 		}
+		n = allowGrantHosts(n, sp.Secrets)
+		if _, err := n.Policy(); err != nil {
+			httpapi.WriteError(w, &httpapi.FieldError{Field: "secrets", Err: err})
+			return
+		}
+		sp.Network = &n
 	}
 	sb, err := s.create(ctx, c.team, sp, b.Labels, pl)
 	if err != nil {

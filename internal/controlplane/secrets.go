@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"space/internal/egress"
 	"space/internal/errkind"
 	"space/internal/httpapi"
+	"space/internal/sandbox"
 	"space/internal/store"
 	"space/internal/worker"
 )
@@ -220,7 +222,7 @@ func (s *Server) grants(ctx context.Context, team string, names []string) ([]wor
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, worker.SecretGrant{Name: sc.Name, Placeholder: "SPACE_SECRET_" + strings.ToUpper(hex.EncodeToString(randomBytes(16))),
+		out = append(out, worker.SecretGrant{Name: sc.Name, Placeholder: newPlaceholder(),
 			Hosts: sc.Hosts, Header: sc.Header, Format: sc.Format})
 	}
 	return out, nil
@@ -257,4 +259,169 @@ func randomBytes(n int) []byte {
 	b := make([]byte, n)
 	rand.Read(b)
 	return b
+}
+
+// allowGrantHosts returns n with the hosts of grants allowed on port 443
+// ("host:443"), each one that no rule of n allows there already. This is
+// how a grant reaches its hosts: the worker's gateway enforces the
+// policy exactly as the record shows it, adds nothing of its own, and
+// never adds a secret to a connection the policy refuses. The user sees
+// the rules and may remove them (the grant then stays, inert for that
+// host).
+func allowGrantHosts(n worker.Network, grants []worker.SecretGrant) worker.Network {
+	rules, _ := egress.ParseRules(n.Allow) // n is checked; a bad one fails its Policy
+	allow := append([]string(nil), n.Allow...)
+	for _, g := range grants {
+		for _, h := range g.Hosts {
+			if !allowsOn443(rules, h) {
+				r := egress.Rule{Host: h, Port: 443}
+				rules = append(rules, r)
+				allow = append(allow, r.String())
+			}
+		}
+	}
+	n.Allow = allow
+	return n
+}
+
+// allowsOn443 reports whether a rule allows host name on port 443.
+func allowsOn443(rules []egress.Rule, name string) bool {
+	for _, r := range rules {
+		if r.Port != 0 && r.Port != 443 {
+			continue
+		}
+		if suffix, ok := strings.CutPrefix(r.Host, "*."); ok && strings.HasSuffix(name, "."+suffix) || r.Host == name {
+			return true
+		}
+	}
+	return false
+}
+
+// handleSetSecrets replaces a running sandbox's grants with the team's
+// secrets the body names. A grant kept keeps its placeholder; a new one
+// gets a fresh placeholder and, as at create, its hosts in the policy
+// (allowGrantHosts); a dropped one leaves the policy as it is. The worker
+// applies it, then the record keeps it: nothing changes on an error.
+func (s *Server) handleSetSecrets(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Secrets == nil {
+		httpapi.WriteError(w, errNoSecrets)
+		return
+	}
+	var b api.SecretGrants
+	if err := httpapi.DecodeJSON(r, &b); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if err := checkGrantNames(b.Secrets); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	sb, wk, err := s.running(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	sp := specOf(sb)
+	switch {
+	case sb.State != sandbox.Running:
+		httpapi.WriteError(w, fmt.Errorf("sandbox %s is %s (its guest gets the placeholders): %w", sb.ID, sb.State, errkind.FailedPrecondition))
+		return
+	case sp.Network == nil:
+		httpapi.WriteError(w, fmt.Errorf("sandbox %s has no network interface, so no gateway to add secrets: %w", sb.ID, errkind.FailedPrecondition))
+		return
+	}
+	ctx := context.WithoutCancel(r.Context())
+	defer s.claim(sb.ID)()
+	grants, added, err := s.regrant(ctx, sb.TeamID, sp.Secrets, b.Secrets)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	n := allowGrantHosts(*sp.Network, added)
+	if _, err := n.Policy(); err != nil {
+		httpapi.WriteError(w, &httpapi.FieldError{Field: "secrets", Err: err})
+		return
+	}
+	values, err := s.secretValues(ctx, sb.TeamID, grants)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if _, err := wk.SetSecrets(ctx, sb.ID, worker.SecretsRequest{Secrets: grants, Network: n, SecretValues: values}); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	for {
+		sp := specOf(sb)
+		sp.Secrets, sp.Network = grants, &n
+		sb.Spec, _ = json.Marshal(sp)
+		updated, err := s.cfg.Store.UpdateSandbox(ctx, sb)
+		if errors.Is(err, store.ErrVersionConflict) {
+			if sb, err = s.cfg.Store.Sandbox(ctx, sb.TeamID, sb.ID); err == nil {
+				continue
+			}
+		}
+		if err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		s.log.Info("sandbox secrets set", "sandbox_id", sb.ID, "secrets", len(grants))
+		httpapi.WriteJSON(w, http.StatusOK, s.view(updated))
+		return
+	}
+}
+
+// checkGrantNames checks the secret names of a PUT .../secrets.
+func checkGrantNames(names []string) error {
+	if names == nil {
+		return httpapi.Invalid("secrets", "required: every secret the sandbox is to have ([] for none)")
+	}
+	if len(names) > maxGrants {
+		return httpapi.Invalid("secrets", "more than %d", maxGrants)
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		if !store.ValidSecretName(n) {
+			return httpapi.Invalid("secrets", "%.80q: want 1-64 characters of [A-Za-z0-9_.-]", n)
+		}
+		if seen[n] {
+			return httpapi.Invalid("secrets", "%.64q named twice", n)
+		}
+		seen[n] = true
+	}
+	return nil
+}
+
+// regrant turns a sandbox's current grants and the names of its new ones
+// into its new grants, with the secrets' hosts, header and format as
+// stored now; a grant kept keeps its placeholder (the guest's copies stay
+// good). added are the new grants among them. A name the team has no
+// secret of is NotFound.
+func (s *Server) regrant(ctx context.Context, team string, current []worker.SecretGrant, names []string) (grants, added []worker.SecretGrant, err error) {
+	had := map[string]string{}
+	for _, g := range current {
+		had[g.Name] = g.Placeholder
+	}
+	for _, n := range names {
+		sc, err := s.cfg.Store.Secret(ctx, team, n)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, nil, fmt.Errorf("no secret %s in your team (space secret ls lists yours): %w", n, errkind.NotFound)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		g := worker.SecretGrant{Name: sc.Name, Placeholder: had[n], Hosts: sc.Hosts, Header: sc.Header, Format: sc.Format}
+		if g.Placeholder == "" {
+			g.Placeholder = newPlaceholder()
+			added = append(added, g)
+		}
+		grants = append(grants, g)
+	}
+	return grants, added, nil
+}
+
+// newPlaceholder returns a fresh placeholder: the only thing of a secret
+// a sandbox sees.
+func newPlaceholder() string {
+	return "SPACE_SECRET_" + strings.ToUpper(hex.EncodeToString(randomBytes(16)))
 }

@@ -377,6 +377,7 @@ func (s *Server) routes() []route {
 		{"GET", sb + "/files/list", fwd, false},
 		{"GET", sb + "/ports/{port}", fwd, false},
 		{"PUT", sb + "/network", s.handleSetNetwork, false},
+		{"PUT", sb + "/secrets", s.handleSetSecrets, false},
 		{"GET", sb + "/ports/{port}/http/{path...}", fwd, false},
 		{"POST", sb + "/ports/{port}/http/{path...}", fwd, false},
 		{"PUT", sb + "/ports/{port}/http/{path...}", fwd, false},

@@ -119,7 +119,13 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 		return
 	}
 	s.crash("api.resume.creating-saved")
-	inf, err := wk.Create(ctx, worker.CreateRequest{ID: sb.ID, Team: sb.TeamID, FromSnapshot: snap})
+	// The worker seals the grants' values anew: the snapshot has the
+	// grants (and the policy) as stored, not the values.
+	values, err := s.secretValues(ctx, sb.TeamID, sp.Secrets)
+	var inf worker.Info
+	if err == nil {
+		inf, err = wk.Create(ctx, worker.CreateRequest{ID: sb.ID, Team: sb.TeamID, FromSnapshot: snap, SecretValues: values})
+	}
 	if err != nil {
 		httpapi.WriteError(w, errors.Join(err, s.unresume(ctx, wk, sb)))
 		return

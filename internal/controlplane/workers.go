@@ -31,6 +31,9 @@ type Worker interface {
 	DeleteSnapshot(ctx context.Context, snapID string) error
 	Resume(ctx context.Context, id string) (worker.Info, error)
 	SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error)
+	// SetSecrets replaces a running sandbox's grants and the policy that
+	// goes with them (see worker.Worker.SetSecrets).
+	SetSecrets(ctx context.Context, id string, req worker.SecretsRequest) (worker.Info, error)
 	// EgressLog opens the sandbox's egress audit log on the worker and
 	// names it (see worker.Worker.OpenEgressLog).
 	EgressLog(ctx context.Context, id string) (logID string, rc io.ReadCloser, err error)
@@ -65,6 +68,9 @@ func (l *Local) DeleteSnapshot(_ context.Context, snapID string) error {
 func (l *Local) Delete(ctx context.Context, id string) error { return l.W.Delete(ctx, id) }
 func (l *Local) SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error) {
 	return l.W.SetNetwork(ctx, id, n)
+}
+func (l *Local) SetSecrets(ctx context.Context, id string, req worker.SecretsRequest) (worker.Info, error) {
+	return l.W.SetSecrets(ctx, id, req)
 }
 func (l *Local) EgressLog(_ context.Context, id string) (string, io.ReadCloser, error) {
 	return l.W.OpenEgressLog(id)
@@ -189,6 +195,10 @@ func (rm *Remote) Resume(ctx context.Context, id string) (worker.Info, error) {
 func (rm *Remote) SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error) {
 	var inf worker.Info
 	return inf, rm.call(ctx, http.MethodPut, "/sandboxes/"+id+"/network", n, &inf)
+}
+func (rm *Remote) SetSecrets(ctx context.Context, id string, req worker.SecretsRequest) (worker.Info, error) {
+	var inf worker.Info
+	return inf, rm.call(ctx, http.MethodPut, "/sandboxes/"+id+"/secrets", req, &inf)
 }
 func (rm *Remote) EgressLog(ctx context.Context, id string) (string, io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rm.base.JoinPath(worker.PathPrefix, "/sandboxes/"+id+"/egress").String(), nil)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -362,6 +363,137 @@ func TestSandboxSecret(t *testing.T) {
 	}
 	if scanned != 2 {
 		t.Errorf("scanned %d of the VM's memory file and disk, want both", scanned)
+	}
+}
+
+// TestSandboxSecretGrants changes a running sandbox's grants and policy:
+// a sandbox created without secrets is granted one (its gateway, which
+// had no CA, is replaced by one that has), which adds the secret's host
+// to its policy and brings a placeholder that the gateway replaces; a
+// policy that leaves the host out makes it unreachable and `sandbox get`
+// shows so; a second grant appears in the guest (a new exec's
+// environment and the file) and is replaced upstream; dropping it
+// removes the file and leaves its placeholder unreplaced.
+func TestSandboxSecretGrants(t *testing.T) {
+	u := egresstest.Start(t)
+	up := []netip.Addr{egresstest.Addr}
+	ts := startServerWith(t, Config{Egress: Egress{Netns: u.Netns, Roots: u.Pool,
+		Hosts: map[string][]netip.Addr{"api.test": up, "other.test": up, "x.wild.test": up}}})
+	ts.deleteAllOnCleanup(t)
+	c := ts.client
+	ctx := t.Context()
+	first, second := "sk-first-"+rand.Text(), "sk-second-"+rand.Text()
+	for _, sc := range []api.CreateSecret{
+		{Name: "apikey", Value: []byte(first), Hosts: []string{"api.test"}},
+		{Name: "second", Value: []byte(second), Hosts: []string{"x.wild.test"}},
+	} {
+		if _, err := c.CreateSecret(ctx, sc); err != nil {
+			t.Fatalf("CreateSecret(%s): %v", sc.Name, err)
+		}
+	}
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256, Network: &api.Network{Allow: []string{"other.test"}}})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	allow := func(what string, want ...string) {
+		t.Helper()
+		got, err := c.Sandbox(ctx, sb.ID)
+		if err != nil {
+			t.Fatalf("get: %v", err)
+		}
+		if got.Network == nil || !slices.Equal(got.Network.Allow, want) {
+			t.Errorf("%s: sandbox get shows network %+v, want allow %q", what, got.Network, want)
+		}
+	}
+	curl := func(host, path, env string, flags ...string) (string, int) {
+		t.Helper()
+		out, errOut, code := execOut(t, c, sb.ID, sh(`curl -sS --max-time 10 `+strings.Join(flags, " ")+
+			` -H "Authorization: Bearer `+env+`" https://`+host+path))
+		return out + errOut, code
+	}
+	lastRequest := func() string {
+		got := u.Requests()
+		if len(got) == 0 {
+			return ""
+		}
+		return got[len(got)-1].String()
+	}
+
+	// Granted while running: the host is in the policy, the placeholder
+	// in the guest, the value upstream.
+	got, err := c.SetSecrets(ctx, sb.ID, []string{"apikey"})
+	if err != nil {
+		t.Fatalf("SetSecrets(apikey): %v", err)
+	}
+	if !slices.Equal(got.Secrets, []string{"apikey"}) || got.Network == nil || !slices.Equal(got.Network.Allow, []string{"other.test", "api.test:443"}) {
+		t.Errorf("SetSecrets(apikey) = secrets %q, network %+v; want apikey and allow other.test, api.test:443", got.Secrets, got.Network)
+	}
+	allow("after granting apikey", "other.test", "api.test:443")
+	placeholder, _, _ := execOut(t, c, sb.ID, sh("cat /etc/space/secrets/apikey"))
+	if env, _, _ := execOut(t, c, sb.ID, sh(`printf %s "$APIKEY"`)); env != placeholder || !strings.HasPrefix(placeholder, "SPACE_SECRET_") {
+		t.Fatalf("placeholder: file %q, $APIKEY %q", placeholder, env)
+	}
+	if out, code := curl("api.test", "/granted", "$APIKEY"); code != 0 || out != "hello api.test" {
+		t.Fatalf("curl api.test after the grant = %q (exit %d)", out, code)
+	}
+	if got := lastRequest(); !strings.HasPrefix(got, "api.test /granted Bearer "+first) {
+		t.Errorf("the upstream saw %q, want apikey's value", got)
+	}
+
+	// A policy without the secret's host: unreachable, and shown so.
+	if _, err := c.SetNetwork(ctx, sb.ID, api.Network{Allow: []string{"other.test"}}); err != nil {
+		t.Fatalf("SetNetwork: %v", err)
+	}
+	allow("after a policy without api.test", "other.test")
+	n := len(u.Requests())
+	if out, code := curl("api.test", "/refused", "$APIKEY"); code == 0 {
+		t.Errorf("curl api.test after the policy left it out = %q (exit 0), want a failure", out)
+	}
+	if len(u.Requests()) != n {
+		t.Errorf("the upstream saw %q after the policy left api.test out", lastRequest())
+	}
+
+	// A second grant: its host joins the policy (apikey's, kept, does not
+	// come back); its placeholder is in new execs and the file.
+	if got, err = c.SetSecrets(ctx, sb.ID, []string{"apikey", "second"}); err != nil {
+		t.Fatalf("SetSecrets(apikey, second): %v", err)
+	}
+	if got.Network == nil || !slices.Equal(got.Network.Allow, []string{"other.test", "x.wild.test:443"}) {
+		t.Errorf("SetSecrets(apikey, second) = network %+v, want allow other.test, x.wild.test:443", got.Network)
+	}
+	allow("after granting second", "other.test", "x.wild.test:443")
+	placeholder2, _, _ := execOut(t, c, sb.ID, sh("cat /etc/space/secrets/second"))
+	env, _, _ := execOut(t, c, sb.ID, sh(`printf '%s %s' "$APIKEY" "$SECOND"`))
+	if env != placeholder+" "+placeholder2 || !strings.HasPrefix(placeholder2, "SPACE_SECRET_") || placeholder2 == placeholder {
+		t.Fatalf("placeholders: files %q and %q, $APIKEY $SECOND %q", placeholder, placeholder2, env)
+	}
+	if out, code := curl("x.wild.test", "/added", "$SECOND"); code != 0 || out != "hello x.wild.test" {
+		t.Fatalf("curl x.wild.test = %q (exit %d)", out, code)
+	}
+	if got := lastRequest(); !strings.HasPrefix(got, "x.wild.test /added Bearer "+second) {
+		t.Errorf("the upstream saw %q, want second's value", got)
+	}
+
+	// Dropped: the file goes, new execs lack it, and the gateway no
+	// longer replaces its placeholder (the host stays allowed; the
+	// connection passes through, so the guest needs the upstream's CA).
+	if got, err = c.SetSecrets(ctx, sb.ID, []string{"apikey"}); err != nil {
+		t.Fatalf("SetSecrets(apikey) again: %v", err)
+	}
+	if !slices.Equal(got.Secrets, []string{"apikey"}) {
+		t.Errorf("SetSecrets(apikey) again = secrets %q", got.Secrets)
+	}
+	if out, _, code := execOut(t, c, sb.ID, sh(`test -e /etc/space/secrets/second && echo file; printf %s "${SECOND-unset}"`)); code != 0 || out != "unset" {
+		t.Errorf("after dropping second the guest has %q, want no file and no $SECOND", out)
+	}
+	if _, err := c.WriteFile(ctx, sb.ID, "/tmp/ca.pem", strings.NewReader(string(u.CAPEM)), client.WriteOptions{}); err != nil {
+		t.Fatalf("write the upstream's CA: %v", err)
+	}
+	if out, code := curl("x.wild.test", "/dropped", placeholder2, "--cacert /tmp/ca.pem"); code != 0 || out != "hello x.wild.test" {
+		t.Fatalf("curl x.wild.test after the drop = %q (exit %d)", out, code)
+	}
+	if got := lastRequest(); !strings.HasPrefix(got, "x.wild.test /dropped Bearer "+placeholder2) {
+		t.Errorf("the upstream saw %q, want the dropped placeholder as it was sent", got)
 	}
 }
 

@@ -85,6 +85,19 @@ func (w *Worker) Handler(token string) http.Handler {
 		}
 		httpapi.WriteJSON(rw, http.StatusOK, inf)
 	})
+	mux.HandleFunc("PUT "+p+"/sandboxes/{id}/secrets", func(rw http.ResponseWriter, r *http.Request) {
+		var req SecretsRequest
+		if err := httpapi.DecodeJSON(r, &req); err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		inf, err := w.SetSecrets(r.Context(), r.PathValue("id"), req)
+		if err != nil {
+			httpapi.WriteError(rw, err)
+			return
+		}
+		httpapi.WriteJSON(rw, http.StatusOK, inf)
+	})
 	mux.HandleFunc("GET "+p+"/sandboxes/{id}/egress", func(rw http.ResponseWriter, r *http.Request) {
 		if _, err := w.Sandbox(r.PathValue("id")); err != nil {
 			httpapi.WriteError(rw, err)

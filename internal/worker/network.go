@@ -323,17 +323,19 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	return err
 }
 
-// fullPolicy is the gateway's policy for network n of s: its rules, the
-// granted secrets, and the hosts those are bound to.
+// fullPolicy is the gateway's policy for network n of s: its rules and
+// the granted secrets. It allows exactly what n does: a secret's hosts
+// are reachable only if n's rules allow them (the control plane writes
+// them into the policy it grants a secret with, where the user sees and
+// may remove them), and the gateway adds a secret only to connections
+// the rules allow.
 func (w *Worker) fullPolicy(s *sbx, n Network) (egress.Policy, error) {
 	p, err := n.Policy()
 	if err != nil {
 		return p, err
 	}
-	if p.Secrets, err = w.policySecrets(s); err != nil {
-		return p, err
-	}
-	return withSecretHosts(p), nil
+	p.Secrets, err = w.policySecrets(s)
+	return p, err
 }
 
 // closeGateway stops the sandbox's gateway, if it has one.

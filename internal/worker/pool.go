@@ -194,7 +194,8 @@ func (w *Worker) takeMember(key, id string) *sbx {
 // spec's shape is ready. It reports whether it did; on false nothing
 // changed for id (a member that failed the handover is gone).
 func (w *Worker) fromPool(ctx context.Context, id, team string, spec Spec) (Info, bool) {
-	// A member has no secrets' CA: a create that grants secrets boots.
+	// A member's guest holds no placeholders: a create that grants
+	// secrets boots (or restores the warm template).
 	if spec.ColdBoot || spec.Network == nil || len(spec.Secrets) > 0 || !store.ValidSandboxID(id) || !store.ValidID(team) || spec.validate() != nil {
 		return Info{}, false // create says what is wrong
 	}

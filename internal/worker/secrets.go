@@ -96,17 +96,6 @@ func (w *Worker) policySecrets(s *sbx) ([]egress.Secret, error) {
 	return out, nil
 }
 
-// withSecretHosts allows the hosts secrets are bound to on port 443, so a
-// grant works without an --allow-host of its own.
-func withSecretHosts(p egress.Policy) egress.Policy {
-	for _, s := range p.Secrets {
-		for _, h := range s.Hosts {
-			p.Allow = append(p.Allow, egress.Rule{Host: h, Port: 443})
-		}
-	}
-	return p
-}
-
 // caValidity is how long a sandbox's CA is valid.
 const caValidity = 90 * 24 * time.Hour
 
