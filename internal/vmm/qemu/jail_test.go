@@ -1,0 +1,198 @@
+package qemu
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"space/internal/testenv"
+	"space/internal/vmm"
+)
+
+// escapeProbe is what the jail must keep from QEMU: TCP listeners of the
+// host, and paths of the host's file system.
+type escapeProbe struct {
+	addrs []string // host:port
+	paths []string
+}
+
+// newEscapeProbe listens on every address of the host (loopback
+// included) and creates a data dir holding a file, all readable by any
+// user, so that only namespaces stand between them and QEMU's user.
+func newEscapeProbe(t *testing.T) (p escapeProbe, dataDir string) {
+	t.Helper()
+	l, err := net.Listen("tcp4", ":0")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	ifaddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	for _, a := range ifaddrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
+			p.addrs = append(p.addrs, n.IP.String()+"/"+port)
+		}
+	}
+	dataDir = t.TempDir()
+	secret := filepath.Join(dataDir, "secret")
+	if err := os.WriteFile(secret, []byte("x"), 0o644); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	for _, dir := range []string{filepath.Dir(dataDir), dataDir} {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+	}
+	p.paths = []string{dataDir, secret}
+	return p, dataDir
+}
+
+// escapes enters the namespaces of process pid as uid:gid, the way an
+// attacker who took over QEMU would be, and returns what of p it reaches.
+func (p escapeProbe) escapes(t *testing.T, pid int, u User) []string {
+	t.Helper()
+	var script strings.Builder
+	for _, a := range p.addrs {
+		script.WriteString("(exec 3<>/dev/tcp/" + a + ") 2>/dev/null && echo reached " + a + "\n")
+	}
+	for _, path := range p.paths {
+		script.WriteString("test -e " + path + " && echo sees " + path + "\n")
+	}
+	script.WriteString("true\n")
+	cmd := exec.Command("nsenter", "-t", strconv.Itoa(pid), "-n", "-m",
+		"-S", strconv.FormatUint(uint64(u.UID), 10), "-G", strconv.FormatUint(uint64(u.GID), 10),
+		"--", "/usr/bin/bash", "-c", script.String())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("nsenter into qemu %d: %v: %s", pid, err, out)
+	}
+	if s := strings.TrimSpace(string(out)); s != "" {
+		return strings.Split(s, "\n")
+	}
+	return nil
+}
+
+// TestJailConfinesQEMU looks at a running jailed QEMU from its own side:
+// entered into its namespaces as its user, nothing of the host is
+// reachable. The same probe against an unjailed QEMU shows it would
+// notice.
+func TestJailConfinesQEMU(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierQEMU)
+	testenv.RequireTool(t, testenv.TierQEMU, "nsenter", "util-linux")
+	testenv.RequireTool(t, testenv.TierQEMU, "bash", "bash")
+	probe, data := newEscapeProbe(t)
+	kernel := fakeKernel(t, false)
+	base := t.TempDir()
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	spec := func(name string) Spec {
+		disk := filepath.Join(data, name+".img")
+		if err := os.WriteFile(disk, make([]byte, 1<<20), 0o600); err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		// Guest RAM on the data dir, as on reflink storage: it reaches
+		// QEMU as a descriptor.
+		return Spec{Dir: filepath.Join(base, name), Kernel: kernel, MemoryMiB: 64,
+			MemoryPath: filepath.Join(data, name+".memory"), Disks: []Disk{{Path: disk, Format: "raw"}}}
+	}
+
+	t.Run("jailed", func(t *testing.T) {
+		d := newDriver(t, Config{Jail: JailRequire})
+		other := boot(t, d, spec("other"))
+		v := boot(t, d, spec("vm"))
+		p := probe
+		p.paths = append(p.paths, other.Dir(), v.Dir(), filepath.Join(v.Dir(), qmpSocket), kernel)
+		if got := p.escapes(t, v.Pid(), *d.user); len(got) != 0 {
+			t.Errorf("jailed qemu reaches %v, want nothing", got)
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(v.Pid()), "status"))
+		if err != nil {
+			t.Fatalf("read status: %v", err)
+		}
+		var got []string
+		for _, line := range strings.Split(string(status), "\n") {
+			k, val, _ := strings.Cut(line, ":")
+			switch k {
+			case "Uid", "Gid", "NoNewPrivs", "Seccomp", "CapEff", "CapBnd":
+				got = append(got, k+" "+strings.Join(strings.Fields(val), " "))
+			}
+		}
+		id := strconv.FormatUint(uint64(DefaultUser.UID), 10)
+		want := []string{"Uid " + strings.Repeat(id+" ", 3) + id, "Gid " + strings.Repeat(id+" ", 3) + id,
+			"CapEff 0000000000000000", "CapBnd 0000000000000000", "NoNewPrivs 1", "Seccomp 2"}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("/proc/%d/status (-want +got):\n%s", v.Pid(), diff)
+		}
+		c := v.Handle().Confinement
+		wantC := &vmm.Confinement{UID: DefaultUser.UID, GID: DefaultUser.GID, NoNewPrivs: true, Seccomp: true, NetNS: true, MountNS: true, PIDNS: true}
+		if diff := cmp.Diff(wantC, c); diff != "" {
+			t.Errorf("Handle().Confinement (-want +got):\n%s", diff)
+		}
+		mounts, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil || strings.Contains(string(mounts), base) {
+			t.Errorf("the host's mounts mention the run dirs (read: %v)", err)
+		}
+	})
+
+	// The control: unjailed, the same probe finds the host.
+	t.Run("unjailed", func(t *testing.T) {
+		d := newDriver(t, Config{Jail: JailOff})
+		v := boot(t, d, spec("unjailed"))
+		got := probe.escapes(t, v.Pid(), *d.user)
+		if len(got) != len(probe.addrs)+len(probe.paths) {
+			t.Errorf("unjailed qemu reaches %v, want all of %v", got, probe)
+		}
+		if c := v.Handle().Confinement; c.NetNS || c.MountNS || c.PIDNS || !strings.Contains(c.Missing, "jail") {
+			t.Errorf("unjailed Handle().Confinement = %+v, want no namespaces and the jail missing", c)
+		}
+	})
+}
+
+// BenchmarkStartJailed measures what the jail adds to Start (until QMP
+// is connected and the console attached), against an unjailed QEMU run
+// as the same user: paused, so the guest costs nothing.
+func BenchmarkStartJailed(b *testing.B) {
+	testenv.RequireRoot(b, testenv.TierQEMU)
+	testenv.RequireQEMU(b)
+	kernel := fakeKernel(b, false)
+	for _, mode := range []JailMode{JailRequire, JailOff} {
+		name := map[JailMode]string{JailRequire: "jailed", JailOff: "unjailed"}[mode]
+		b.Run(name, func(b *testing.B) {
+			d, err := New(Config{Jail: mode})
+			if err != nil {
+				b.Fatalf("setup: %v", err)
+			}
+			base := b.TempDir()
+			for i := 0; b.Loop(); i++ {
+				v, err := d.Start(b.Context(), Spec{Dir: filepath.Join(base, strconv.Itoa(i)), Kernel: kernel, MemoryMiB: 64, Paused: true})
+				if err != nil {
+					b.Fatalf("Start() = %v", err)
+				}
+				b.StopTimer()
+				if err := v.Stop(b.Context()); err != nil {
+					b.Fatalf("Stop() = %v", err)
+				}
+				b.StartTimer()
+			}
+		})
+	}
+}
