@@ -63,7 +63,7 @@ func runVM(ctx context.Context, g *globals, o runOptions, argv []string) error {
 		return err
 	}
 	qcfg := qemu.Config{Log: g.logger(), AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
-	// As root, QEMU runs jailed as qemu.DefaultUser.
+	// As root, QEMU runs jailed as qemu.DefaultUID and DefaultGID.
 	drv, err := qemu.New(qcfg)
 	if err != nil {
 		return err

@@ -379,7 +379,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		return nil, err
 	}
 	qcfg := qemu.Config{Log: wc.Log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
-	// As root, QEMU runs jailed as qemu.DefaultUser.
+	// As root, QEMU runs jailed as qemu.DefaultUID and DefaultGID.
 	drv, err := qemu.New(qcfg)
 	if err != nil {
 		return nil, err

@@ -29,8 +29,8 @@ const (
 	JailOff JailMode = "off"
 )
 
-// DefaultUser is the user QEMU runs as when the caller is root and
-// Config.User is nil. The ids are numeric and need no /etc/passwd or
+// DefaultUID and DefaultGID are the user and group QEMU runs as when the
+// caller is root and Config.User is nil. The ids are numeric and need no /etc/passwd or
 // /etc/group entry: the kernel knows users only by number, and nothing
 // in a jail looks a name up. They are not nobody (65534), whose per-user
 // kernel state (its user keyring, its process count under RLIMIT_NPROC)
@@ -38,7 +38,10 @@ const (
 // systemd (system, regular, dynamic, homed and container users) and
 // subordinate-id allocators leave unused: 0x70000000 up to systemd's
 // foreign range at 0x7FFE0000.
-var DefaultUser = User{UID: 2_000_000_000, GID: 2_000_000_000}
+const (
+	DefaultUID = 2_000_000_000
+	DefaultGID = 2_000_000_000
+)
 
 // jailReadOnly is the host's file system as a jailed QEMU sees it: what
 // it needs to exec (binary, libraries, loader cache) and to find its

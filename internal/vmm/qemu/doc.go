@@ -27,7 +27,7 @@
 // # Confinement
 //
 // When the caller is root, QEMU runs as an unprivileged user
-// (Config.User, by default [DefaultUser]) and in a jail of its own
+// (Config.User, by default [DefaultUID] and [DefaultGID]) and in a jail of its own
 // (package jail): new network, mount, PID, IPC and UTS namespaces, a
 // root that holds only read-only binds of /usr (binary, libraries,
 // firmware and option ROMs), the loader cache and a few device nodes

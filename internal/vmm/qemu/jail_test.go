@@ -5,12 +5,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
+	"space/internal/jail"
 	"space/internal/testenv"
 	"space/internal/vmm"
 )
@@ -136,20 +138,66 @@ func TestJailConfinesQEMU(t *testing.T) {
 				got = append(got, k+" "+strings.Join(strings.Fields(val), " "))
 			}
 		}
-		id := strconv.FormatUint(uint64(DefaultUser.UID), 10)
+		id := strconv.Itoa(DefaultUID)
 		want := []string{"Uid " + strings.Repeat(id+" ", 3) + id, "Gid " + strings.Repeat(id+" ", 3) + id,
 			"CapEff 0000000000000000", "CapBnd 0000000000000000", "NoNewPrivs 1", "Seccomp 2"}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("/proc/%d/status (-want +got):\n%s", v.Pid(), diff)
 		}
 		c := v.Handle().Confinement
-		wantC := &vmm.Confinement{UID: DefaultUser.UID, GID: DefaultUser.GID, NoNewPrivs: true, Seccomp: true, NetNS: true, MountNS: true, PIDNS: true}
+		wantC := &vmm.Confinement{UID: DefaultUID, GID: DefaultGID, NoNewPrivs: true, Seccomp: true, NetNS: true, MountNS: true, PIDNS: true}
 		if diff := cmp.Diff(wantC, c); diff != "" {
 			t.Errorf("Handle().Confinement (-want +got):\n%s", diff)
 		}
 		mounts, err := os.ReadFile("/proc/self/mountinfo")
 		if err != nil || strings.Contains(string(mounts), base) {
 			t.Errorf("the host's mounts mention the run dirs (read: %v)", err)
+		}
+
+		// Stop leaves no namespace of the jail behind (nothing else holds
+		// them: no bind mount, no other process).
+		var nss []string
+		for _, ns := range []string{"net", "mnt", "pid"} {
+			id, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(v.Pid()), "ns", ns))
+			if err != nil {
+				t.Fatalf("read qemu's %s namespace: %v", ns, err)
+			}
+			nss = append(nss, id)
+		}
+		if err := v.Stop(t.Context()); err != nil {
+			t.Fatalf("Stop() = %v", err)
+		}
+		holders, _ := filepath.Glob("/proc/[0-9]*/ns/*")
+		for _, h := range holders {
+			if id, err := os.Readlink(h); err == nil && slices.Contains(nss, id) {
+				t.Errorf("%s is still in the stopped jail's namespace %s", h, id)
+			}
+		}
+		if diff := cmp.Diff([]string{"qemu.log", "serial.log"}, dirNames(t, v.Dir())); diff != "" {
+			t.Errorf("files left in run dir (-want +got):\n%s", diff)
+		}
+	})
+
+	// A KVM guest's jail has /dev/kvm, open to QEMU's user (where the
+	// host lets it: checkKVMAccess refuses the boot otherwise).
+	t.Run("kvm device", func(t *testing.T) {
+		if _, err := os.Stat("/dev/kvm"); err != nil {
+			testenv.Unavailable(t, testenv.TierKVM, err.Error())
+		}
+		d := newDriver(t, Config{Jail: JailRequire})
+		cfg := d.jailConfig(Spec{Dir: t.TempDir(), Accel: "kvm"})
+		if err := jail.Probe(t.Context(), cfg, "/usr/bin/bash", "-c", "test -c /dev/kvm"); err != nil {
+			t.Errorf("a kvm guest's jail has no /dev/kvm: %v", err)
+		}
+		tcg := d.jailConfig(Spec{Dir: t.TempDir(), Accel: "tcg"})
+		if err := jail.Probe(t.Context(), tcg, "/usr/bin/bash", "-c", "test ! -e /dev/kvm"); err != nil {
+			t.Errorf("a tcg guest's jail has /dev/kvm: %v", err)
+		}
+		if err := checkKVMAccess(*d.user); err != nil {
+			testenv.Unavailable(t, testenv.TierKVM, err.Error())
+		}
+		if err := jail.Probe(t.Context(), cfg, "/usr/bin/bash", "-c", "exec 3<>/dev/kvm"); err != nil {
+			t.Errorf("open /dev/kvm in a kvm guest's jail: %v", err)
 		}
 	})
 
@@ -192,6 +240,31 @@ func BenchmarkStartJailed(b *testing.B) {
 					b.Fatalf("Stop() = %v", err)
 				}
 				b.StartTimer()
+			}
+		})
+	}
+}
+
+func TestCanReadWrite(t *testing.T) {
+	u := User{UID: 1000, GID: 1000}
+	tests := []struct {
+		name          string
+		mode, uid, gd uint32
+		groups        []uint32
+		want          bool
+	}{
+		{"root only", 0o600, 0, 0, nil, false},
+		{"owner", 0o600, 1000, 0, nil, true},
+		{"group", 0o660, 0, 1000, nil, true},
+		{"supplementary group", 0o660, 0, 36, []uint32{36}, true},
+		{"other group", 0o660, 0, 36, nil, false},
+		{"group read only", 0o640, 0, 1000, nil, false},
+		{"world", 0o666, 0, 0, nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := canReadWrite(tt.mode, tt.uid, tt.gd, u, tt.groups); got != tt.want {
+				t.Errorf("canReadWrite(%04o, %d, %d, %v, %v) = %v, want %v", tt.mode, tt.uid, tt.gd, u, tt.groups, got, tt.want)
 			}
 		})
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,8 +48,8 @@ type Config struct {
 	// needs root. QEMU then gets every file as an inherited descriptor
 	// (so it needs no access to the directories), and the per-VM files
 	// it writes (the memory file, writable disks) are chowned to the
-	// user. nil = DefaultUser when the caller is root, else the caller's
-	// own user.
+	// user. nil = DefaultUID:DefaultGID when the caller is root, else
+	// the caller's own user.
 	User *User
 	// Jail says whether QEMU runs in a jail of its own (see the package
 	// doc); JailAuto (the zero value) jails it where the host can, which
@@ -138,7 +139,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	user := cfg.User
 	if user == nil && os.Geteuid() == 0 {
-		user = &DefaultUser
+		user = &User{UID: DefaultUID, GID: DefaultGID}
 	}
 	jailBin, err := filepath.EvalSymlinks(path)
 	if err != nil {
@@ -191,6 +192,11 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	jailed, noJail, err := d.jailSupported(ctx, spec.Dir)
 	if err != nil {
 		return nil, err
+	}
+	if spec.Accel == "kvm" && d.user != nil {
+		if err := checkKVMAccess(*d.user); err != nil {
+			return nil, err
+		}
 	}
 	if spec.MemoryFrom != "" {
 		if err := adoptMemory(ctx, spec.MemoryFrom, spec.memoryPath(), spec.MoveMemory); err != nil {
@@ -588,14 +594,44 @@ func (d *Driver) userFiles(spec Spec, first int) (files []*os.File, paths map[st
 	return files, paths, nil
 }
 
-// kvmGroup returns the group of /dev/kvm when QEMU needs it.
+// kvmGroup returns the group of /dev/kvm when QEMU needs it (never the
+// root group, which would open far more than /dev/kvm).
 func kvmGroup(accel string) []uint32 {
 	if accel != "kvm" {
 		return []uint32{}
 	}
 	var st syscall.Stat_t
-	if syscall.Stat("/dev/kvm", &st) != nil {
+	if syscall.Stat("/dev/kvm", &st) != nil || st.Gid == 0 {
 		return []uint32{}
 	}
 	return []uint32{st.Gid}
+}
+
+// checkKVMAccess returns an errkind.FailedPrecondition error if QEMU,
+// running as u with kvmGroup's groups, cannot open /dev/kvm: the accel
+// probe ran as the caller, so a boot would otherwise fail inside QEMU.
+func checkKVMAccess(u User) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/dev/kvm", &st); err != nil {
+		return fmt.Errorf("kvm: /dev/kvm: %w: %w", err, errkind.FailedPrecondition)
+	}
+	if !canReadWrite(st.Mode, st.Uid, st.Gid, u, kvmGroup("kvm")) {
+		return fmt.Errorf("kvm: /dev/kvm (mode %04o, %d:%d) is not open to qemu's user %d:%d; give it to a kvm group (mode 0660): %w",
+			st.Mode&0o7777, st.Uid, st.Gid, u.UID, u.GID, errkind.FailedPrecondition)
+	}
+	return nil
+}
+
+// canReadWrite reports whether user u (with supplementary groups) may
+// read and write a file of the given mode and owner.
+func canReadWrite(mode, uid, gid uint32, u User, groups []uint32) bool {
+	switch {
+	case u.UID == 0:
+		return true
+	case uid == u.UID:
+		return mode&0o600 == 0o600
+	case gid == u.GID || slices.Contains(groups, gid):
+		return mode&0o060 == 0o060
+	}
+	return mode&0o006 == 0o006
 }
