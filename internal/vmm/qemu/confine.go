@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,7 +65,11 @@ func (d *Driver) jailConfig(spec Spec) jail.Config {
 	if !underAny(d.jailBin, ro) {
 		// A QEMU installed elsewhere: its prefix (bin/..) holds its
 		// libraries and data (share/qemu).
-		ro = append(append([]string(nil), ro...), filepath.Dir(filepath.Dir(d.jailBin)))
+		prefix := filepath.Dir(filepath.Dir(d.jailBin))
+		if prefix == "/" {
+			prefix = d.jailBin
+		}
+		ro = append(append([]string(nil), ro...), prefix)
 	}
 	return jail.Config{
 		UID: d.user.UID, GID: d.user.GID, Groups: kvmGroup(spec.Accel),
@@ -111,7 +116,11 @@ func (d *Driver) jailSupported(ctx context.Context, dir string) (bool, string, e
 	d.jail, d.jailWhy = s, why
 	d.mu.Unlock()
 	if first && s == jailOff && d.jailMode != JailOff {
-		d.log.Warn("qemu runs without jail: it shares the host's network and file system", "binary", d.bin, "reason", why)
+		level := slog.LevelWarn
+		if d.user != nil {
+			level = slog.LevelError // root, so a host that should jail and cannot
+		}
+		d.log.Log(ctx, level, "qemu runs without jail: it shares the host's network and file system", "binary", d.bin, "reason", why)
 	}
 	if s == jailOff && d.jailMode == JailRequire {
 		return false, why, fmt.Errorf("qemu jail required: %s: %w", why, errkind.FailedPrecondition)

@@ -1,6 +1,8 @@
 package qemu
 
 import (
+	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"space/internal/errkind"
 	"space/internal/jail"
 	"space/internal/testenv"
 	"space/internal/vmm"
@@ -267,5 +270,43 @@ func TestCanReadWrite(t *testing.T) {
 				t.Errorf("canReadWrite(%04o, %d, %d, %v, %v) = %v, want %v", tt.mode, tt.uid, tt.gd, u, tt.groups, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestJailUnavailable plays a host where the jail cannot be built: by
+// default QEMU then runs unjailed and says so, once in the log and in
+// every VM's confinement; JailRequire refuses to boot.
+func TestJailUnavailable(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierQEMU)
+	kernel := fakeKernel(t, false)
+	var log strings.Builder
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	broken := func(cfg Config) *Driver {
+		cfg.Log = logger
+		d := newDriver(t, cfg)
+		d.jailBin = "/nonexistent/bin/qemu" // not in the jail's root
+		return d
+	}
+
+	d := broken(Config{})
+	v := boot(t, d, Spec{Dir: filepath.Join(t.TempDir(), "vm"), Kernel: kernel, MemoryMiB: 64, Paused: true})
+	c := v.Handle().Confinement
+	if c.NetNS || c.MountNS || c.PIDNS || !strings.Contains(c.Missing, "jail: ") || !strings.Contains(c.Missing, "/nonexistent/bin/qemu") {
+		t.Errorf("Handle().Confinement = %+v, want no namespaces and the jail missing, with why", c)
+	}
+	if c.UID != DefaultUID || !c.NoNewPrivs || !c.Seccomp {
+		t.Errorf("Handle().Confinement = %+v, want the default user, no_new_privs and seccomp all the same", c)
+	}
+	if !strings.Contains(log.String(), "level=ERROR") || !strings.Contains(log.String(), "qemu runs without jail") {
+		t.Errorf("log = %q, want an error that qemu runs without jail", log.String())
+	}
+
+	d = broken(Config{Jail: JailRequire})
+	v2, err := d.Start(t.Context(), Spec{Dir: filepath.Join(t.TempDir(), "vm"), Kernel: kernel, MemoryMiB: 64, Paused: true})
+	if err == nil {
+		v2.Stop(t.Context())
+	}
+	if !errors.Is(err, errkind.FailedPrecondition) || !strings.Contains(err.Error(), "jail") {
+		t.Errorf("Start() with JailRequire on a host that cannot jail = %v, want a FailedPrecondition about the jail", err)
 	}
 }
