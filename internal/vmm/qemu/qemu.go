@@ -361,7 +361,7 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 
 	// QEMU has applied its seccomp filter before it serves QMP.
 	if v.confinement, err = observeConfinement(v.Pid(), missingConfinement(noJail, sandbox)); err != nil {
-		return nil, err
+		return nil, v.explain(ctx, err)
 	}
 	if jailed {
 		if err := checkJailed(v.confinement, *d.user, sandbox == sandboxOn); err != nil {
