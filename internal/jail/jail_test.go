@@ -131,3 +131,24 @@ func TestCommandValidates(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkJail measures starting /usr/bin/true in a jail, against
+// starting it plainly.
+func BenchmarkJail(b *testing.B) {
+	testenv.RequireRoot(b, testenv.TierNetns)
+	cfg := jail.Config{UID: 2000000000, GID: 2000000000, Mountpoint: b.TempDir(), ReadOnly: system, Devices: []string{"/dev/null"}}
+	b.Run("jailed", func(b *testing.B) {
+		for b.Loop() {
+			if err := jail.Probe(b.Context(), cfg, "/usr/bin/true"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("plain", func(b *testing.B) {
+		for b.Loop() {
+			if err := exec.Command("/usr/bin/true").Run(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
