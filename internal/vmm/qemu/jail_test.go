@@ -120,8 +120,8 @@ func TestJailConfinesQEMU(t *testing.T) {
 			MemoryPath: filepath.Join(data, name+".memory"), Disks: []Disk{{Path: disk, Format: "raw"}}}
 	}
 
-	t.Run("jailed", func(t *testing.T) {
-		d := newDriver(t, Config{Jail: JailRequire})
+	t.Run("jailed by default", func(t *testing.T) {
+		d := newDriver(t, Config{})
 		other := boot(t, d, spec("other"))
 		v := boot(t, d, spec("vm"))
 		p := probe
