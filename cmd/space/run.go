@@ -63,9 +63,7 @@ func runVM(ctx context.Context, g *globals, o runOptions, argv []string) error {
 		return err
 	}
 	qcfg := qemu.Config{Log: g.logger(), AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
-	if os.Geteuid() == 0 {
-		qcfg.User = &qemu.User{UID: 65534, GID: 65534} // nobody: QEMU needs no privilege
-	}
+	// As root, QEMU runs jailed as qemu.DefaultUID and DefaultGID.
 	drv, err := qemu.New(qcfg)
 	if err != nil {
 		return err

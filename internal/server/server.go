@@ -383,9 +383,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		return nil, err
 	}
 	qcfg := qemu.Config{Log: wc.Log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
-	if os.Geteuid() == 0 {
-		qcfg.User = &qemu.User{UID: 65534, GID: 65534} // nobody: QEMU needs no privilege
-	}
+	// As root, QEMU runs jailed as qemu.DefaultUID and DefaultGID.
 	drv, err := qemu.New(qcfg)
 	if err != nil {
 		return nil, err

@@ -142,6 +142,44 @@ type Handle struct {
 	Agent     AgentEndpoint   `json:"agent"`
 	Accel     string          `json:"accel"`           // "kvm" or "tcg"
 	State     json.RawMessage `json:"state,omitempty"` // driver-private
+	// Confinement is how the VMM process is confined, or nil where the
+	// driver does not say.
+	Confinement *Confinement `json:"confinement,omitempty"`
+}
+
+// Confinement is how a VMM process is confined on its host, as observed
+// in /proc once it runs rather than as asked for. A false field is a
+// confinement the process lacks.
+type Confinement struct {
+	UID        uint32 `json:"uid"` // the VMM's user: 0 is root
+	GID        uint32 `json:"gid"`
+	NoNewPrivs bool   `json:"no_new_privs"`
+	Seccomp    bool   `json:"seccomp"` // a seccomp filter (mode 2)
+	NetNS      bool   `json:"netns"`   // a network namespace of its own
+	MountNS    bool   `json:"mountns"` // a mount namespace of its own
+	PIDNS      bool   `json:"pidns"`   // a PID namespace of its own
+	Cgroup     bool   `json:"cgroup"`  // a cgroup other than the caller's
+	// Missing says what the driver could not apply on this host, and
+	// why; "" = nothing.
+	Missing string `json:"missing,omitempty"`
+}
+
+// String lists the confinement for a log line: "uid=N gid=N" and the
+// names of the fields that are true, then what is missing.
+func (c Confinement) String() string {
+	s := fmt.Sprintf("uid=%d gid=%d", c.UID, c.GID)
+	for _, f := range []struct {
+		name string
+		on   bool
+	}{{"no_new_privs", c.NoNewPrivs}, {"seccomp", c.Seccomp}, {"netns", c.NetNS}, {"mountns", c.MountNS}, {"pidns", c.PIDNS}, {"cgroup", c.Cgroup}} {
+		if f.on {
+			s += " " + f.name
+		}
+	}
+	if c.Missing != "" {
+		s += " missing: " + c.Missing
+	}
+	return s
 }
 
 // ProcessInfo describes the VMM process.

@@ -276,7 +276,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 		return errors.Join(err, gv.Close(context.WithoutCancel(ctx)))
 	}
 	w.watch(s, gv.VMM)
-	w.log.Info("sandbox started", "sandbox_id", id, "vm_pid", h.PID, "by", startedBy, "took", gv.BootTime)
+	w.log.Info("sandbox started", "sandbox_id", id, "vm_pid", h.PID, "by", startedBy, "took", gv.BootTime, "confinement", h.Confinement)
 	return nil
 }
 

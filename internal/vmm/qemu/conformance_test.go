@@ -22,12 +22,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceUnprivileged runs the suite with QEMU as user nobody.
-func TestConformanceUnprivileged(t *testing.T) {
+// TestConformanceJailedAsUser runs the suite with QEMU jailed (a host
+// that cannot is an error) as a configured user, nobody. (TestConformance
+// runs it as the driver's default user, jailed too when root.)
+func TestConformanceJailedAsUser(t *testing.T) {
 	testenv.RequireRoot(t, testenv.TierQEMU)
 	vmmtest.Run(t, func(t *testing.T) vmm.Driver {
 		d, err := qemu.New(qemu.Config{
 			User:       &qemu.User{UID: 65534, GID: 65534},
+			Jail:       qemu.JailRequire,
 			AccelCache: filepath.Join(testenv.CacheDir(t), cachedir.Layout, "accel-probe.json"),
 		})
 		if err != nil {

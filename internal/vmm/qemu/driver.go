@@ -62,20 +62,24 @@ func (d *Driver) Boot(ctx context.Context, s vmm.Spec) (vmm.VM, error) {
 // handleState is the driver-private part of a vmm.Handle.
 type handleState struct {
 	Spec Spec `json:"spec"` // normalized
+	// Missing is what Boot could not confine (vmm.Confinement.Missing).
+	Missing string `json:"missing,omitempty"`
 }
 
 // Handle returns the VM's persistable identity.
 func (v *VM) Handle() vmm.Handle {
-	state, _ := json.Marshal(handleState{Spec: v.spec}) // plain data: cannot fail
+	state, _ := json.Marshal(handleState{Spec: v.spec, Missing: v.confinement.Missing}) // plain data: cannot fail
+	c := v.confinement
 	return vmm.Handle{
-		Driver:    "qemu",
-		Version:   v.version,
-		PID:       v.proc.Pid,
-		StartTime: v.startTime,
-		RunDir:    v.spec.Dir,
-		Agent:     v.agentEndpoint(),
-		Accel:     v.accel,
-		State:     state,
+		Confinement: &c,
+		Driver:      "qemu",
+		Version:     v.version,
+		PID:         v.proc.Pid,
+		StartTime:   v.startTime,
+		RunDir:      v.spec.Dir,
+		Agent:       v.agentEndpoint(),
+		Accel:       v.accel,
+		State:       state,
 	}
 }
 
@@ -130,6 +134,9 @@ func (d *Driver) Recover(ctx context.Context, h vmm.Handle) (_ vmm.VM, err error
 		stopped:    make(chan struct{}),
 	}
 	go v.reap()
+	if v.confinement, err = observeConfinement(h.PID, st.Missing); err != nil {
+		return nil, err
+	}
 	// On failure the VM keeps running: recovery failing is no reason to
 	// kill a guest. Only our own goroutine and connections go.
 	v.qmp, err = qmp.Dial(ctx, spec.path(qmpSocket))
@@ -140,7 +147,7 @@ func (d *Driver) Recover(ctx context.Context, h vmm.Handle) (_ vmm.VM, err error
 	if err := v.attachSerial(ctx); err != nil {
 		return nil, err
 	}
-	v.log.Info("vm re-attached", "version", v.version, "accel", v.accel)
+	v.log.Info("vm re-attached", "version", v.version, "accel", v.accel, "confinement", v.confinement)
 	return v, nil
 }
 

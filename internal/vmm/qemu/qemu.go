@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"space/internal/errkind"
+	"space/internal/jail"
 	"space/internal/qmp"
 	"space/internal/reflink"
 )
@@ -41,12 +44,17 @@ type Config struct {
 	// NoVsock keeps the agent on virtio-serial even where the host has
 	// vhost-vsock (which Boot otherwise prefers).
 	NoVsock bool
-	// User runs QEMU as this unprivileged user instead of the caller's.
-	// The caller must be root. QEMU then gets every file as an inherited
-	// descriptor (so it needs no access to the directories), and the
-	// per-VM files it writes (the memory file, writable disks) are chowned
-	// to the user. nil = run as the caller.
+	// User runs QEMU as this user instead of the caller's; setting it
+	// needs root. QEMU then gets every file as an inherited descriptor
+	// (so it needs no access to the directories), and the per-VM files
+	// it writes (the memory file, writable disks) are chowned to the
+	// user. nil = DefaultUID:DefaultGID when the caller is root, else
+	// the caller's own user.
 	User *User
+	// Jail says whether QEMU runs in a jail of its own (see the package
+	// doc); JailAuto (the zero value) jails it where the host can, which
+	// needs root.
+	Jail JailMode
 }
 
 // User is a numeric user and group.
@@ -57,19 +65,33 @@ type User struct {
 // Driver boots VMs with one QEMU binary. It is safe for concurrent use.
 type Driver struct {
 	bin        string
+	jailBin    string // bin with symlinks resolved: what a jail execs
 	log        *slog.Logger
 	stopGrace  time.Duration
 	accel      string // forced by Config, or ""
 	accelCache string
-	user       *User // or nil
+	user       *User // or nil to run as the caller
 	noVsock    bool
+	jailMode   JailMode
 
 	mu sync.Mutex
 	// +checklocks:mu
 	sandbox sandboxSupport // probed by the first Boot
 	// +checklocks:mu
 	probed map[string]string // probe key -> accelerator
+	// +checklocks:mu
+	jail jailSupport // probed by the first Boot
+	// +checklocks:mu
+	jailWhy string // why jail is jailOff
 }
+
+type jailSupport int
+
+const (
+	jailUnknown jailSupport = iota
+	jailOn
+	jailOff
+)
 
 type sandboxSupport int
 
@@ -106,8 +128,28 @@ func New(cfg Config) (*Driver, error) {
 	default:
 		return nil, fmt.Errorf("qemu accel %q, want kvm, tcg or empty: %w", cfg.Accel, errkind.InvalidArgument)
 	}
-	return &Driver{bin: path, log: log.With("component", "qemu"), stopGrace: grace,
-		accel: cfg.Accel, accelCache: cfg.AccelCache, user: cfg.User, noVsock: cfg.NoVsock, probed: map[string]string{}}, nil
+	switch cfg.Jail {
+	case JailAuto, JailOff:
+	case JailRequire:
+		if os.Geteuid() != 0 {
+			return nil, fmt.Errorf("qemu: a jail needs root: %w", errkind.FailedPrecondition)
+		}
+	default:
+		return nil, fmt.Errorf("qemu jail %q, want require, off or empty: %w", cfg.Jail, errkind.InvalidArgument)
+	}
+	user := cfg.User
+	if user == nil && os.Geteuid() == 0 {
+		user = &User{UID: DefaultUID, GID: DefaultGID}
+	}
+	jailBin, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return nil, fmt.Errorf("qemu binary: %w: %w", err, errkind.FailedPrecondition)
+	}
+	if jailBin, err = filepath.Abs(jailBin); err != nil {
+		return nil, fmt.Errorf("qemu binary: %w: %w", err, errkind.FailedPrecondition)
+	}
+	return &Driver{bin: path, jailBin: jailBin, log: log.With("component", "qemu"), stopGrace: grace,
+		accel: cfg.Accel, accelCache: cfg.AccelCache, user: user, noVsock: cfg.NoVsock, jailMode: cfg.Jail, probed: map[string]string{}}, nil
 }
 
 // Start is New(cfg) followed by Start(ctx, spec), for callers that boot one
@@ -146,6 +188,15 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 
 	if err := makePrivateDir(spec.Dir); err != nil {
 		return nil, err
+	}
+	jailed, noJail, err := d.jailSupported(ctx, spec.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Accel == "kvm" && d.user != nil {
+		if err := checkKVMAccess(*d.user); err != nil {
+			return nil, err
+		}
 	}
 	if spec.MemoryFrom != "" {
 		if err := adoptMemory(ctx, spec.MemoryFrom, spec.memoryPath(), spec.MoveMemory); err != nil {
@@ -217,17 +268,29 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 		extra, paths = append(extra, files...), p
 		cred = &syscall.Credential{Uid: d.user.UID, Gid: d.user.GID, Groups: kvmGroup(spec.Accel)}
 	}
-	cmd := exec.Command(d.bin, spec.argsWith(sandbox == sandboxOn, paths)...)
-	cmd.Dir = spec.Dir
-	if cred != nil {
-		cmd.Dir = "/" // the run dir stays private to us
+	args := spec.argsWith(sandbox == sandboxOn, paths)
+	var cmd *exec.Cmd
+	if jailed {
+		// The jail sets the user itself. Its root is mounted on the run
+		// dir, in the jail's mount namespace only.
+		if cmd, err = jail.Command(d.jailConfig(spec), d.jailBin, args...); err != nil {
+			return nil, err
+		}
+		cmd.Dir = "/"
+	} else {
+		cmd = exec.Command(d.bin, args...)
+		cmd.Dir = spec.Dir
+		if cred != nil {
+			cmd.Dir = "/" // the run dir stays private to us
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
 	cmd.Env = []string{} // nothing from our environment
 	cmd.Stderr = stderr
 	cmd.ExtraFiles = extra
 	// Own process group, and deliberately no Pdeathsig: VMs must survive a
 	// restart of this process.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
+	cmd.SysProcAttr.Setpgid = true
 	cmd.WaitDelay = 5 * time.Second
 	placed := func(int) error { return nil }
 	if spec.Placer != nil {
@@ -296,6 +359,16 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	v.version = v.qmp.Version().String()
 	qmpReady := time.Since(started)
 
+	// QEMU has applied its seccomp filter before it serves QMP.
+	if v.confinement, err = observeConfinement(v.Pid(), missingConfinement(noJail, sandbox)); err != nil {
+		return nil, v.explain(ctx, err)
+	}
+	if jailed {
+		if err := checkJailed(v.confinement, *d.user, sandbox == sandboxOn); err != nil {
+			return nil, err
+		}
+	}
+
 	if err := v.attachSerial(qctx); err != nil {
 		return nil, v.explain(ctx, err)
 	}
@@ -309,8 +382,20 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 			return nil, v.explain(ctx, err)
 		}
 	}
-	v.log.Info("vm started", "qmp_ready", qmpReady, "boot_total", time.Since(start), "paused", spec.Paused, "sandbox", sandbox == sandboxOn)
+	v.log.Info("vm started", "qmp_ready", qmpReady, "boot_total", time.Since(start), "paused", spec.Paused, "confinement", v.confinement)
 	return v, nil
+}
+
+// missingConfinement describes what a VM lacks: "" for nothing.
+func missingConfinement(noJail string, sandbox sandboxSupport) string {
+	var m []string
+	if noJail != "" {
+		m = append(m, "jail: "+noJail)
+	}
+	if sandbox != sandboxOn {
+		m = append(m, "seccomp: this qemu has no -sandbox support")
+	}
+	return strings.Join(m, "; ")
 }
 
 // sandboxSupported reports whether QEMU accepts our -sandbox options
@@ -509,14 +594,44 @@ func (d *Driver) userFiles(spec Spec, first int) (files []*os.File, paths map[st
 	return files, paths, nil
 }
 
-// kvmGroup returns the group of /dev/kvm when QEMU needs it.
+// kvmGroup returns the group of /dev/kvm when QEMU needs it (never the
+// root group, which would open far more than /dev/kvm).
 func kvmGroup(accel string) []uint32 {
 	if accel != "kvm" {
 		return []uint32{}
 	}
 	var st syscall.Stat_t
-	if syscall.Stat("/dev/kvm", &st) != nil {
+	if syscall.Stat("/dev/kvm", &st) != nil || st.Gid == 0 {
 		return []uint32{}
 	}
 	return []uint32{st.Gid}
+}
+
+// checkKVMAccess returns an errkind.FailedPrecondition error if QEMU,
+// running as u with kvmGroup's groups, cannot open /dev/kvm: the accel
+// probe ran as the caller, so a boot would otherwise fail inside QEMU.
+func checkKVMAccess(u User) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/dev/kvm", &st); err != nil {
+		return fmt.Errorf("kvm: /dev/kvm: %w: %w", err, errkind.FailedPrecondition)
+	}
+	if !canReadWrite(st.Mode, st.Uid, st.Gid, u, kvmGroup("kvm")) {
+		return fmt.Errorf("kvm: /dev/kvm (mode %04o, %d:%d) is not open to qemu's user %d:%d; give it to a kvm group (mode 0660): %w",
+			st.Mode&0o7777, st.Uid, st.Gid, u.UID, u.GID, errkind.FailedPrecondition)
+	}
+	return nil
+}
+
+// canReadWrite reports whether user u (with supplementary groups) may
+// read and write a file of the given mode and owner.
+func canReadWrite(mode, uid, gid uint32, u User, groups []uint32) bool {
+	switch {
+	case u.UID == 0:
+		return true
+	case uid == u.UID:
+		return mode&0o600 == 0o600
+	case gid == u.GID || slices.Contains(groups, gid):
+		return mode&0o060 == 0o060
+	}
+	return mode&0o006 == 0o006
 }

@@ -27,24 +27,27 @@ var ErrExited = vmm.ErrExited
 
 // VM is one running QEMU process. Its methods are safe for concurrent use.
 type VM struct {
-	log        *slog.Logger
-	spec       Spec         // normalized
-	cmd        *exec.Cmd    // or nil for a VM re-attached by Recover
-	proc       *proc.Handle // the QEMU process, signalled and watched by pidfd
-	startTime  uint64       // the process start time, for the handle
-	version    string       // QEMU's version, from the QMP greeting
-	accel      string       // "kvm" or "tcg"
-	stopGrace  time.Duration
-	qmp        *qmp.Conn     // set by Boot before the VM is returned
-	serial     net.Conn      // console connection; set by Boot before the VM is returned
-	serialOut  *cappedFile   // serial.log
-	stderr     *cappedFile   // qemu.log, written by exec's copier until reap
-	done       chan struct{} // closed by reap once QEMU has exited and been reaped
-	exitErr    error         // why QEMU exited, or nil for status 0; set before done is closed
-	serialDone chan struct{} // closed when copySerial returns
-	stopping   atomic.Bool   // set by the first Stop
-	stopped    chan struct{} // closed when the first Stop has finished
-	stopErr    error         // the first Stop's result; set before stopped is closed
+	log       *slog.Logger
+	spec      Spec         // normalized
+	cmd       *exec.Cmd    // or nil for a VM re-attached by Recover
+	proc      *proc.Handle // the QEMU process, signalled and watched by pidfd
+	startTime uint64       // the process start time, for the handle
+	version   string       // QEMU's version, from the QMP greeting
+	accel     string       // "kvm" or "tcg"
+	// confinement is how QEMU is confined, observed once it ran; set by
+	// Boot and Recover before the VM is returned.
+	confinement vmm.Confinement
+	stopGrace   time.Duration
+	qmp         *qmp.Conn     // set by Boot before the VM is returned
+	serial      net.Conn      // console connection; set by Boot before the VM is returned
+	serialOut   *cappedFile   // serial.log
+	stderr      *cappedFile   // qemu.log, written by exec's copier until reap
+	done        chan struct{} // closed by reap once QEMU has exited and been reaped
+	exitErr     error         // why QEMU exited, or nil for status 0; set before done is closed
+	serialDone  chan struct{} // closed when copySerial returns
+	stopping    atomic.Bool   // set by the first Stop
+	stopped     chan struct{} // closed when the first Stop has finished
+	stopErr     error         // the first Stop's result; set before stopped is closed
 }
 
 // AgentSocket returns the unix socket of the guest agent's virtio-serial

@@ -28,7 +28,7 @@ const guestHello = "hello from the guest\n"
 // fakeKernel writes a minimal bzImage (boot protocol 2.06) whose real-mode
 // setup code prints guestHello on COM1 and then halts forever, or, with
 // crash set, triple-faults (which makes QEMU exit under -no-reboot).
-func fakeKernel(t *testing.T, crash bool) string {
+func fakeKernel(t testing.TB, crash bool) string {
 	t.Helper()
 	img := make([]byte, 64<<10)
 	img[0x1f1] = 4 // setup_sects: setup is (4+1)*512 bytes
