@@ -178,7 +178,8 @@ print(" | ".join(l.decode() for l in out.split(b"\r\n") if l.startswith(b"HTTP/"
 	const holder = `import socket, ssl, os, time
 s = ssl.create_default_context().wrap_socket(socket.create_connection(("api.test", 443), timeout=30), server_hostname="api.test")
 req = b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n"
-s.sendall(req); first = s.recv(4096)
+s.sendall(req); first = b""
+while not (first.endswith(b"hello api.test") or first.endswith(b"\r\n0\r\n\r\n")): first += s.recv(4096)
 open("/tmp/held", "w").write(first.split(b"\r\n")[0].decode())
 while not os.path.exists("/tmp/go"): time.sleep(0.05)
 t0 = time.time()
