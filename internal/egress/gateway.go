@@ -521,10 +521,7 @@ func (g *Gateway) serveFirst(c *conn, gc *guestConn, first []byte, a access, ev 
 		return g.serveTLS(c, gc, ev)
 	case kind == firstHTTP:
 		c.setMode(ModeHTTP)
-		if !g.http.serve(gc) {
-			return Event{}
-		}
-		<-c.done
+		g.serveHTTP(c, gc)
 		return Event{}
 	case a.tcp:
 		c.setMode(ModeTCP)
@@ -556,18 +553,21 @@ func (g *Gateway) serveTLS(c *conn, gc *guestConn, ev Event) Event {
 			" (the guest must trust the sandbox's CA; a client that pins its own needs a tls=passthrough rule)"
 		return ev
 	}
-	if !g.http.serve(tc) {
-		return Event{}
-	}
-	<-c.done
+	g.serveHTTP(c, tc)
 	return Event{}
+}
+
+// serveHTTP hands the guest's connection (its TLS terminated, or plain)
+// to the HTTP proxy and waits for it to end.
+func (g *Gateway) serveHTTP(c *conn, nc net.Conn) {
+	if g.http.serve(nc) {
+		<-c.done
+	}
 }
 
 // serveOpaque dials the connection's name and copies both ways.
 func (g *Gateway) serveOpaque(c *conn, gc *guestConn, ev Event) Event {
-	ctx, cancel := g.dialCtx()
-	up, addr, err := g.dialName(ctx, c.name, c.port)
-	cancel()
+	up, addr, err := g.dialConn(c)
 	if err != nil {
 		ev.Addr, ev.Reason = addrString(addr), err.Error()
 		return ev
@@ -584,9 +584,7 @@ func (g *Gateway) serveOpaque(c *conn, gc *guestConn, ev Event) Event {
 // copied; if the guest speaks first after all, its bytes decide, as for
 // any other connection.
 func (g *Gateway) serveServerFirst(c *conn, gc *guestConn, ev Event) Event {
-	ctx, cancel := g.dialCtx()
-	up, addr, err := g.dialName(ctx, c.name, c.port)
-	cancel()
+	up, addr, err := g.dialConn(c)
 	if err != nil {
 		ev.Addr, ev.Reason = addrString(addr), err.Error()
 		return ev
@@ -639,6 +637,13 @@ func (g *Gateway) serveServerFirst(c *conn, gc *guestConn, ev Event) Event {
 		}
 		return g.serveFirst(c, gc, rg.b, g.Policy().nameAccess(c.name, c.port), ev)
 	}
+}
+
+// dialConn dials the name c was opened to (see dialName).
+func (g *Gateway) dialConn(c *conn) (net.Conn, netip.Addr, error) {
+	ctx, cancel := g.dialCtx()
+	defer cancel()
+	return g.dialName(ctx, c.name, c.port)
 }
 
 func addrString(a netip.Addr) string {
