@@ -55,6 +55,23 @@ const (
 )
 
 // specOf returns sb's spec (zero if the record's does not parse).
+// updateSpec stores sb with its spec changed by edit, again on the
+// latest version if another update came first.
+func (s *Server) updateSpec(ctx context.Context, sb store.Sandbox, edit func(*spec)) (store.Sandbox, error) {
+	for {
+		sp := specOf(sb)
+		edit(&sp)
+		sb.Spec, _ = json.Marshal(sp)
+		updated, err := s.cfg.Store.UpdateSandbox(ctx, sb)
+		if errors.Is(err, store.ErrVersionConflict) {
+			if sb, err = s.cfg.Store.Sandbox(ctx, sb.TeamID, sb.ID); err == nil {
+				continue
+			}
+		}
+		return updated, err
+	}
+}
+
 func specOf(sb store.Sandbox) spec {
 	var sp spec
 	json.Unmarshal(sb.Spec, &sp)
@@ -773,21 +790,10 @@ func (s *Server) handleSetNetwork(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	for {
-		sp := specOf(sb)
-		sp.Network = &wn
-		sb.Spec, _ = json.Marshal(sp)
-		updated, err := s.cfg.Store.UpdateSandbox(ctx, sb)
-		if errors.Is(err, store.ErrVersionConflict) {
-			if sb, err = s.cfg.Store.Sandbox(ctx, sb.TeamID, sb.ID); err == nil {
-				continue
-			}
-		}
-		if err != nil {
-			httpapi.WriteError(w, err)
-			return
-		}
-		httpapi.WriteJSON(w, http.StatusOK, s.view(updated))
+	updated, err := s.updateSpec(ctx, sb, func(sp *spec) { sp.Network = &wn })
+	if err != nil {
+		httpapi.WriteError(w, err)
 		return
 	}
+	httpapi.WriteJSON(w, http.StatusOK, s.view(updated))
 }

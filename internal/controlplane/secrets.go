@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -351,24 +350,13 @@ func (s *Server) handleSetSecrets(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	for {
-		sp := specOf(sb)
-		sp.Secrets, sp.Network = grants, &n
-		sb.Spec, _ = json.Marshal(sp)
-		updated, err := s.cfg.Store.UpdateSandbox(ctx, sb)
-		if errors.Is(err, store.ErrVersionConflict) {
-			if sb, err = s.cfg.Store.Sandbox(ctx, sb.TeamID, sb.ID); err == nil {
-				continue
-			}
-		}
-		if err != nil {
-			httpapi.WriteError(w, err)
-			return
-		}
-		s.log.Info("sandbox secrets set", "sandbox_id", sb.ID, "secrets", len(grants))
-		httpapi.WriteJSON(w, http.StatusOK, s.view(updated))
+	updated, err := s.updateSpec(ctx, sb, func(sp *spec) { sp.Secrets, sp.Network = grants, &n })
+	if err != nil {
+		httpapi.WriteError(w, err)
 		return
 	}
+	s.log.Info("sandbox secrets set", "sandbox_id", sb.ID, "secrets", len(grants))
+	httpapi.WriteJSON(w, http.StatusOK, s.view(updated))
 }
 
 // checkGrantNames checks the secret names of a PUT .../secrets.
