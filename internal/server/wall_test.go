@@ -202,9 +202,34 @@ open("/tmp/after", "w").write(res)`
 		t.Errorf("a connection to api.test after a policy dropped it: %q, want closed", out)
 	}
 
-	events, err := c.EgressLog(ctx, sb.ID)
-	if err != nil {
-		t.Fatalf("EgressLog: %v", err)
+	// A port scan of an address no rule covers: a few lines, with counts
+	// that add up, not one line per port.
+	const scan = `import socket
+for p in range(20000, 20400):
+    try: socket.create_connection(("` + "198.51.100.10" + `", p), timeout=2).close()
+    except OSError: pass`
+	if _, _, code := execOut(t, c, sb.ID, api.Exec{Command: []string{"python3", "-c", scan}}); code != 0 {
+		t.Fatalf("the scan failed to run (exit %d)", code)
+	}
+	var events []api.EgressEvent
+	scanned := func() (lines, count int) {
+		for _, e := range events {
+			if e.Addr == egresstest.Addr.String() && !e.Allowed && e.Proto == "tcp" && (e.Port == 0 || e.Port >= 20000 && e.Port < 20400) {
+				lines, count = lines+1, count+max(e.Count, 1)
+			}
+		}
+		return lines, count
+	}
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		var err error
+		if events, err = c.EgressLog(ctx, sb.ID); err != nil {
+			t.Fatalf("EgressLog: %v", err)
+		}
+		_, n := scanned()
+		return n >= 400
+	})
+	if lines, n := scanned(); lines > 10 || n != 400 {
+		t.Errorf("a scan of 400 ports wrote %d lines counting %d refusals, want a few lines counting 400", lines, n)
 	}
 	has := func(what string, match func(api.EgressEvent) bool) {
 		t.Helper()
