@@ -198,10 +198,12 @@ const (
 // installCA gives the guest the sandbox's CA: as a file, and appended to
 // a copy of the image's system bundle (the image's root is read-only;
 // the copy lives in the writable layer and is rebuilt after every boot
-// and restore, so a fork trusts its own CA, not its parent's).
+// and restore, so a fork trusts its own CA, not its parent's). What is
+// rebuilt every time is written without the guest's fsyncs, which cost
+// most of it under TCG, on every create.
 func installCA(ctx context.Context, a *client.Client, ca *egress.CA, grants []SecretGrant) error {
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
-	if err := writeGuest(ctx, a, guestCAFile, caPEM, 0o644); err != nil {
+	if err := writeRebuilt(ctx, a, guestCAFile, caPEM); err != nil {
 		return err
 	}
 	var orig strings.Builder
@@ -214,13 +216,27 @@ func installCA(ctx context.Context, a *client.Client, ca *egress.CA, grants []Se
 			return err
 		}
 	}
-	if err := writeGuest(ctx, a, guestBundle, append([]byte(orig.String()), caPEM...), 0o644); err != nil {
+	if err := writeRebuilt(ctx, a, guestBundle, append([]byte(orig.String()), caPEM...)); err != nil {
 		return err
 	}
 	for _, g := range grants {
-		if err := writeGuest(ctx, a, guestSecretsDir+"/"+g.Name, []byte(g.Placeholder), 0o644); err != nil {
+		if err := writeRebuilt(ctx, a, guestSecretsDir+"/"+g.Name, []byte(g.Placeholder)); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// writeRebuilt writes a file of the guest's that is written again after
+// every boot and restore, so need not survive a guest crash: without
+// fsyncs, unless the agent predates that (it refuses the field).
+func writeRebuilt(ctx context.Context, a *client.Client, path string, b []byte) error {
+	_, err := a.WriteFile(ctx, proto.WriteArgs{Path: path, Mode: 0o644, MkdirAll: true, NoSync: true}, bytes.NewReader(b))
+	if err != nil && ctx.Err() == nil {
+		return writeGuest(ctx, a, path, b, 0o644)
+	}
+	if err != nil {
+		return fmt.Errorf("write %s in the guest: %w", path, err)
 	}
 	return nil
 }

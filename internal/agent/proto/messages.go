@@ -215,6 +215,9 @@ type WriteArgs struct {
 	UID      *uint32 `json:"uid,omitempty"`
 	GID      *uint32 `json:"gid,omitempty"`
 	MkdirAll bool    `json:"mkdir_all,omitempty"` // create missing parents (0755)
+	// NoSync skips the fsyncs that make the file survive a guest crash,
+	// for files the host writes again after every boot and restore.
+	NoSync bool `json:"no_sync,omitempty"`
 }
 
 // WriteResult is the result of OpFileWrite.

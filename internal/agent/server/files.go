@@ -185,8 +185,10 @@ func (s *Server) writeFile(c *call, a proto.WriteArgs) (err error) {
 			return c.fail(err)
 		}
 	}
-	if err := tmp.Sync(); err != nil {
-		return c.fail(err)
+	if !a.NoSync {
+		if err := tmp.Sync(); err != nil {
+			return c.fail(err)
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return c.fail(err)
@@ -195,9 +197,11 @@ func (s *Server) writeFile(c *call, a proto.WriteArgs) (err error) {
 		return c.fail(err)
 	}
 	committed = true
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+	if !a.NoSync {
+		if d, err := os.Open(dir); err == nil {
+			d.Sync()
+			d.Close()
+		}
 	}
 	return c.result(proto.WriteResult{Size: size})
 }
