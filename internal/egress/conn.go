@@ -159,21 +159,22 @@ func (g *Gateway) untrack(c *conn) {
 
 // enforce closes the open connections p refuses, at once.
 func (g *Gateway) enforce(p Policy) {
+	refused := map[*conn]string{}
 	g.mu.Lock()
-	var refused []*conn
 	for c := range g.open {
-		if g.stillAllowed(p, c) != "" {
-			refused = append(refused, c)
+		if why := refusal(p, c); why != "" {
+			refused[c] = why
 		}
 	}
 	g.mu.Unlock()
-	for _, c := range refused {
-		c.close("closed by a policy change: " + g.stillAllowed(p, c))
+	for c, why := range refused {
+		c.close("closed by a policy change: " + why)
 	}
 }
 
-// stillAllowed says why p refuses the open connection c, or "".
-func (g *Gateway) stillAllowed(p Policy, c *conn) string {
+// refusal says why p refuses the open connection c, or "" if it allows
+// it.
+func refusal(p Policy, c *conn) string {
 	if p.Off {
 		return "the network is off"
 	}
@@ -227,6 +228,11 @@ func (gc *guestConn) Read(p []byte) (int, error) {
 }
 
 func (gc *guestConn) Write(p []byte) (int, error) {
+	if gc.g.currentLimiter() == nil {
+		n, err := gc.Conn.Write(p)
+		gc.c.in.Add(int64(n))
+		return n, err
+	}
 	var n int
 	for len(p) > 0 {
 		k := min(len(p), 32<<10)

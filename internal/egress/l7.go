@@ -13,7 +13,6 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
@@ -131,7 +130,7 @@ func (p *httpProxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, r, c, host, code, why)
 		return
 	}
-	ctx := context.WithValue(r.Context(), connKey{}, c)
+	ctx := r.Context()
 	if len(secrets) > 0 {
 		if c.modeName() == ModeHTTPS {
 			if err := injectRequest(r, secrets); err != nil {
@@ -160,7 +159,9 @@ type scrubKey struct{}
 // requestAuthority returns the host r names and, if it is not the one
 // c was opened to (on c's port), why it is refused.
 func requestAuthority(r *http.Request, c *conn) (host, why string) {
-	authority := r.Host // the target's authority if absolute, else Host (HTTP/1) or :authority (HTTP/2)
+	// net/http puts here an absolute target's authority (over any
+	// Host header), else the Host (HTTP/1) or :authority (HTTP/2).
+	authority := r.Host
 	if authority == "" {
 		return c.name, "" // HTTP/1.0 without a Host: the connection's
 	}
@@ -174,8 +175,6 @@ func requestAuthority(r *http.Request, c *conn) (host, why string) {
 		return host, fmt.Sprintf("a request for %q on a connection opened to %s", host, c.name)
 	case port != "" && port != strconv.Itoa(int(c.port)):
 		return host, fmt.Sprintf("a request for port %s on a connection opened to %s", port, c.String())
-	case r.URL.Host != "" && normalize(strings.Split(r.URL.Host, ":")[0]) != host:
-		return host, fmt.Sprintf("a request target for %q on a connection opened to %s", r.URL.Host, c.name)
 	}
 	return host, ""
 }

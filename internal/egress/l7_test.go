@@ -87,7 +87,7 @@ func TestEveryRequestIsDecided(t *testing.T) {
 		raw  string
 		want []string // status prefixes
 	}{
-		{"keep-alive, another Host second", true, get("api.test") + "", []string{"200"}},
+		{"the allowed host twice", true, get("api.test") + get("api.test"), []string{"200", "200"}},
 		{"pipelined, another Host second", true, get("api.test") + get("other.test"), []string{"200", "421"}},
 		{"another Host inside TLS", true, get("other.test"), []string{"421"}},
 		{"Host with a trailing dot and case", true, get("API.test."), []string{"200"}},
@@ -127,6 +127,15 @@ func TestEveryRequestIsDecided(t *testing.T) {
 				}
 			}
 		})
+	}
+	// Keep-alive: an answered request, then another Host on the same
+	// connection.
+	c := tlsConn(t, g, g.roots, api[0], "api.test", "http/1.1")
+	if got := exchange(t, c, get("api.test"), 1); !strings.HasPrefix(got[0], "200") {
+		t.Fatalf("first request = %q", got)
+	}
+	if got := exchange(t, c, get("other.test"), 1); !strings.HasPrefix(got[0], "421") {
+		t.Errorf("a second request for other.test on a kept-alive connection = %q, want 421", got)
 	}
 	if sawHost(u, "other.test") {
 		t.Errorf("the upstream was sent a request for other.test: %v", u.Requests())

@@ -199,8 +199,8 @@ const (
 // a copy of the image's system bundle (the image's root is read-only;
 // the copy lives in the writable layer and is rebuilt after every boot
 // and restore, so a fork trusts its own CA, not its parent's). What is
-// rebuilt every time is written without the guest's fsyncs, which cost
-// most of it under TCG, on every create.
+// rebuilt every time is written without the guest's fsyncs (they cost
+// tens of milliseconds each under TCG, on every create).
 func installCA(ctx context.Context, a *client.Client, ca *egress.CA, grants []SecretGrant) error {
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
 	if err := writeRebuilt(ctx, a, guestCAFile, caPEM); err != nil {
