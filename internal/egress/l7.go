@@ -159,8 +159,9 @@ type scrubKey struct{}
 // requestAuthority returns the host r names and, if it is not the one
 // c was opened to (on c's port), why it is refused.
 func requestAuthority(r *http.Request, c *conn) (host, why string) {
-	// net/http puts here an absolute target's authority (over any
-	// Host header), else the Host (HTTP/1) or :authority (HTTP/2).
+	// net/http puts here an HTTP/1 absolute target's authority (over
+	// any Host header), else the Host or, on HTTP/2, :authority; an
+	// HTTP/2 :path may still be an absolute target of its own.
 	authority := r.Host
 	if authority == "" {
 		return c.name, "" // HTTP/1.0 without a Host: the connection's
@@ -175,8 +176,18 @@ func requestAuthority(r *http.Request, c *conn) (host, why string) {
 		return host, fmt.Sprintf("a request for %q on a connection opened to %s", host, c.name)
 	case port != "" && port != strconv.Itoa(int(c.port)):
 		return host, fmt.Sprintf("a request for port %s on a connection opened to %s", port, c.String())
+	case r.URL.Host != "" && targetHost(r.URL.Host) != host:
+		return host, fmt.Sprintf("a request target for %q on a connection opened to %s", r.URL.Host, c.name)
 	}
 	return host, ""
+}
+
+// targetHost is the host of a request target's authority, normalized.
+func targetHost(authority string) string {
+	if h, _, err := net.SplitHostPort(authority); err == nil {
+		return normalize(h)
+	}
+	return normalize(authority)
 }
 
 // refuse answers a request the gateway does not forward, audits it and,

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -569,4 +570,35 @@ func BenchmarkGatewayHTTPS(b *testing.B) {
 		b.ReportMetric(mbps["l7"]/mbps["direct"], "l7/direct-throughput")
 		b.ReportMetric(float64((first["l7"] - first["passthrough"]).Microseconds()), "l7-added-us")
 	}
+}
+
+// TestRequestAuthority checks the authority check on requests as net/http
+// gives them: an HTTP/2 request may carry an absolute :path whose host
+// differs from its :authority (curl --request-target does that).
+func TestRequestAuthority(t *testing.T) {
+	c := newConn("api.test", netip.Addr{}, 443)
+	for _, tc := range []struct {
+		host, target string
+		ok           bool
+	}{
+		{"api.test", "/x", true},
+		{"API.test.:443", "/x", true},
+		{"", "/x", true},
+		{"other.test", "/x", false},
+		{"api.test:8443", "/x", false},
+		{"api.test", "https://other.test/x", false},
+		{"api.test", "https://api.test:443/x", true},
+	} {
+		r := httptestRequest(tc.host, tc.target)
+		if _, why := requestAuthority(r, c); (why == "") != tc.ok {
+			t.Errorf("requestAuthority(Host %q, target %q) refuses %q, want allowed %v", tc.host, tc.target, why, tc.ok)
+		}
+	}
+}
+
+func httptestRequest(host, target string) *http.Request {
+	r, _ := http.NewRequest("GET", "https://api.test/", nil)
+	u, _ := url.Parse(target)
+	r.URL, r.Host = u, host
+	return r
 }
