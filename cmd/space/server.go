@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -58,7 +56,7 @@ server stops, and the next start re-adopts them.`,
 	f := c.Flags()
 	f.StringVar(&listen, "listen", server.DefaultListen, "`address` the API listens on")
 	f.StringVar(&storeURL, "store", "", "PostgreSQL `URL` for the state (default: SQLite in the data dir; env SPACE_STORE_URL)")
-	f.StringVar(&workerID, "worker-id", "local", "`ID` of the embedded worker")
+	f.StringVar(&workerID, "worker-id", "", "`ID` of the embedded worker (default: the one recorded in the data dir, or a new random one on the first start)")
 	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks)")
 	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers (default: 4 per host CPU)")
@@ -112,11 +110,6 @@ on one host, each with its own --data-dir, --listen and --id.`,
 			if g.dataDir == "" {
 				dataDir = filepath.Join(dataDir, "workers", "default")
 			}
-			if id == "" {
-				host, _ := os.Hostname()
-				sum := sha256.Sum256([]byte(host + "\x00" + dataDir))
-				id = "w-" + hex.EncodeToString(sum[:4])
-			}
 			if g.cacheBase == "" {
 				return usagef("no cache directory: pass --cache DIR or set SPACE_CACHE_DIR")
 			}
@@ -133,7 +126,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 	f.StringVar(&tokenFile, "token-file", "", "read the worker token from `FILE`")
 	f.StringVar(&listen, "listen", server.DefaultWorkerListen, "`address` the worker API listens on")
 	f.StringVar(&advertise, "advertise", "", "`URL` the control plane reaches this worker at (default: https://LISTEN; the worker serves TLS with a certificate the worker token vouches for)")
-	f.StringVar(&id, "id", "", "worker `ID` (default: derived from the host name and data dir)")
+	f.StringVar(&id, "id", "", "worker `ID` (default: the one recorded in the data dir, or a new random one on the first start)")
 	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks); the server's to share its snapshots")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs offered (default: 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory offered (default: 80% of host RAM)")

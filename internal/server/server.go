@@ -80,7 +80,9 @@ type Config struct {
 	AgentPath string
 	// StoreURL selects PostgreSQL (postgres://...); "" = SQLite in DataDir.
 	StoreURL string
-	// WorkerID names the embedded worker; "" = "local".
+	// WorkerID names the embedded worker; "" = the one recorded in
+	// DataDir, or on the first start a new random one (recorded there).
+	// A data dir from before IDs were recorded keeps "local".
 	WorkerID string
 	// VCPUs and MemoryMiB are the embedded worker's capacity; 0 = its
 	// default (see worker.Config).
@@ -124,9 +126,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultListen
 	}
-	if cfg.WorkerID == "" {
-		cfg.WorkerID = "local"
-	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -142,6 +141,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer unlock()
+	if cfg.WorkerID, err = workerIdentity(cfg.DataDir, cfg.WorkerID, "local"); err != nil {
+		return err
+	}
 
 	st, err := openStore(ctx, cfg)
 	if err != nil {

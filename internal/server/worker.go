@@ -30,8 +30,9 @@ const DefaultWorkerListen = "127.0.0.1:7071"
 
 // WorkerConfig configures a standalone worker process.
 type WorkerConfig struct {
-	// ID names the worker. Required; unique among a control plane's
-	// workers (two workers on one host need two IDs and data dirs).
+	// ID names the worker: unique among a control plane's workers. "" =
+	// the one recorded in DataDir, or on the first start a new random one
+	// (recorded there).
 	ID string
 	// DataDir holds the worker's sandboxes. Required.
 	DataDir string
@@ -71,8 +72,8 @@ type WorkerConfig struct {
 // registration as its heartbeat, until ctx ends. VMs keep running after it
 // returns.
 func RunWorker(ctx context.Context, cfg WorkerConfig) error {
-	if cfg.ID == "" || cfg.DataDir == "" || cfg.ControlPlane == "" || cfg.Token == "" || cfg.CacheBase == "" || cfg.AgentPath == "" {
-		return fmt.Errorf("worker: id, data dir, control plane, token, cache and agent path are required: %w", errkind.InvalidArgument)
+	if cfg.DataDir == "" || cfg.ControlPlane == "" || cfg.Token == "" || cfg.CacheBase == "" || cfg.AgentPath == "" {
+		return fmt.Errorf("worker: data dir, control plane, token, cache and agent path are required: %w", errkind.InvalidArgument)
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultWorkerListen
@@ -95,6 +96,9 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		return err
 	}
 	defer unlock()
+	if cfg.ID, err = workerIdentity(cfg.DataDir, cfg.ID, legacyWorkerID(cfg.DataDir)); err != nil {
+		return err
+	}
 	fmt.Fprintln(progress, "space: preparing the default template")
 	img, err := buildImages(ctx, cfg.CacheBase, cfg.AgentPath, cfg.Log)
 	if err != nil {
