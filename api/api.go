@@ -106,6 +106,21 @@ type Sandbox struct {
 	// SuspendedSnapshot is the snapshot a suspended (stopped) sandbox
 	// resumes from.
 	SuspendedSnapshot string `json:"suspended_snapshot,omitempty"`
+	// DataPlane is where the sandbox's data-plane requests (exec,
+	// processes, files, ports) go while its VM runs; absent otherwise.
+	DataPlane *DataPlane `json:"data_plane,omitempty"`
+}
+
+// DataPlane names where a sandbox's data-plane requests go and the token
+// that authorizes them: the same paths as on the API server
+// (/v1/sandboxes/{id}/exec, ...), sent to URL with "Authorization: Bearer
+// <Token>" instead of an API key. The token opens only this sandbox and
+// only until ExpiresAt (a stream that started before goes on); get the
+// sandbox again for a new one.
+type DataPlane struct {
+	URL       string    `json:"url"`
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
 }
 
 // VMInfo is how a sandbox's VM was started and runs.

@@ -18,15 +18,33 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"space/api"
 )
 
-// Client talks to one SPACE API server with one API key.
+// Client talks to one SPACE API server with one API key. A sandbox's
+// data-plane requests (exec, processes, files, ports) go where the server
+// says (api.Sandbox.DataPlane) with the token it gave, so they do not pass
+// through the control plane; against a server that names no data plane
+// they go to the server with the API key.
 type Client struct {
 	base *url.URL // scheme, host and path prefix; no trailing slash
 	key  string   // or "" (only Health works then)
 	hc   *http.Client
+	now  func() time.Time
+
+	mu sync.Mutex
+	// +checklocks:mu
+	planes map[string]dataPlane // by sandbox ID: the latest data plane a reply named
+}
+
+// dataPlane is a sandbox's data plane, parsed.
+type dataPlane struct {
+	base    *url.URL
+	token   string
+	expires time.Time
 }
 
 // Option configures a Client.
@@ -55,7 +73,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	u.RawPath, u.RawQuery, u.Fragment = "", "", ""
-	c := &Client{base: u, key: apiKey, hc: &http.Client{}}
+	c := &Client{base: u, key: apiKey, hc: &http.Client{}, now: time.Now, planes: map[string]dataPlane{}}
 	for _, o := range opts {
 		o(c)
 	}
@@ -157,9 +175,12 @@ func decodeError(status int, body []byte) *Error {
 	return &Error{Status: status, Code: codeForStatus(status), Message: msg}
 }
 
-// url returns the URL of path (which starts with "/v1/") with query q.
-func (c *Client) url(path string, q url.Values) string {
-	u := *c.base
+// url returns the URL of path (which starts with "/v1/") on the API
+// server with query q.
+func (c *Client) url(path string, q url.Values) string { return urlOf(c.base, path, q) }
+
+func urlOf(base *url.URL, path string, q url.Values) string {
+	u := *base
 	u.Path += path
 	u.RawQuery = q.Encode()
 	return u.String()
@@ -186,6 +207,9 @@ type request struct {
 	contentLength int64 // of body when known, else 0
 	accept        string
 	want          []int // the success statuses; 200 when empty
+	// sandbox, for a data-plane request, is the sandbox's ID: the
+	// request goes to its data plane.
+	sandbox string
 }
 
 // jsonBody marshals v for a request body.
@@ -200,9 +224,36 @@ func jsonBody(v any) (io.Reader, error) {
 // do sends r and returns the reply when its status is one of r.want; the
 // caller closes its body. Any other status comes back as an *Error
 // (wrapped with the method and path; a transport error names them
-// already).
+// already). A data-plane request whose token the data plane refuses is
+// sent once more with a new one when its body can be sent again.
 func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, r.method, c.url(r.path, r.query), r.body)
+	resp, err := c.send(ctx, r)
+	if err != nil || r.sandbox == "" || resp.StatusCode != http.StatusUnauthorized {
+		return c.check(r, resp, err)
+	}
+	replay, ok := r.body.(io.Seeker)
+	if r.body != nil && !ok {
+		return c.check(r, resp, err)
+	}
+	resp.Body.Close()
+	c.forget(r.sandbox)
+	if replay != nil {
+		if _, err := replay.Seek(0, io.SeekStart); err != nil {
+			return nil, err
+		}
+	}
+	resp, err = c.send(ctx, r)
+	return c.check(r, resp, err)
+}
+
+// send sends r to where it goes: the API server, or for a data-plane
+// request the sandbox's data plane.
+func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
+	base, auth, err := c.route(ctx, r.sandbox)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, r.method, urlOf(base, r.path, r.query), r.body)
 	if err != nil {
 		return nil, err
 	}
@@ -221,8 +272,13 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 		accept = "application/json"
 	}
 	req.Header.Set("Accept", accept)
-	c.authorize(req.Header)
-	resp, err := c.hc.Do(req)
+	setAuth(req.Header, auth)
+	return c.hc.Do(req)
+}
+
+// check returns resp if its status is one of r.want, else the error it
+// carries.
+func (c *Client) check(r request, resp *http.Response, err error) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -238,10 +294,67 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 	return resp, nil
 }
 
-func (c *Client) authorize(h http.Header) {
+// planeMargin is how long before its expiry a data-plane token is
+// replaced: a request must reach the data plane while it is still valid.
+const planeMargin = 30 * time.Second
+
+// route returns where a request for sandbox (or "" for the management
+// API) goes and the credential it carries.
+func (c *Client) route(ctx context.Context, sandbox string) (*url.URL, string, error) {
+	if sandbox == "" {
+		return c.base, c.key, nil
+	}
+	c.mu.Lock()
+	p, ok := c.planes[sandbox]
+	c.mu.Unlock()
+	if !ok || !c.now().Add(planeMargin).Before(p.expires) {
+		var sb api.Sandbox
+		if err := c.call(ctx, request{method: http.MethodGet, path: sandboxPath(sandbox)}, &sb); err != nil {
+			return nil, "", err
+		}
+		c.mu.Lock()
+		p, ok = c.planes[sandbox]
+		c.mu.Unlock()
+		if !ok {
+			// A server without a data plane of its own, or a
+			// sandbox whose VM does not run (the server says why).
+			return c.base, c.key, nil
+		}
+	}
+	return p.base, p.token, nil
+}
+
+// remember keeps the data plane sb names (or forgets one it no longer
+// has).
+func (c *Client) remember(sb api.Sandbox) {
+	if sb.DataPlane == nil {
+		c.forget(sb.ID)
+		return
+	}
+	u, err := url.Parse(sb.DataPlane.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || sb.DataPlane.Token == "" {
+		c.forget(sb.ID)
+		return
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	u.RawPath, u.RawQuery, u.Fragment = "", "", ""
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.planes[sb.ID] = dataPlane{base: u, token: sb.DataPlane.Token, expires: sb.DataPlane.ExpiresAt}
+}
+
+func (c *Client) forget(sandbox string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.planes, sandbox)
+}
+
+func (c *Client) authorize(h http.Header) { setAuth(h, c.key) }
+
+func setAuth(h http.Header, credential string) {
 	h.Set("User-Agent", "space-client/"+api.Version)
-	if c.key != "" {
-		h.Set("Authorization", "Bearer "+c.key)
+	if credential != "" {
+		h.Set("Authorization", "Bearer "+credential)
 	}
 }
 
@@ -258,6 +371,14 @@ func (c *Client) call(ctx context.Context, r request, out any) error {
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("%s %s: decode reply: %w", r.method, r.path, err)
+	}
+	switch v := out.(type) {
+	case *api.Sandbox:
+		c.remember(*v)
+	case *api.SandboxList:
+		for _, sb := range v.Sandboxes {
+			c.remember(sb)
+		}
 	}
 	return nil
 }
@@ -354,7 +475,7 @@ func (c *Client) StartDetached(ctx context.Context, id string, req api.Exec) (ap
 	if err != nil {
 		return p, err
 	}
-	err = c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/exec"), body: body,
+	err = c.call(ctx, request{method: http.MethodPost, sandbox: id, path: sandboxPath(id, "/exec"), body: body,
 		want: []int{http.StatusCreated}}, &p)
 	return p, err
 }
@@ -362,14 +483,14 @@ func (c *Client) StartDetached(ctx context.Context, id string, req api.Exec) (ap
 // Processes lists the commands started in sandbox id.
 func (c *Client) Processes(ctx context.Context, id string) ([]api.Process, error) {
 	var l api.ProcessList
-	err := c.call(ctx, request{method: http.MethodGet, path: sandboxPath(id, "/processes")}, &l)
+	err := c.call(ctx, request{method: http.MethodGet, sandbox: id, path: sandboxPath(id, "/processes")}, &l)
 	return l.Processes, err
 }
 
 // Process describes the command pid (an api.Process.ID) in sandbox id.
 func (c *Client) Process(ctx context.Context, id string, pid int64) (api.Process, error) {
 	var p api.Process
-	err := c.call(ctx, request{method: http.MethodGet, path: processPath(id, pid, "")}, &p)
+	err := c.call(ctx, request{method: http.MethodGet, sandbox: id, path: processPath(id, pid, "")}, &p)
 	return p, err
 }
 
@@ -380,7 +501,7 @@ func (c *Client) Signal(ctx context.Context, id string, pid int64, sig int) erro
 	if err != nil {
 		return err
 	}
-	return c.call(ctx, request{method: http.MethodPost, path: processPath(id, pid, "/signal"), body: body,
+	return c.call(ctx, request{method: http.MethodPost, sandbox: id, path: processPath(id, pid, "/signal"), body: body,
 		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
 }
 
@@ -390,7 +511,7 @@ func (c *Client) Signal(ctx context.Context, id string, pid int64, sig int) erro
 // agent predates port probes, is a conflict error (IsConflict).
 func (c *Client) PortOpen(ctx context.Context, sandboxID string, port int) (bool, error) {
 	var st api.PortState
-	err := c.call(ctx, request{method: http.MethodGet, path: sandboxPath(sandboxID, "/ports/", strconv.Itoa(port))}, &st)
+	err := c.call(ctx, request{method: http.MethodGet, sandbox: sandboxID, path: sandboxPath(sandboxID, "/ports/", strconv.Itoa(port))}, &st)
 	return st.Open, err
 }
 

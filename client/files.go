@@ -21,7 +21,7 @@ const FileModeHeader = "X-Space-File-Mode"
 // returns its permission bits (0 when the server did not send them).
 // A reply cut short is an error.
 func (c *Client) ReadFile(ctx context.Context, id, path string, w io.Writer) (fs.FileMode, error) {
-	r := request{method: http.MethodGet, path: sandboxPath(id, "/files"), query: url.Values{"path": {path}},
+	r := request{method: http.MethodGet, sandbox: id, path: sandboxPath(id, "/files"), query: url.Values{"path": {path}},
 		accept: "application/octet-stream"}
 	resp, err := c.do(ctx, r)
 	if err != nil {
@@ -63,7 +63,7 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, op
 	if opts.Mkdir {
 		q.Set("mkdir", "true")
 	}
-	req := request{method: http.MethodPut, path: sandboxPath(id, "/files"), query: q,
+	req := request{method: http.MethodPut, sandbox: id, path: sandboxPath(id, "/files"), query: q,
 		body: r, contentType: "application/octet-stream"}
 	if f, ok := r.(*os.File); ok {
 		req.contentLength = remaining(f)
@@ -100,7 +100,7 @@ func (c *Client) RemoveFile(ctx context.Context, id, path string, opts RemoveOpt
 	if opts.Recursive {
 		q.Set("recursive", "true")
 	}
-	err := c.call(ctx, request{method: http.MethodDelete, path: sandboxPath(id, "/files"), query: q,
+	err := c.call(ctx, request{method: http.MethodDelete, sandbox: id, path: sandboxPath(id, "/files"), query: q,
 		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
 	if err != nil {
 		return fmt.Errorf("remove %s: %w", path, err)
@@ -111,7 +111,7 @@ func (c *Client) RemoveFile(ctx context.Context, id, path string, opts RemoveOpt
 // ListFiles lists the directory at path in sandbox id.
 func (c *Client) ListFiles(ctx context.Context, id, path string) (api.FileList, error) {
 	var l api.FileList
-	err := c.call(ctx, request{method: http.MethodGet, path: sandboxPath(id, "/files/list"),
+	err := c.call(ctx, request{method: http.MethodGet, sandbox: id, path: sandboxPath(id, "/files/list"),
 		query: url.Values{"path": {path}}}, &l)
 	return l, err
 }

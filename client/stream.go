@@ -33,14 +33,14 @@ func (c *Client) Exec(ctx context.Context, id string, req api.Exec, stdout, stde
 	if err != nil {
 		return api.Exit{}, err
 	}
-	return c.ndjson(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/exec"), body: body}, stdout, stderr)
+	return c.ndjson(ctx, request{method: http.MethodPost, sandbox: id, path: sandboxPath(id, "/exec"), body: body}, stdout, stderr)
 }
 
 // Output streams the output of the command pid (an api.Process.ID) in
 // sandbox id: what is buffered, then live output until the command exits.
 // It sends nothing to the command. Errors are as for Exec.
 func (c *Client) Output(ctx context.Context, id string, pid int64, stdout, stderr io.Writer) (api.Exit, error) {
-	return c.ndjson(ctx, request{method: http.MethodGet, path: processPath(id, pid, "/output")}, stdout, stderr)
+	return c.ndjson(ctx, request{method: http.MethodGet, sandbox: id, path: processPath(id, pid, "/output")}, stdout, stderr)
 }
 
 // ndjson sends r, whose reply is an application/x-ndjson event stream, and
@@ -152,7 +152,7 @@ type StreamIO struct {
 func (c *Client) ExecStream(ctx context.Context, id string, req api.Exec, sio StreamIO) (api.Exit, error) {
 	req.Detach = false
 	req.Stdin = nil
-	return c.websocket(ctx, sandboxPath(id, "/exec/ws"), &req, sio)
+	return c.websocket(ctx, id, sandboxPath(id, "/exec/ws"), &req, sio)
 }
 
 // Attach attaches to the running command pid (an api.Process.ID) in
@@ -160,17 +160,28 @@ func (c *Client) ExecStream(ctx context.Context, id string, req api.Exec, sio St
 // sio.Stdout and sio.Stderr and sio.Stdin to its stdin, until it exits.
 // Errors are as for Exec.
 func (c *Client) Attach(ctx context.Context, id string, pid int64, sio StreamIO) (api.Exit, error) {
-	return c.websocket(ctx, processPath(id, pid, "/attach"), nil, sio)
+	return c.websocket(ctx, id, processPath(id, pid, "/attach"), nil, sio)
 }
 
 // maxMessage bounds a WebSocket message from the server: an event or a
 // chunk of output.
 const maxMessage = 16 << 20
 
-func (c *Client) websocket(ctx context.Context, path string, first *api.Exec, sio StreamIO) (_ api.Exit, err error) {
-	h := http.Header{}
-	c.authorize(h)
-	conn, resp, err := websocket.Dial(ctx, c.url(path, nil), &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
+func (c *Client) websocket(ctx context.Context, sandbox, path string, first *api.Exec, sio StreamIO) (_ api.Exit, err error) {
+	dial := func() (*websocket.Conn, *http.Response, error) {
+		base, auth, err := c.route(ctx, sandbox)
+		if err != nil {
+			return nil, nil, err
+		}
+		h := http.Header{}
+		setAuth(h, auth)
+		return websocket.Dial(ctx, urlOf(base, path, nil), &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
+	}
+	conn, resp, err := dial()
+	if err != nil && resp != nil && resp.StatusCode == http.StatusUnauthorized {
+		c.forget(sandbox) // a data-plane token refused: once more with a new one
+		conn, resp, err = dial()
+	}
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
