@@ -42,7 +42,7 @@ type Client struct {
 
 // dataPlane is a sandbox's data plane, parsed.
 type dataPlane struct {
-	base    *url.URL
+	base    *url.URL // or nil: through the server, with the API key
 	token   string
 	expires time.Time
 }
@@ -310,19 +310,28 @@ func (c *Client) route(ctx context.Context, sandbox string) (*url.URL, string, e
 	if !ok || !c.now().Add(planeMargin).Before(p.expires) {
 		var sb api.Sandbox
 		if err := c.call(ctx, request{method: http.MethodGet, path: sandboxPath(sandbox)}, &sb); err != nil {
-			return nil, "", err
+			// The request itself gets the server's answer.
+			return c.base, c.key, nil
 		}
 		c.mu.Lock()
 		p, ok = c.planes[sandbox]
-		c.mu.Unlock()
 		if !ok {
-			// A server without a data plane of its own, or a
-			// sandbox whose VM does not run (the server says why).
-			return c.base, c.key, nil
+			// A server without a data plane of its own, or a sandbox
+			// whose VM does not run: through the server for a while.
+			p = dataPlane{expires: c.now().Add(planeMargin + noPlaneFor)}
+			c.planes[sandbox] = p
 		}
+		c.mu.Unlock()
+	}
+	if p.base == nil {
+		return c.base, c.key, nil
 	}
 	return p.base, p.token, nil
 }
+
+// noPlaneFor is how long requests for a sandbox that has no data plane go
+// through the server before the client asks again.
+const noPlaneFor = 30 * time.Second
 
 // remember keeps the data plane sb names (or forgets one it no longer
 // has).

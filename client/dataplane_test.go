@@ -20,8 +20,8 @@ import (
 // and a refused token is replaced once, body and all.
 func TestDataPlane(t *testing.T) {
 	var mu sync.Mutex
-	issued := 0  // tokens the server gave
-	valid := ""  // the one token the data plane takes
+	issued := 0 // tokens the server gave
+	valid := "" // the one token the data plane takes
 	var seen []string
 	plane := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
