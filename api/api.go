@@ -336,6 +336,29 @@ type RegisterWorker struct {
 	Address   string `json:"address"` // where the control plane reaches the worker's API
 	VCPUs     int    `json:"vcpus"`
 	MemoryMiB int64  `json:"memory_mib"`
+	// Protocol is the worker protocol version the worker speaks. A
+	// control plane refuses a worker whose version it does not speak
+	// (409, failed_precondition); 0 (absent) is a worker from before
+	// versions.
+	Protocol     int                `json:"protocol"`
+	Capabilities WorkerCapabilities `json:"capabilities"`
+}
+
+// WorkerCapabilities is what a worker's host and VMM can do.
+type WorkerCapabilities struct {
+	VMM        string `json:"vmm"`                   // "qemu" or "firecracker"; "" = not said
+	VMMVersion string `json:"vmm_version,omitempty"` // e.g. "7.2.19"
+	Accel      string `json:"accel,omitempty"`       // "kvm" or "tcg" (software emulation)
+	// Snapshots: live snapshots and restores; DiffSnapshots: a snapshot
+	// writes only the memory dirtied since the previous one.
+	Snapshots     bool `json:"snapshots"`
+	DiffSnapshots bool `json:"diff_snapshots"`
+	// NICs are the kinds of guest NIC the worker gives sandboxes:
+	// "socket" (userspace network stack on the VMM's socket), "tap".
+	NICs []string `json:"nics"`
+	// ChunkedSnapshots: snapshots go to a chunk store that the store's
+	// other workers restore from too.
+	ChunkedSnapshots bool `json:"chunked_snapshots"`
 }
 
 // Worker is a worker as GET /v1/workers (admin) shows it.
@@ -349,6 +372,11 @@ type Worker struct {
 	Sandboxes     int       `json:"sandboxes"`
 	LastHeartbeat time.Time `json:"last_heartbeat"`
 	Healthy       bool      `json:"healthy"`
+	// Protocol is the worker protocol version the worker speaks, 0 while
+	// unknown (a worker not reached since the control plane started).
+	Protocol int `json:"protocol,omitempty"`
+	// Capabilities are the worker's, or nil while unknown.
+	Capabilities *WorkerCapabilities `json:"capabilities,omitempty"`
 }
 
 // WorkerList is the reply of GET /v1/workers.

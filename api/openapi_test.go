@@ -177,7 +177,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"FileInfo": FileInfo{}, "FileList": FileList{}, "FileWritten": FileWritten{}, "PortState": PortState{},
 		"CreateAPIKey": CreateAPIKey{}, "APIKey": APIKey{}, "APIKeyList": APIKeyList{},
 		"Quota": Quota{}, "QuotaUsage": QuotaUsage{},
-		"RegisterWorker": RegisterWorker{}, "Worker": Worker{}, "WorkerList": WorkerList{},
+		"RegisterWorker": RegisterWorker{}, "WorkerCapabilities": WorkerCapabilities{}, "Worker": Worker{}, "WorkerList": WorkerList{},
 		"CreateSnapshot": CreateSnapshot{}, "Snapshot": Snapshot{}, "SnapshotList": SnapshotList{},
 		"RestoreSandbox": RestoreSandbox{}, "ForkSandbox": ForkSandbox{},
 		"Template": Template{}, "TemplateList": TemplateList{},

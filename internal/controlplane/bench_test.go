@@ -62,6 +62,10 @@ func (w *instantWorker) Resume(_ context.Context, id string) (worker.Info, error
 func (w *instantWorker) Sandbox(_ context.Context, id string) (worker.Info, error) {
 	return worker.Info{ID: id, State: sandbox.Running}, nil
 }
+func (w *instantWorker) List(context.Context) ([]worker.Info, error) { return nil, nil }
+func (w *instantWorker) SnapshotInfo(_ context.Context, id string) (worker.SnapshotInfo, error) {
+	return worker.SnapshotInfo{ID: id}, nil
+}
 func (w *instantWorker) Status(context.Context) (worker.Status, error) {
 	return worker.Status{ID: "instant", VCPUs: 1 << 20, MemoryMiB: 1 << 40}, nil
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"sync"
 
-	"space/internal/worker"
+	"space/internal/workerproto"
 )
 
 // workerTransport sends the public API's data-plane requests
@@ -17,11 +17,15 @@ type workerTransport struct{ wk Worker }
 
 func (t workerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r2 := req.Clone(req.Context())
-	rest, ok := strings.CutPrefix(req.URL.Path, "/v1/sandboxes/")
-	if !ok {
+	tail, ok := strings.CutPrefix(req.URL.Path, "/v1/sandboxes/")
+	id, rest, _ := strings.Cut(tail, "/")
+	if !ok || id == "" {
 		return nil, &http.ProtocolError{ErrorString: "not a data-plane path: " + req.URL.Path}
 	}
-	r2.URL.Path = worker.PathPrefix + "/sandboxes/" + rest
+	if rest != "" {
+		rest = "/" + rest
+	}
+	r2.URL.Path = workerproto.DataPath(id, rest)
 	r2.URL.RawPath = ""
 	r2.RequestURI = r2.URL.RequestURI()
 	if r2.Body == nil {

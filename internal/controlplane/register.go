@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"space/api"
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/store"
+	"space/internal/workerproto"
 )
 
 // HeartbeatTimeout is how long a standalone worker may stay silent before
@@ -25,7 +27,10 @@ const (
 )
 
 // LoadWorkers connects the standalone workers the store knows, so their
-// sandboxes are served before the workers' next heartbeat.
+// sandboxes are served before the workers' next heartbeat. It asks each
+// (at once, under the Status verb's deadline) for its status: one that
+// speaks another worker protocol version is not connected; one that does
+// not answer is, and is checked when it registers again.
 func (s *Server) LoadWorkers(ctx context.Context) error {
 	if s.cfg.WorkerToken == "" {
 		return nil
@@ -34,6 +39,7 @@ func (s *Server) LoadWorkers(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var wg sync.WaitGroup
 	for _, w := range all {
 		if s.isLocal(w.ID) {
 			continue
@@ -43,11 +49,25 @@ func (s *Server) LoadWorkers(ctx context.Context) error {
 			s.log.Warn("skipping stored worker until it registers again", "worker_id", w.ID, "err", err)
 			continue
 		}
-		s.mu.Lock()
-		s.workers[w.ID] = rm
-		s.seen[w.ID] = w.LastHeartbeat
-		s.mu.Unlock()
+		wg.Go(func() {
+			st, err := rm.Status(ctx)
+			if err == nil {
+				if err := workerproto.CheckVersion(w.ID, st.Protocol); err != nil {
+					s.log.Error("not connecting stored worker", "worker_id", w.ID, "err", err)
+					return
+				}
+				rm.stated(st.Protocol, st.Capabilities)
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if _, registered := s.workers[w.ID]; registered {
+				return // it registered meanwhile, and was checked
+			}
+			s.workers[w.ID] = rm
+			s.seen[w.ID] = w.LastHeartbeat
+		})
 	}
+	wg.Wait()
 	return nil
 }
 
@@ -100,6 +120,16 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, fmt.Errorf("worker id %s is the server's embedded worker: %w", req.ID, errkind.Conflict))
 		return
 	}
+	caps := workerproto.CapabilitiesOf(req.Capabilities)
+	if err := workerproto.CheckVersion(req.ID, req.Protocol); err != nil {
+		s.disconnect(req.ID, err)
+		httpapi.WriteError(w, err)
+		return
+	}
+	if err := caps.Validate(); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
 	now := s.now()
 	if err := s.cfg.Store.UpsertWorker(r.Context(), store.Worker{
 		ID: req.ID, Address: req.Address, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, LastHeartbeat: now,
@@ -119,13 +149,15 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 		}
 		wk = rm
 	}
+	wk.(*Remote).stated(req.Protocol, caps)
 	s.mu.Lock()
 	s.workers[req.ID] = wk
 	wasSeen := now.Sub(s.seen[req.ID]) < HeartbeatTimeout
 	s.seen[req.ID] = now
 	s.mu.Unlock()
 	if !known || !wasSeen {
-		s.log.Info("worker registered", "worker_id", req.ID, "address", req.Address)
+		s.log.Info("worker registered", "worker_id", req.ID, "address", req.Address, "protocol", req.Protocol,
+			"vmm", caps.VMM, "accel", caps.Accel)
 		// Settle what happened on it while it was away. Its sandboxes'
 		// records are ours; errors are retried at its next registration.
 		recs, err := s.cfg.Store.SandboxesByWorker(r.Context(), req.ID)
@@ -145,13 +177,30 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, v)
 }
 
+// disconnect drops standalone worker id, which speaks a worker protocol
+// this control plane does not (why): its sandboxes are unreachable until
+// it registers speaking one.
+func (s *Server) disconnect(id string, why error) {
+	s.mu.Lock()
+	_, known := s.workers[id].(*Remote)
+	if known {
+		delete(s.workers, id)
+	}
+	s.mu.Unlock()
+	if known {
+		s.log.Error("worker disconnected", "worker_id", id, "err", why)
+	}
+}
+
 func (s *Server) workerView(ctx context.Context, wk Worker) (api.Worker, error) {
-	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	st, err := wk.Status(sctx)
+	st, err := wk.Status(ctx) // under the verb's deadline
 	v := api.Worker{ID: wk.ID(), Healthy: err == nil && s.healthy(wk)}
 	if rm, ok := wk.(*Remote); ok {
 		v.Address = rm.base.String()
+		if p, caps := rm.statement(); caps != nil {
+			c := caps.API()
+			v.Protocol, v.Capabilities = p, &c
+		}
 	}
 	s.mu.Lock()
 	v.LastHeartbeat = s.seen[wk.ID()]
@@ -162,6 +211,8 @@ func (s *Server) workerView(ctx context.Context, wk Worker) (api.Worker, error) 
 		}
 		return v, err
 	}
+	c := st.Capabilities.API()
+	v.Protocol, v.Capabilities = st.Protocol, &c
 	v.VCPUs, v.MemoryMiB, v.UsedVCPUs, v.UsedMemoryMiB, v.Sandboxes = st.VCPUs, st.MemoryMiB, st.UsedVCPUs, st.UsedMemoryMiB, st.Sandboxes
 	return v, nil
 }

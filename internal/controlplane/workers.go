@@ -1,99 +1,64 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"sort"
+	"sync"
 	"time"
 
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/worker"
+	"space/internal/workerproto"
 	"space/internal/workertls"
 )
 
-// Worker is how the control plane reaches one worker: lifecycle calls,
-// and an HTTP handler that serves the worker API (data-plane requests are
-// forwarded to it with their path rewritten under worker.PathPrefix).
+// Worker is how the control plane reaches one worker: the worker
+// protocol's verbs, each under its deadline (workerproto.Client), and an
+// HTTP handler that serves the worker API (data-plane requests are
+// forwarded to it with their path rewritten below
+// workerproto.DataPattern).
 type Worker interface {
 	ID() string
-	Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error)
-	Delete(ctx context.Context, id string) error
-	Pause(ctx context.Context, id string) (worker.Info, error)
-	Snapshot(ctx context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error)
-	Restore(ctx context.Context, id, snapID string) (worker.Info, error)
-	DeleteSnapshot(ctx context.Context, snapID string) error
-	Resume(ctx context.Context, id string) (worker.Info, error)
-	SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error)
-	// SetSecrets replaces a running sandbox's grants and the policy that
-	// goes with them (see worker.Worker.SetSecrets).
-	SetSecrets(ctx context.Context, id string, req worker.SecretsRequest) (worker.Info, error)
-	// EgressLog opens the sandbox's egress audit log on the worker and
-	// names it (see worker.Worker.OpenEgressLog).
-	EgressLog(ctx context.Context, id string) (logID string, rc io.ReadCloser, err error)
-	Sandbox(ctx context.Context, id string) (worker.Info, error)
-	Status(ctx context.Context) (worker.Status, error)
+	workerproto.Service
 	http.Handler
 }
 
 // Local adapts a worker in this process (the embedded worker of `space
-// server`).
+// server`): its verbs are the worker's own methods, called under the
+// verbs' deadlines.
 type Local struct {
+	*workerproto.Client
 	W *worker.Worker
 	h http.Handler
 }
 
 // NewLocal returns the adapter of an in-process worker.
-func NewLocal(w *worker.Worker) *Local { return &Local{W: w, h: w.Handler("")} }
+func NewLocal(w *worker.Worker) (*Local, error) {
+	c, err := workerproto.NewLocal(w, workerproto.Config{ID: w.ID()})
+	if err != nil {
+		return nil, err
+	}
+	return &Local{Client: c, W: w, h: w.Handler("")}, nil
+}
 
-func (l *Local) ID() string { return l.W.ID() }
-func (l *Local) Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error) {
-	return l.W.CreateWith(ctx, req)
-}
-func (l *Local) Snapshot(ctx context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error) {
-	return l.W.Snapshot(ctx, id, req)
-}
-func (l *Local) Restore(ctx context.Context, id, snapID string) (worker.Info, error) {
-	return l.W.Restore(ctx, id, snapID)
-}
-func (l *Local) DeleteSnapshot(_ context.Context, snapID string) error {
-	return l.W.DeleteSnapshot(snapID)
-}
-func (l *Local) Delete(ctx context.Context, id string) error { return l.W.Delete(ctx, id) }
-func (l *Local) SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error) {
-	return l.W.SetNetwork(ctx, id, n)
-}
-func (l *Local) SetSecrets(ctx context.Context, id string, req worker.SecretsRequest) (worker.Info, error) {
-	return l.W.SetSecrets(ctx, id, req)
-}
-func (l *Local) EgressLog(_ context.Context, id string) (string, io.ReadCloser, error) {
-	return l.W.OpenEgressLog(id)
-}
-func (l *Local) Pause(ctx context.Context, id string) (worker.Info, error) {
-	return l.W.Pause(ctx, id)
-}
-func (l *Local) Resume(ctx context.Context, id string) (worker.Info, error) {
-	return l.W.Resume(ctx, id)
-}
-func (l *Local) Sandbox(_ context.Context, id string) (worker.Info, error) {
-	return l.W.Sandbox(id)
-}
-func (l *Local) Status(context.Context) (worker.Status, error)    { return l.W.Status(), nil }
 func (l *Local) ServeHTTP(w http.ResponseWriter, r *http.Request) { l.h.ServeHTTP(w, r) }
 
-// Remote reaches a worker over HTTP (the direct adapter's workers).
+// Remote reaches a worker over HTTPS (the direct adapter's workers).
 type Remote struct {
-	id    string
+	*workerproto.Client
 	base  *url.URL
-	token string
-	hc    *http.Client
 	proxy *httputil.ReverseProxy
+
+	mu sync.Mutex
+	// +checklocks:mu
+	protocol int // as the worker last stated it; 0 = not yet
+	// +checklocks:mu
+	caps *workerproto.Capabilities // or nil until the worker states them
 }
 
 // NewRemote returns the adapter of a worker serving its API at base
@@ -109,11 +74,18 @@ func NewRemote(id, base, token string) (*Remote, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker TLS: %v: %w", err, errkind.InvalidArgument)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = tlsCfg
-	rm := &Remote{id: id, base: u, token: token, hc: &http.Client{Transport: tr}}
+	c, err := workerproto.NewClient(workerproto.RemoteConfig{
+		Config: workerproto.Config{ID: id}, Base: base, Token: token,
+		Transport: workerproto.TransportConfig{TLS: tlsCfg},
+	})
+	if err != nil {
+		return nil, err
+	}
+	rm := &Remote{Client: c, base: u}
 	rm.proxy = &httputil.ReverseProxy{
-		Transport: tr,
+		// Data-plane requests stream (exec output, file transfers): no
+		// deadline on the answer, only on reaching the worker.
+		Transport: workerproto.NewTransport(workerproto.TransportConfig{TLS: tlsCfg}),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
 			pr.Out.Header.Set("Authorization", "Bearer "+token)
@@ -126,119 +98,37 @@ func NewRemote(id, base, token string) (*Remote, error) {
 	return rm, nil
 }
 
-func (rm *Remote) ID() string { return rm.id }
-
 func (rm *Remote) ServeHTTP(w http.ResponseWriter, r *http.Request) { rm.proxy.ServeHTTP(w, r) }
 
-func (rm *Remote) call(ctx context.Context, method, path string, body, out any) error {
-	var rd *bytes.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	} else {
-		rd = bytes.NewReader(nil)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, rm.base.JoinPath(worker.PathPrefix, path).String(), rd)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+rm.token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := rm.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("worker %s: %v: %w", rm.id, err, errkind.Unavailable)
-	}
-	defer resp.Body.Close()
-	if err := httpapi.ResponseError(resp); err != nil {
-		return err
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("worker %s: decode %s reply: %v: %w", rm.id, path, err, errkind.Unavailable)
-	}
-	return nil
+// stated records the protocol version and capabilities the worker
+// stated (at registration, or in its status).
+func (rm *Remote) stated(protocol int, caps workerproto.Capabilities) {
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	rm.protocol, rm.caps = protocol, &caps
 }
 
-func (rm *Remote) Create(ctx context.Context, req worker.CreateRequest) (worker.Info, error) {
-	var inf worker.Info
-	return inf, rm.call(ctx, http.MethodPost, "/sandboxes", req, &inf)
-}
-func (rm *Remote) Delete(ctx context.Context, id string) error {
-	return rm.call(ctx, http.MethodDelete, "/sandboxes/"+id, nil, nil)
-}
-func (rm *Remote) Snapshot(ctx context.Context, id string, req worker.SnapshotRequest) (worker.SnapshotInfo, error) {
-	var info worker.SnapshotInfo
-	return info, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/snapshots", req, &info)
-}
-func (rm *Remote) Restore(ctx context.Context, id, snapID string) (worker.Info, error) {
-	var inf worker.Info
-	return inf, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/restore", worker.SnapshotRequest{SnapshotID: snapID}, &inf)
-}
-func (rm *Remote) DeleteSnapshot(ctx context.Context, snapID string) error {
-	return rm.call(ctx, http.MethodDelete, "/snapshots/"+snapID, nil, nil)
-}
-func (rm *Remote) Pause(ctx context.Context, id string) (worker.Info, error) {
-	var inf worker.Info
-	return inf, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/pause", nil, &inf)
-}
-func (rm *Remote) Resume(ctx context.Context, id string) (worker.Info, error) {
-	var inf worker.Info
-	return inf, rm.call(ctx, http.MethodPost, "/sandboxes/"+id+"/resume", nil, &inf)
-}
-func (rm *Remote) SetNetwork(ctx context.Context, id string, n worker.Network) (worker.Info, error) {
-	var inf worker.Info
-	return inf, rm.call(ctx, http.MethodPut, "/sandboxes/"+id+"/network", n, &inf)
-}
-func (rm *Remote) SetSecrets(ctx context.Context, id string, req worker.SecretsRequest) (worker.Info, error) {
-	var inf worker.Info
-	return inf, rm.call(ctx, http.MethodPut, "/sandboxes/"+id+"/secrets", req, &inf)
-}
-func (rm *Remote) EgressLog(ctx context.Context, id string) (string, io.ReadCloser, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rm.base.JoinPath(worker.PathPrefix, "/sandboxes/"+id+"/egress").String(), nil)
-	if err != nil {
-		return "", nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+rm.token)
-	resp, err := rm.hc.Do(req)
-	if err != nil {
-		return "", nil, fmt.Errorf("worker %s: %v: %w", rm.id, err, errkind.Unavailable)
-	}
-	if err := httpapi.ResponseError(resp); err != nil {
-		resp.Body.Close()
-		return "", nil, err
-	}
-	return resp.Header.Get(worker.EgressLogHeader), resp.Body, nil
-}
-func (rm *Remote) Sandbox(ctx context.Context, id string) (worker.Info, error) {
-	var inf worker.Info
-	return inf, rm.call(ctx, http.MethodGet, "/sandboxes/"+id, nil, &inf)
-}
-func (rm *Remote) Status(ctx context.Context) (worker.Status, error) {
-	var st worker.Status
-	return st, rm.call(ctx, http.MethodGet, "/status", nil, &st)
+// statement returns what the worker last stated; caps is nil if it has
+// not yet.
+func (rm *Remote) statement() (protocol int, caps *workerproto.Capabilities) {
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	return rm.protocol, rm.caps
 }
 
-// statusTimeout bounds asking a worker for its capacity during placement.
+// statusTimeout bounds asking a worker for its capacity; the Status
+// verb's own deadline is as short.
 const statusTimeout = 5 * time.Second
 
 // place picks the worker with the most free memory that fits the spec.
-func place(ctx context.Context, workers []Worker, spec worker.Spec) (Worker, error) {
+func place(ctx context.Context, workers []Worker, spec workerproto.Spec) (Worker, error) {
 	type cand struct {
 		w    Worker
 		free int64
 	}
 	var cands []cand
 	for _, w := range workers {
-		sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-		st, err := w.Status(sctx)
-		cancel()
+		st, err := w.Status(ctx) // under the verb's deadline
 		if err != nil {
 			continue // unreachable workers take nothing
 		}

@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -201,7 +202,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	cp.AddWorker(controlplane.NewLocal(w))
+	local, err := controlplane.NewLocal(w)
+	if err != nil {
+		return err
+	}
+	cp.AddWorker(local)
 	if err := cp.LoadWorkers(ctx); err != nil {
 		return err
 	}
@@ -384,7 +389,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	qcfg := qemu.Config{Log: wc.Log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
+	qcfg := qemu.Config{Binary: qemuBinary, Log: wc.Log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
 	// As root, QEMU runs jailed as qemu.DefaultUID and DefaultGID.
 	drv, err := qemu.New(qcfg)
 	if err != nil {
@@ -395,6 +400,10 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		return nil, err
 	}
 	wc.Log.Info("accelerator chosen", "accel", accel)
+	version, err := qemuVersion(ctx, qemuBinary)
+	if err != nil {
+		wc.Log.Warn("qemu version unknown", "err", err) // only reported, in the worker's capabilities
+	}
 	cg, err := cgroup.Detect()
 	if err != nil {
 		wc.Log.Warn("running VMMs without cgroup limits", "err", err)
@@ -425,6 +434,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		Cgroups:   cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
 		EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
+		VMM: worker.VMMInfo{Kind: "qemu", Version: version, Accel: accel},
 	})
 	if err != nil {
 		return nil, err
@@ -433,6 +443,31 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		return nil, err
 	}
 	return w, nil
+}
+
+// qemuBinary is the QEMU the worker's driver runs (qemu.Config.Binary's
+// default).
+const qemuBinary = "qemu-system-x86_64"
+
+// qemuVersion asks QEMU for its version ("7.2.19"), for the worker's
+// capabilities.
+func qemuVersion(ctx context.Context, bin string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-version")
+	cmd.Env = []string{}
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s -version: %w", bin, err)
+	}
+	// "QEMU emulator version 7.2.19 (Debian 1:7.2+dfsg-7+deb12u16)"
+	_, rest, ok := strings.Cut(string(out), "version ")
+	v, _, _ := strings.Cut(rest, " ")
+	v = strings.TrimSpace(v)
+	if !ok || v == "" || len(v) > 64 {
+		return "", fmt.Errorf("%s -version: no version in %.80q", bin, out)
+	}
+	return v, nil
 }
 
 // lockDir takes an exclusive lock on dir's lock file, so two processes

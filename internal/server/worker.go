@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -155,6 +156,12 @@ func (r *registrar) run(ctx context.Context) {
 	for {
 		err := r.register(ctx)
 		switch {
+		case err != nil && ctx.Err() == nil && errors.Is(err, errkind.FailedPrecondition):
+			// The control plane speaks another worker protocol: it
+			// takes none of this worker's sandboxes until one of the
+			// two is upgraded.
+			r.cfg.Log.Error("control plane refuses this worker", "control_plane", r.cfg.ControlPlane, "err", err)
+			registered = false
 		case err != nil && ctx.Err() == nil:
 			r.cfg.Log.Warn("register with control plane", "err", err)
 			registered = false
@@ -171,8 +178,14 @@ func (r *registrar) run(ctx context.Context) {
 }
 
 func (r *registrar) register(ctx context.Context) error {
-	st := r.w.Status()
-	body, _ := json.Marshal(api.RegisterWorker{ID: r.cfg.ID, Address: r.cfg.Advertise, VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB})
+	st, err := r.w.Status(ctx)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(api.RegisterWorker{
+		ID: r.cfg.ID, Address: r.cfg.Advertise, VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB,
+		Protocol: st.Protocol, Capabilities: st.Capabilities.API(),
+	})
 	url := strings.TrimSuffix(r.cfg.ControlPlane, "/") + "/v1/workers"
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {

@@ -1,7 +1,9 @@
 // Package worker owns one host's sandboxes: it turns "sandbox X should run
 // with spec S" into a VMM process in its own control group, a writable
 // disk layer, run files and an agent connection, and it serves the
-// sandbox's data plane (exec, processes, files) over HTTP.
+// sandbox's data plane (exec, processes, files) over HTTP. The control
+// plane manages it through the worker protocol (package workerproto):
+// Worker implements workerproto.Service, and Handler serves its verbs.
 //
 // # Records and recovery
 //

@@ -47,18 +47,18 @@ func BenchmarkGatewayVM(b *testing.B) {
 	}
 	spec := Spec{Template: "default", VCPUs: 1, MemoryMiB: 512, DiskMiB: 1024, Network: &Network{Allow: []string{"api.test"}}}
 	viaSocket := newVMWorkerWith(b, egressCfg(false))
-	if _, err := viaSocket.Create(ctx, sandboxID(0), "team", spec); err != nil {
+	if _, err := viaSocket.Create(ctx, CreateRequest{ID: sandboxID(0), Team: "team", Spec: spec}); err != nil {
 		b.Fatalf("Create = %v", err)
 	}
 	passSpec := spec
 	passSpec.Network = &Network{Allow: []string{"api.test tls=passthrough"}}
-	if _, err := viaSocket.Create(ctx, sandboxID(2), "team", passSpec); err != nil {
+	if _, err := viaSocket.Create(ctx, CreateRequest{ID: sandboxID(2), Team: "team", Spec: passSpec}); err != nil {
 		b.Fatalf("Create = %v", err)
 	}
 	upCA := strings.ReplaceAll(string(u.CAPEM), "\n", `\n`)
 	shell(b, viaSocket, sandboxID(2), "printf -- '"+upCA+"' > /tmp/up-ca.pem")
 	viaTap := newVMWorkerWith(b, egressCfg(true))
-	if _, err := viaTap.Create(ctx, sandboxID(1), "team", spec); err != nil {
+	if _, err := viaTap.Create(ctx, CreateRequest{ID: sandboxID(1), Team: "team", Spec: spec}); err != nil {
 		b.Fatalf("Create = %v", err)
 	}
 	direct := directVM(b, u)

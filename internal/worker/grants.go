@@ -9,20 +9,6 @@ import (
 	"space/internal/sandbox"
 )
 
-// SecretsRequest is the body of PUT /worker/v1/sandboxes/{id}/secrets:
-// a running sandbox's new grants, with the policy that goes with them.
-type SecretsRequest struct {
-	// Secrets are all the sandbox's grants from now on (none clears
-	// them). A grant kept from before keeps its placeholder.
-	Secrets []SecretGrant `json:"secrets"`
-	// Network is the sandbox's policy with them: the control plane adds
-	// the hosts of new grants to it, as at create. The gateway enforces
-	// exactly this.
-	Network Network `json:"network"`
-	// SecretValues are the values of every secret in Secrets, by name.
-	SecretValues map[string][]byte `json:"secret_values,omitempty"`
-}
-
 // SetSecrets replaces a running sandbox's grants and policy: it seals the
 // values into the sandbox's record and saves it, then gives the gateway
 // the new policy, writes the placeholder file of each grant into the

@@ -57,7 +57,7 @@ func TestSetSecretsRefused(t *testing.T) {
 			if _, err := w.SetSecrets(t.Context(), tt.id, tt.req); !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.msg) {
 				t.Errorf("SetSecrets(%s, %+v) = %v, want %v saying %q", tt.name, tt.req, err, tt.want, tt.msg)
 			}
-			if inf, err := w.Sandbox(tt.id); err == nil && len(inf.Spec.Secrets) != 0 {
+			if inf, err := w.Sandbox(t.Context(), tt.id); err == nil && len(inf.Spec.Secrets) != 0 {
 				t.Errorf("SetSecrets(%s) left grants %+v", tt.name, inf.Spec.Secrets)
 			}
 		})

@@ -1,10 +1,8 @@
 package worker
 
 import (
-	"context"
 	"crypto/subtle"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -15,176 +13,18 @@ import (
 	"space/internal/agent/proto"
 	"space/internal/errkind"
 	"space/internal/httpapi"
+	"space/internal/workerproto"
 )
 
-// PathPrefix starts every route of the worker API. The data-plane routes
-// below it mirror the public API's: /v1/sandboxes/{id}/<rest> there is
-// PathPrefix+/sandboxes/{id}/<rest> here.
-const PathPrefix = "/worker/v1"
-
-// CreateRequest is the body of POST /worker/v1/sandboxes.
-type CreateRequest struct {
-	ID   string `json:"id"`
-	Team string `json:"team"`
-	// Spec is what the sandbox runs with. With FromSnapshot it is the
-	// snapshot's, unless Spec.Template is set: then it must match the
-	// snapshot's and gives the exec defaults (see CreateFromSnapshot).
-	Spec Spec `json:"spec"`
-	// FromSnapshot restores the sandbox from this worker's snapshot
-	// instead of booting it; "" boots.
-	FromSnapshot string `json:"from_snapshot,omitempty"`
-	// TakeSnapshot spends FromSnapshot, a snapshot on this worker's disk
-	// only (not chunked), on this sandbox: its memory file and disk move
-	// into the sandbox instead of being copied, and the snapshot is gone
-	// afterwards, whatever the outcome. For the last child of a fork.
-	TakeSnapshot bool `json:"take_snapshot,omitempty"`
-	// SecretValues are the values of the secrets Spec grants, by name.
-	// The worker keeps them sealed (Config.Secrets) and gives them only
-	// to the sandbox's gateway.
-	SecretValues map[string][]byte `json:"secret_values,omitempty"`
-}
-
-// Overrides is the spec CreateFromSnapshot gets for the request.
-func (req CreateRequest) Overrides() *Spec {
-	if req.Spec.Template == "" {
-		return nil
-	}
-	return &req.Spec
-}
-
-// SnapshotRequest is the body of the worker's snapshot and restore routes.
-type SnapshotRequest struct {
-	SnapshotID string `json:"snapshot_id"`
-	// Local keeps a new snapshot on the worker's disk only, out of the
-	// chunk store: for one that lives only as long as a fork takes.
-	Local bool `json:"local,omitempty"`
-	// Ephemeral skips making the snapshot durable: it only has to outlive
-	// this worker process, not a host crash (a fork's).
-	Ephemeral bool `json:"ephemeral,omitempty"`
-}
-
-// Handler returns the worker's HTTP API. When token is not empty every
-// request must carry it as a bearer token.
+// Handler returns the worker's HTTP API: the worker protocol's verbs
+// (workerproto.Mount) and the data plane below workerproto.DataPattern.
+// When token is not empty every request must carry it as a bearer token.
 func (w *Worker) Handler(token string) http.Handler {
 	mux := http.NewServeMux()
-	p := PathPrefix
-	mux.HandleFunc("GET "+p+"/status", func(rw http.ResponseWriter, r *http.Request) {
-		httpapi.WriteJSON(rw, http.StatusOK, w.Status())
-	})
-	mux.HandleFunc("POST "+p+"/sandboxes", w.handleCreate)
-	mux.HandleFunc("PUT "+p+"/sandboxes/{id}/network", func(rw http.ResponseWriter, r *http.Request) {
-		var n Network
-		if err := httpapi.DecodeJSON(r, &n); err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		inf, err := w.SetNetwork(r.Context(), r.PathValue("id"), n)
-		if err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		httpapi.WriteJSON(rw, http.StatusOK, inf)
-	})
-	mux.HandleFunc("PUT "+p+"/sandboxes/{id}/secrets", func(rw http.ResponseWriter, r *http.Request) {
-		var req SecretsRequest
-		if err := httpapi.DecodeJSON(r, &req); err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		inf, err := w.SetSecrets(r.Context(), r.PathValue("id"), req)
-		if err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		httpapi.WriteJSON(rw, http.StatusOK, inf)
-	})
-	mux.HandleFunc("GET "+p+"/sandboxes/{id}/egress", func(rw http.ResponseWriter, r *http.Request) {
-		if _, err := w.Sandbox(r.PathValue("id")); err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		logID, rc, err := w.OpenEgressLog(r.PathValue("id"))
-		if err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		defer rc.Close()
-		rw.Header().Set("Content-Type", "application/x-ndjson")
-		rw.Header().Set(EgressLogHeader, logID)
-		if _, err := io.Copy(rw, rc); err != nil {
-			w.log.Warn("egress log", "sandbox_id", r.PathValue("id"), "err", err)
-		}
-	})
-	mux.HandleFunc("GET "+p+"/sandboxes", func(rw http.ResponseWriter, r *http.Request) {
-		httpapi.WriteJSON(rw, http.StatusOK, w.List())
-	})
-	mux.HandleFunc("GET "+p+"/sandboxes/{id}", func(rw http.ResponseWriter, r *http.Request) {
-		inf, err := w.Sandbox(r.PathValue("id"))
-		if err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		httpapi.WriteJSON(rw, http.StatusOK, inf)
-	})
-	for verb, f := range map[string]func(context.Context, string) (Info, error){"pause": w.Pause, "resume": w.Resume} {
-		mux.HandleFunc("POST "+p+"/sandboxes/{id}/"+verb, func(rw http.ResponseWriter, r *http.Request) {
-			inf, err := f(r.Context(), r.PathValue("id"))
-			if err != nil {
-				httpapi.WriteError(rw, err)
-				return
-			}
-			httpapi.WriteJSON(rw, http.StatusOK, inf)
-		})
+	workerproto.Mount(mux, w, w.log)
+	for _, r := range w.dataRoutes() {
+		mux.HandleFunc(r.pattern, r.h)
 	}
-	mux.HandleFunc("DELETE "+p+"/sandboxes/{id}", func(rw http.ResponseWriter, r *http.Request) {
-		if err := w.Delete(r.Context(), r.PathValue("id")); err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		rw.WriteHeader(http.StatusNoContent)
-	})
-	mux.HandleFunc("POST "+p+"/sandboxes/{id}/snapshots", func(rw http.ResponseWriter, r *http.Request) {
-		var req SnapshotRequest
-		if err := httpapi.DecodeJSON(r, &req); err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		info, err := w.Snapshot(r.Context(), r.PathValue("id"), req)
-		if err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		httpapi.WriteJSON(rw, http.StatusCreated, info)
-	})
-	mux.HandleFunc("POST "+p+"/sandboxes/{id}/restore", func(rw http.ResponseWriter, r *http.Request) {
-		var req SnapshotRequest
-		if err := httpapi.DecodeJSON(r, &req); err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		inf, err := w.Restore(r.Context(), r.PathValue("id"), req.SnapshotID)
-		if err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		httpapi.WriteJSON(rw, http.StatusOK, inf)
-	})
-	mux.HandleFunc("GET "+p+"/snapshots/{sid}", func(rw http.ResponseWriter, r *http.Request) {
-		info, err := w.SnapshotInfo(r.PathValue("sid"))
-		if err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		httpapi.WriteJSON(rw, http.StatusOK, info)
-	})
-	mux.HandleFunc("DELETE "+p+"/snapshots/{sid}", func(rw http.ResponseWriter, r *http.Request) {
-		if err := w.DeleteSnapshot(r.PathValue("sid")); err != nil {
-			httpapi.WriteError(rw, err)
-			return
-		}
-		rw.WriteHeader(http.StatusNoContent)
-	})
-	w.dataRoutes(mux, p+"/sandboxes/{id}")
 	if token == "" {
 		return mux
 	}
@@ -198,35 +38,32 @@ func (w *Worker) Handler(token string) http.Handler {
 	})
 }
 
-func (w *Worker) handleCreate(rw http.ResponseWriter, r *http.Request) {
-	var req CreateRequest
-	if err := httpapi.DecodeJSON(r, &req); err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	inf, err := w.CreateWith(r.Context(), req)
-	if err != nil {
-		httpapi.WriteError(rw, err)
-		return
-	}
-	httpapi.WriteJSON(rw, http.StatusCreated, inf)
+// dataRoute is one data-plane route: pattern is a ServeMux pattern below
+// workerproto.DataPattern.
+type dataRoute struct {
+	pattern string
+	h       http.HandlerFunc
 }
 
-// dataRoutes adds the data-plane routes under base.
-func (w *Worker) dataRoutes(mux *http.ServeMux, base string) {
-	mux.HandleFunc("POST "+base+"/exec", w.withAgent(w.handleExec))
-	mux.HandleFunc("GET "+base+"/exec/ws", w.withAgent(w.handleExecWS))
-	mux.HandleFunc("GET "+base+"/processes", w.withAgent(handleProcesses))
-	mux.HandleFunc("GET "+base+"/processes/{pid}", w.withAgent(handleProcess))
-	mux.HandleFunc("GET "+base+"/processes/{pid}/output", w.withAgent(handleOutput))
-	mux.HandleFunc("GET "+base+"/processes/{pid}/attach", w.withAgent(handleAttachWS))
-	mux.HandleFunc("POST "+base+"/processes/{pid}/signal", w.withAgent(handleSignal))
-	mux.HandleFunc("GET "+base+"/files", w.withAgent(handleReadFile))
-	mux.HandleFunc("PUT "+base+"/files", w.withAgent(handleWriteFile))
-	mux.HandleFunc("DELETE "+base+"/files", w.withAgent(handleRemoveFile))
-	mux.HandleFunc("GET "+base+"/files/list", w.withAgent(handleListFiles))
-	mux.HandleFunc("GET "+base+"/ports/{port}", w.withAgent(handlePort))
-	mux.HandleFunc(base+"/ports/{port}/http/{path...}", w.handleExposed)
+// dataRoutes are the data-plane routes. They mirror the public API's:
+// /v1/sandboxes/{id}/<rest> there is workerproto.DataPattern/<rest> here.
+func (w *Worker) dataRoutes() []dataRoute {
+	base := workerproto.DataPattern
+	return []dataRoute{
+		{"POST " + base + "/exec", w.withAgent(w.handleExec)},
+		{"GET " + base + "/exec/ws", w.withAgent(w.handleExecWS)},
+		{"GET " + base + "/processes", w.withAgent(handleProcesses)},
+		{"GET " + base + "/processes/{pid}", w.withAgent(handleProcess)},
+		{"GET " + base + "/processes/{pid}/output", w.withAgent(handleOutput)},
+		{"GET " + base + "/processes/{pid}/attach", w.withAgent(handleAttachWS)},
+		{"POST " + base + "/processes/{pid}/signal", w.withAgent(handleSignal)},
+		{"GET " + base + "/files", w.withAgent(handleReadFile)},
+		{"PUT " + base + "/files", w.withAgent(handleWriteFile)},
+		{"DELETE " + base + "/files", w.withAgent(handleRemoveFile)},
+		{"GET " + base + "/files/list", w.withAgent(handleListFiles)},
+		{"GET " + base + "/ports/{port}", w.withAgent(handlePort)},
+		{base + "/ports/{port}/http/{path...}", w.handleExposed},
+	}
 }
 
 // agentHandler serves a data-plane request with the sandbox's agent. An

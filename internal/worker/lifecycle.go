@@ -63,17 +63,12 @@ func (u undoStack) run(ctx context.Context) error {
 // does not run.
 var ErrNotRunning = fmt.Errorf("sandbox is not running: %w", errkind.FailedPrecondition)
 
-// Create boots sandbox id for team with spec and returns once its agent
-// answers. On error nothing of it remains. The record is durable before
-// Create returns.
-func (w *Worker) Create(ctx context.Context, id, team string, spec Spec) (Info, error) {
-	return w.CreateWith(ctx, CreateRequest{ID: id, Team: team, Spec: spec})
-}
-
-// CreateWith does what a CreateRequest asks: Create, or
-// CreateFromSnapshot with req.FromSnapshot, with the granted secrets'
-// values.
-func (w *Worker) CreateWith(ctx context.Context, req CreateRequest) (Info, error) {
+// Create does what req asks: it boots sandbox req.ID for req.Team with
+// req.Spec, or restores it from req.FromSnapshot (see
+// CreateFromSnapshot), with the granted secrets' values, and returns
+// once its agent answers. On error nothing of it remains. The record is
+// durable before Create returns.
+func (w *Worker) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if req.FromSnapshot != "" {
 		return w.createFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot, req.Overrides(), req.SecretValues, req.TakeSnapshot)
 	}
@@ -104,7 +99,7 @@ func (w *Worker) create(ctx context.Context, id, team string, spec Spec, opts cr
 	if !store.ValidID(team) {
 		return Info{}, fmt.Errorf("team %q: %w", team, errkind.InvalidArgument)
 	}
-	if err := spec.validate(); err != nil {
+	if err := validateSpec(spec); err != nil {
 		return Info{}, err
 	}
 	if _, err := w.cfg.Templates.Template(ctx, spec.Template); err != nil {

@@ -23,43 +23,6 @@ import (
 	"space/internal/vmm"
 )
 
-// Network is a sandbox's egress policy. Every sandbox has a NIC whose far
-// end is a gateway of its own (package egress), which applies it; the
-// zero Network allows nothing.
-type Network struct {
-	// Allow are egress rules (see egress.ParseRule): host names, *.suffix,
-	// IPv4 addresses or ranges, each with an optional ":port". Empty
-	// allows nothing (DNS answers NXDOMAIN).
-	Allow []string `json:"allow,omitempty"`
-	// Off takes the network away, DNS included.
-	Off bool `json:"off,omitempty"`
-	// ICMP lets pings through to what Allow allows on every port
-	// (egress.Policy.ICMP).
-	ICMP bool `json:"icmp,omitempty"`
-	// MaxConnections and BytesPerSecond are egress.Policy's MaxConns
-	// and BytesPerSecond.
-	MaxConnections int   `json:"max_connections,omitempty"`
-	BytesPerSecond int64 `json:"bytes_per_second,omitempty"`
-}
-
-const maxRules = 256
-
-// Policy checks n and returns its egress policy.
-func (n *Network) Policy() (egress.Policy, error) {
-	if len(n.Allow) > maxRules {
-		return egress.Policy{}, fmt.Errorf("network: more than %d rules: %w", maxRules, errkind.InvalidArgument)
-	}
-	rules, err := egress.ParseRules(n.Allow)
-	if err != nil {
-		return egress.Policy{}, fmt.Errorf("network: %w", err)
-	}
-	if n.MaxConnections < 0 || n.MaxConnections > 65536 || n.BytesPerSecond < 0 {
-		return egress.Policy{}, fmt.Errorf("network: max_connections %d (0..65536) or bytes_per_second %d (>= 0) out of range: %w",
-			n.MaxConnections, n.BytesPerSecond, errkind.InvalidArgument)
-	}
-	return egress.Policy{Allow: rules, Off: n.Off, ICMP: n.ICMP, MaxConns: n.MaxConnections, BytesPerSecond: n.BytesPerSecond}, nil
-}
-
 // withNIC gives spec the default network (nothing allowed) if it has
 // none, so that its sandbox gets a NIC: the device is fixed when the VM
 // boots, and the policy can then change at any time. Warm templates and
@@ -388,29 +351,13 @@ func (w *Worker) SetNetwork(ctx context.Context, id string, n Network) (Info, er
 	return s.info(), nil
 }
 
-// EgressLog copies the sandbox's audit of egress decisions (JSON lines,
-// oldest first) to out.
-func (w *Worker) EgressLog(id string, out io.Writer) error {
-	_, rc, err := w.OpenEgressLog(id)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	_, err = io.Copy(out, rc)
-	return err
-}
-
-// EgressLogHeader is the worker API's response header naming the log
-// (see OpenEgressLog).
-const EgressLogHeader = "Space-Egress-Log"
-
-// OpenEgressLog opens the sandbox's audit of egress decisions (JSON
+// EgressLog opens the sandbox's audit of egress decisions (JSON
 // lines, oldest first: the head of the run, a line saying how many
 // events were dropped after it if any were, and the tail) and names it: logID is unique to this worker's
 // run of the sandbox (a restore in place keeps it; a resume or a move
 // starts another), so the control plane, which archives a log when the
 // sandbox leaves the worker, stores each run's once.
-func (w *Worker) OpenEgressLog(id string) (logID string, rc io.ReadCloser, err error) {
+func (w *Worker) EgressLog(_ context.Context, id string) (logID string, rc io.ReadCloser, err error) {
 	s, err := w.get(id)
 	if err != nil {
 		return "", nil, err

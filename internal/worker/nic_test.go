@@ -58,7 +58,8 @@ func testNIC(t *testing.T, tapNICs bool) {
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		for _, inf := range w.List() {
+		all, _ := w.List(ctx) // never fails
+		for _, inf := range all {
 			w.Delete(ctx, inf.ID)
 		}
 		w.Close()
@@ -70,7 +71,7 @@ func testNIC(t *testing.T, tapNICs bool) {
 	ctx := t.Context()
 	spec := Spec{Template: "default", VCPUs: 1, MemoryMiB: 256, DiskMiB: 1024, Network: &Network{Allow: []string{"api.test", "[" + egresstest.Addr6.String() + "]:80"}}}
 	a, b := sandboxID(0), sandboxID(1)
-	if _, err := w.Create(ctx, a, "team", spec); err != nil {
+	if _, err := w.Create(ctx, CreateRequest{ID: a, Team: "team", Spec: spec}); err != nil {
 		t.Fatalf("Create = %v", err)
 	}
 	// The guest trusts its sandbox's CA (the gateway terminates HTTPS).

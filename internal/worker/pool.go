@@ -40,7 +40,7 @@ func shapeKey(spec Spec) string {
 // creates (0 stops refilling; members already made stay until taken or
 // the worker restarts). The shape's warm template must exist (Warm).
 func (w *Worker) KeepPool(spec Spec, n int) error {
-	if err := spec.validate(); err != nil {
+	if err := validateSpec(spec); err != nil {
 		return err
 	}
 	if n < 0 || n > 16 {
@@ -196,7 +196,7 @@ func (w *Worker) takeMember(key, id string) *sbx {
 func (w *Worker) fromPool(ctx context.Context, id, team string, spec Spec) (Info, bool) {
 	// A member's guest holds no placeholders: a create that grants
 	// secrets boots (or restores the warm template).
-	if spec.ColdBoot || spec.Network == nil || len(spec.Secrets) > 0 || !store.ValidSandboxID(id) || !store.ValidID(team) || spec.validate() != nil {
+	if spec.ColdBoot || spec.Network == nil || len(spec.Secrets) > 0 || !store.ValidSandboxID(id) || !store.ValidID(team) || validateSpec(spec) != nil {
 		return Info{}, false // create says what is wrong
 	}
 	s := w.takeMember(shapeKey(spec), id)

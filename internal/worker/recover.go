@@ -303,7 +303,7 @@ func (w *Worker) redoRestore(ctx context.Context, s *sbx) error {
 	s.mu.Lock()
 	h, snapID, id := s.rec.Handle, s.rec.RestoreFrom, s.rec.ID
 	s.mu.Unlock()
-	if _, err := w.SnapshotInfo(snapID); err != nil {
+	if _, err := w.snapshotInfo(snapID); err != nil {
 		return w.fail(ctx, s, fmt.Sprintf("restore from snapshot %s interrupted and the snapshot is gone: %v", snapID, err))
 	}
 	if h != nil {

@@ -21,17 +21,6 @@ import (
 	"space/internal/errkind"
 )
 
-// SecretGrant is a secret a sandbox may use. The guest holds only
-// Placeholder (in an environment variable and a file); the sandbox's
-// gateway puts the value into requests for Hosts.
-type SecretGrant struct {
-	Name        string   `json:"name"`
-	Placeholder string   `json:"placeholder"`
-	Hosts       []string `json:"hosts"`
-	Header      string   `json:"header,omitempty"`
-	Format      string   `json:"format,omitempty"`
-}
-
 var placeholderRE = regexp.MustCompile(`^SPACE_SECRET_[A-Za-z0-9_]{16,96}$`)
 
 func checkGrants(spec Spec) error {

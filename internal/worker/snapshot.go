@@ -19,28 +19,6 @@ import (
 	"space/internal/vmm"
 )
 
-// SnapshotInfo describes a snapshot the worker keeps on its disk.
-type SnapshotInfo struct {
-	ID        string    `json:"id"`
-	SandboxID string    `json:"sandbox_id"`
-	Spec      Spec      `json:"spec"` // the sandbox's at the snapshot; a restore gets the same
-	Created   time.Time `json:"created"`
-	// LogicalBytes is the size of the snapshot's files as the guest sees
-	// them (memory, disk and device state, holes included).
-	LogicalBytes int64 `json:"logical_bytes"`
-	// StoredBytes is the disk space the snapshot's files take on the
-	// worker (their data, holes excluded).
-	StoredBytes int64 `json:"stored_bytes"`
-	// PausedMS is how long the guest was paused for the snapshot.
-	PausedMS int64 `json:"paused_ms"`
-	// NewBytes is what the snapshot added to the chunk store (0 without
-	// one); Chunked says it is there.
-	NewBytes int64 `json:"new_bytes,omitempty"`
-	Chunked  bool  `json:"chunked,omitempty"`
-	// ReadBytes is what storing it in the chunk store read of its files.
-	ReadBytes int64 `json:"read_bytes,omitempty"`
-}
-
 // snapshotInfoFile marks a complete snapshot directory: it is written
 // last, so a directory without it is a snapshot a crash interrupted.
 const snapshotInfoFile = "info.json"
@@ -234,7 +212,7 @@ func (w *Worker) latestStored(sandboxID, except string) (SnapshotInfo, bool) {
 		if e.Name() == except || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		si, err := w.SnapshotInfo(e.Name())
+		si, err := w.snapshotInfo(e.Name())
 		if err != nil || !si.Chunked || si.SandboxID != sandboxID {
 			continue
 		}
@@ -249,7 +227,7 @@ func (w *Worker) latestStored(sandboxID, except string) (SnapshotInfo, bool) {
 // from the chunk store into its snapshot cache when it has not (a snapshot
 // another worker took). It reports whether it had to.
 func (w *Worker) fetch(ctx context.Context, id string) (fetched bool, err error) {
-	if _, err := w.SnapshotInfo(id); !errors.Is(err, errkind.NotFound) {
+	if _, err := w.snapshotInfo(id); !errors.Is(err, errkind.NotFound) {
 		return false, err
 	}
 	if w.cfg.Chunks == nil {
@@ -294,7 +272,11 @@ func (w *Worker) fetch(ctx context.Context, id string) (fetched bool, err error)
 }
 
 // SnapshotInfo returns the worker's snapshot id, or ErrSnapshotNotFound.
-func (w *Worker) SnapshotInfo(id string) (SnapshotInfo, error) {
+func (w *Worker) SnapshotInfo(_ context.Context, id string) (SnapshotInfo, error) {
+	return w.snapshotInfo(id)
+}
+
+func (w *Worker) snapshotInfo(id string) (SnapshotInfo, error) {
 	dir, err := w.snapshotDir(id)
 	if err != nil {
 		return SnapshotInfo{}, err
@@ -316,7 +298,7 @@ func (w *Worker) SnapshotInfo(id string) (SnapshotInfo, error) {
 // DeleteSnapshot removes the worker's copy of snapshot id. Sandboxes
 // restored from it do not need it any more (their memory and disk are
 // their own copies).
-func (w *Worker) DeleteSnapshot(id string) error {
+func (w *Worker) DeleteSnapshot(ctx context.Context, id string) error {
 	dir, err := w.snapshotDir(id)
 	if err != nil {
 		return err
@@ -324,7 +306,7 @@ func (w *Worker) DeleteSnapshot(id string) error {
 	if w.cfg.Chunks != nil {
 		// The manifest goes; the chunk store's GC frees chunks no other
 		// manifest uses.
-		err := w.cfg.Chunks.Delete(context.Background(), id)
+		err := w.cfg.Chunks.Delete(ctx, id)
 		if err != nil && !errors.Is(err, errkind.NotFound) {
 			return err
 		}
@@ -362,7 +344,7 @@ func (w *Worker) createFromSnapshot(ctx context.Context, id, team, snapID string
 	if _, err := w.fetch(ctx, snapID); err != nil {
 		return Info{}, err
 	}
-	info, err := w.SnapshotInfo(snapID)
+	info, err := w.snapshotInfo(snapID)
 	if err != nil {
 		return Info{}, err
 	}
@@ -394,7 +376,7 @@ func (w *Worker) Restore(ctx context.Context, id, snapID string) (Info, error) {
 	if _, err := w.fetch(ctx, snapID); err != nil {
 		return Info{}, err
 	}
-	info, err := w.SnapshotInfo(snapID)
+	info, err := w.snapshotInfo(snapID)
 	if err != nil {
 		return Info{}, err
 	}

@@ -58,7 +58,8 @@ func newVMWorkerWith(t testing.TB, edit func(*Config)) *Worker {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		for _, inf := range w.List() {
+		all, _ := w.List(ctx) // never fails
+		for _, inf := range all {
 			if err := w.Delete(ctx, inf.ID); err != nil {
 				t.Errorf("cleanup: delete %s: %v", inf.ID, err)
 			}
@@ -116,7 +117,7 @@ func TestSnapshotRestoreFork(t *testing.T) {
 	ctx := t.Context()
 	spec := Spec{Template: "default", VCPUs: 1, MemoryMiB: 256, DiskMiB: 1024}
 	a := sandboxID(0)
-	if _, err := w.Create(ctx, a, "team", spec); err != nil {
+	if _, err := w.Create(ctx, CreateRequest{ID: a, Team: "team", Spec: spec}); err != nil {
 		t.Fatalf("Create = %v", err)
 	}
 	shell(t, w, a, "echo one > /root/f; sync")
@@ -167,9 +168,9 @@ func TestSnapshotRestoreFork(t *testing.T) {
 		t.Fatalf("snapshot memory file: %v", err)
 	}
 	for _, id := range []string{b, c} {
-		inf, err := w.CreateWith(ctx, CreateRequest{ID: id, Team: "team", FromSnapshot: "snap_one", TakeSnapshot: id == c})
+		inf, err := w.Create(ctx, CreateRequest{ID: id, Team: "team", FromSnapshot: "snap_one", TakeSnapshot: id == c})
 		if err != nil {
-			t.Fatalf("CreateWith(%s from snap_one) = %v", id, err)
+			t.Fatalf("Create(%s from snap_one) = %v", id, err)
 		}
 		t.Logf("fork %s started in %d ms", id, inf.VM.BootMS)
 		if got := shell(t, w, id, "cat /root/f"); got != "one\n" {
@@ -177,7 +178,7 @@ func TestSnapshotRestoreFork(t *testing.T) {
 		}
 		testenv.Eventually(t, 30*time.Second, func() bool { return count(id) > atSnap })
 	}
-	if _, err := w.SnapshotInfo("snap_one"); !errors.Is(err, errkind.NotFound) {
+	if _, err := w.SnapshotInfo(ctx, "snap_one"); !errors.Is(err, errkind.NotFound) {
 		t.Errorf("SnapshotInfo of a spent snapshot = %v, want not found", err)
 	}
 	if left, _ := filepath.Glob(filepath.Join(w.snapshotsDir(), "*")); len(left) != 0 {
@@ -194,7 +195,7 @@ func TestSnapshotRestoreFork(t *testing.T) {
 	if got := shell(t, w, a, "cat /root/only-b 2>&1 || true"); !strings.Contains(got, "No such file") {
 		t.Errorf("parent sees fork b's file: %q", got)
 	}
-	if err := w.DeleteSnapshot("snap_one"); !errors.Is(err, errkind.NotFound) {
+	if err := w.DeleteSnapshot(ctx, "snap_one"); !errors.Is(err, errkind.NotFound) {
 		t.Errorf("DeleteSnapshot of a spent snapshot = %v, want not found", err)
 	}
 	for _, id := range []string{b, c} {
@@ -241,7 +242,7 @@ func TestSnapshotWithoutNIC(t *testing.T) {
 	// A create through the API gets a NIC, from the warm template; the
 	// snapshot without one cannot replace its VM.
 	c := sandboxID(2)
-	if inf, err = w.Create(ctx, c, "team", spec); err != nil || inf.VM.StartedBy != "warm" || inf.Spec.Network == nil {
+	if inf, err = w.Create(ctx, CreateRequest{ID: c, Team: "team", Spec: spec}); err != nil || inf.VM.StartedBy != "warm" || inf.Spec.Network == nil {
 		t.Fatalf("Create = %+v, %v; want a warm restore with a network", inf, err)
 	}
 	if _, err := w.Restore(ctx, c, "snap_nonic"); !errors.Is(err, errkind.FailedPrecondition) {

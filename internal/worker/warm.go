@@ -110,7 +110,7 @@ func (w *Worker) removeIncompleteWarm() error {
 // sandbox is a restore.
 func (w *Worker) Warm(ctx context.Context, spec Spec) error {
 	spec = withNIC(spec)
-	if err := spec.validate(); err != nil {
+	if err := validateSpec(spec); err != nil {
 		return err
 	}
 	img, err := w.cfg.Templates.Template(ctx, spec.Template)

@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"space/api"
 	"space/internal/agent/client"
 	"space/internal/cgroup"
 	"space/internal/chunkstore"
@@ -30,6 +29,7 @@ import (
 	"space/internal/secrets"
 	"space/internal/store"
 	"space/internal/vmm"
+	"space/internal/workerproto"
 )
 
 // Templates resolves a template name to the images a sandbox boots from.
@@ -99,34 +99,25 @@ type Config struct {
 	// sandboxes' CA keys) on its disk; nil = a key of the worker's own
 	// in DataDir (secrets.key), made on first use.
 	Secrets *secrets.Box
+	// VMM describes Driver for the worker's capabilities (Status); the
+	// zero value says nothing of it.
+	VMM VMMInfo
 	// Log receives the worker's events; nil = discard.
 	Log *slog.Logger
 }
 
-// Spec is what a sandbox runs with.
-type Spec struct {
-	Template  string            `json:"template"`
-	VCPUs     int               `json:"vcpus"`
-	MemoryMiB int64             `json:"memory_mib"`
-	DiskMiB   int64             `json:"disk_mib"`
-	Env       map[string]string `json:"env,omitempty"`
-	// Workdir and User are an exec's working directory and user when it
-	// names none ("" = / and root): a template's.
-	Workdir string `json:"workdir,omitempty"`
-	User    string `json:"user,omitempty"`
-	// Network is the policy of the egress gateway behind the sandbox's
-	// NIC. A create without one gets the default (nothing allowed; see
-	// withNIC). nil only in specs from before every sandbox had a NIC:
-	// their snapshots restore without one.
-	Network *Network `json:"network,omitempty"`
-	// Secrets are granted to the sandbox (they need Network): values
-	// come with the create (CreateRequest.SecretValues), never in here.
-	Secrets []SecretGrant `json:"secrets,omitempty"`
-	// ColdBoot boots the VM even when a warm template could be restored.
-	ColdBoot bool `json:"cold_boot,omitempty"`
+// VMMInfo describes a worker's VMM driver.
+type VMMInfo struct {
+	// Kind is "qemu" or "firecracker"; Version is the VMM's version;
+	// Accel is "kvm" or "tcg". "" = unknown.
+	Kind, Version, Accel string
+	// DiffSnapshots says the driver writes diff snapshots
+	// (vmm.SnapshotOptions.Diff) rather than full ones.
+	DiffSnapshots bool
 }
 
-func (s Spec) validate() error {
+// validateSpec checks a spec of a create, a pool or a warm template.
+func validateSpec(s Spec) error {
 	switch {
 	case s.Template == "":
 		return fmt.Errorf("template is required: %w", errkind.InvalidArgument)
@@ -143,29 +134,6 @@ func (s Spec) validate() error {
 		}
 	}
 	return checkGrants(s)
-}
-
-// Info describes one of the worker's sandboxes.
-type Info struct {
-	ID    string        `json:"id"`
-	Team  string        `json:"team"`
-	State sandbox.State `json:"state"`
-	Spec  Spec          `json:"spec"`
-	VM    *api.VMInfo   `json:"vm,omitempty"`
-	// Error says why a sandbox failed, or "".
-	Error string `json:"error,omitempty"`
-}
-
-// Status is the worker's capacity and use.
-type Status struct {
-	ID            string `json:"id"`
-	VCPUs         int    `json:"vcpus"`
-	MemoryMiB     int64  `json:"memory_mib"`
-	UsedVCPUs     int    `json:"used_vcpus"`
-	UsedMemoryMiB int64  `json:"used_memory_mib"`
-	Sandboxes     int    `json:"sandboxes"`
-	// Cgroups is "v1", "v2" or "off" (VMMs run without limits).
-	Cgroups string `json:"cgroups"`
 }
 
 // ErrExists is returned by Create for an ID the worker already has.
@@ -261,14 +229,34 @@ func (w *Worker) sandboxesDir() string { return filepath.Join(w.cfg.DataDir, "sa
 // cgroupParent is the control group that holds this worker's sandboxes.
 func (w *Worker) cgroupParent() string { return "space-" + w.cfg.ID }
 
-// Status reports capacity and use. Pool members do not count as used: a
-// create that needs their room evicts them.
-func (w *Worker) Status() Status { return w.status(false) }
+// Status reports the worker's protocol version, capabilities, capacity
+// and use. Pool members do not count as used: a create that needs their
+// room evicts them. It does not fail.
+func (w *Worker) Status(context.Context) (Status, error) { return w.status(false), nil }
+
+// capabilities is what the worker reports it can do.
+func (w *Worker) capabilities() Capabilities {
+	c := Capabilities{
+		VMM: w.cfg.VMM.Kind, VMMVersion: w.cfg.VMM.Version, Accel: w.cfg.VMM.Accel,
+		ChunkedSnapshots: w.cfg.Chunks != nil, NICs: []string{workerproto.NICSocket},
+	}
+	if _, ok := w.cfg.Driver.(vmm.Restorer); ok {
+		c.Snapshots = true
+		// Diff snapshots merge onto the previous snapshot's memory, which
+		// only reflink storage keeps next to the VM's (see Snapshot).
+		c.DiffSnapshots = w.cfg.VMM.DiffSnapshots && w.cfg.ReflinkStorage
+	}
+	if _, tap := w.tapNICs(); tap {
+		c.NICs = []string{workerproto.NICTap}
+	}
+	return c
+}
 
 // status is Status; withPool counts pool members as used, which Status
 // does not: a create that needs their room evicts them.
 func (w *Worker) status(withPool bool) Status {
-	st := Status{ID: w.cfg.ID, VCPUs: w.cfg.VCPUs, MemoryMiB: w.cfg.MemoryMiB, Cgroups: "off"}
+	st := Status{ID: w.cfg.ID, Protocol: workerproto.Version, Capabilities: w.capabilities(),
+		VCPUs: w.cfg.VCPUs, MemoryMiB: w.cfg.MemoryMiB, Cgroups: "off"}
 	if w.cfg.Cgroups != nil {
 		st.Cgroups = fmt.Sprintf("v%d", w.cfg.Cgroups.Version())
 	}
@@ -286,8 +274,9 @@ func (w *Worker) status(withPool bool) Status {
 	return st
 }
 
-// List returns every sandbox the worker has, ordered by ID.
-func (w *Worker) List() []Info {
+// List returns every sandbox the worker has, ordered by ID. It does not
+// fail.
+func (w *Worker) List(context.Context) ([]Info, error) {
 	w.mu.Lock()
 	all := make([]*sbx, 0, len(w.sandboxes))
 	for _, s := range w.sandboxes {
@@ -304,14 +293,14 @@ func (w *Worker) List() []Info {
 		}
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].ID < infos[j].ID })
-	return infos
+	return infos, nil
 }
 
 // ErrNotFound is returned for a sandbox the worker does not have.
 var ErrNotFound = fmt.Errorf("sandbox not found on this worker: %w", errkind.NotFound)
 
 // Sandbox returns the info of sandbox id, or ErrNotFound.
-func (w *Worker) Sandbox(id string) (Info, error) {
+func (w *Worker) Sandbox(_ context.Context, id string) (Info, error) {
 	s, err := w.get(id)
 	if err != nil {
 		return Info{}, err

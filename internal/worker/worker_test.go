@@ -65,7 +65,7 @@ func TestSpecValidate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := ok
 			tt.edit(&s)
-			if err := s.validate(); !errors.Is(err, tt.want) && (err != nil || tt.want != nil) {
+			if err := validateSpec(s); !errors.Is(err, tt.want) && (err != nil || tt.want != nil) {
 				t.Errorf("validate(%+v) = %v, want %v", s, err, tt.want)
 			}
 		})
@@ -117,7 +117,7 @@ func TestCreateBadInputChangesNothing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := w.Create(t.Context(), tt.id, tt.team, tt.spec); !errors.Is(err, tt.want) {
+			if _, err := w.Create(t.Context(), CreateRequest{ID: tt.id, Team: tt.team, Spec: tt.spec}); !errors.Is(err, tt.want) {
 				t.Errorf("Create = %v, want %v", err, tt.want)
 			}
 		})
@@ -125,8 +125,8 @@ func TestCreateBadInputChangesNothing(t *testing.T) {
 	if entries, _ := os.ReadDir(w.sandboxesDir()); len(entries) != 0 {
 		t.Errorf("sandbox directories after refused creates: %v", entries)
 	}
-	if got := w.List(); len(got) != 0 {
-		t.Errorf("List() = %v, want none", got)
+	if got, err := w.List(t.Context()); err != nil || len(got) != 0 {
+		t.Errorf("List() = %v, %v; want none", got, err)
 	}
 }
 
@@ -174,7 +174,7 @@ func TestStartRemovesLeftovers(t *testing.T) {
 	if m, _ := filepath.Glob(filepath.Join(data, "warm", "*")); len(m) != 1 || filepath.Base(m[0]) != "default-1c-256m-1024d-new" {
 		t.Errorf("warm templates after Start: %v, want only the one with a NIC", m)
 	}
-	inf, err := w.Sandbox("sbx_ffffffffffffffffffff")
+	inf, err := w.Sandbox(t.Context(), "sbx_ffffffffffffffffffff")
 	if err != nil || inf.State != sandbox.Failed || inf.Error == "" {
 		t.Errorf("Sandbox(lost vm) = %+v, %v; want failed with a reason", inf, err)
 	}
