@@ -23,7 +23,7 @@ func (w *Worker) Handler(token string) http.Handler {
 	mux := http.NewServeMux()
 	workerproto.Mount(mux, w, w.log)
 	for _, r := range w.dataRoutes() {
-		mux.HandleFunc(r.pattern, r.h)
+		mux.HandleFunc(r.pattern, w.inUse(r.h))
 	}
 	if token == "" {
 		return mux
@@ -36,6 +36,17 @@ func (w *Worker) Handler(token string) http.Handler {
 		}
 		mux.ServeHTTP(rw, r)
 	})
+}
+
+// inUse counts h's requests as the sandbox's use (Info.LastActive,
+// Active) while they run.
+func (w *Worker) inUse(h http.HandlerFunc) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		if s, err := w.get(r.PathValue("id")); err == nil {
+			defer s.use(time.Now)()
+		}
+		h(rw, r)
+	}
 }
 
 // dataRoute is one data-plane route: pattern is a ServeMux pattern below

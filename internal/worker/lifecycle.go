@@ -116,6 +116,7 @@ func (w *Worker) create(ctx context.Context, id, team string, spec Spec, opts cr
 	s.mu.Lock()
 	s.rec = record{ID: id, Team: team, Spec: spec, State: sandbox.Creating, Created: time.Now().UTC(), RestoreFrom: opts.snapID,
 		Internal: opts.internal, Pool: opts.pool, Secrets: sealed}
+	s.lastActive = time.Now()
 	s.mu.Unlock()
 	s.op.Lock()
 	defer s.op.Unlock()

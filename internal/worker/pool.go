@@ -254,6 +254,7 @@ func (w *Worker) handOver(ctx context.Context, s *sbx, id, team string, spec Spe
 	s.rec.Slot = s.rec.slot()
 	slot = s.rec.Slot
 	s.rec.ID, s.rec.Team, s.rec.Spec = id, team, spec
+	s.lastActive = time.Now()
 	s.rec.Internal, s.rec.Created = false, time.Now().UTC()
 	if s.rec.VM != nil {
 		vm := *s.rec.VM

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"space/internal/errkind"
 	"space/internal/guestvm"
@@ -54,7 +55,10 @@ func (w *Worker) Start(ctx context.Context) error {
 			continue
 		}
 		s := &sbx{dir: dir, runDir: filepath.Join(w.cfg.RunRoot, rec.slot())}
+		s.mu.Lock()
 		s.rec = rec
+		s.lastActive = time.Now() // what it did before this process is unknown: idle from now
+		s.mu.Unlock()
 		w.mu.Lock()
 		w.sandboxes[rec.ID] = s
 		w.mu.Unlock()

@@ -364,12 +364,32 @@ type sbx struct {
 	gw *egress.Gateway // the NIC's far end, or nil (no network, or not attached)
 	// +checklocks:mu
 	audit *auditFile // gw's audit file
+	// +checklocks:mu
+	lastActive time.Time // see Info.LastActive
+	// +checklocks:mu
+	active int // data-plane requests in progress
+}
+
+// use records a data-plane request to the sandbox; call the result when
+// it ends.
+func (s *sbx) use(now func() time.Time) func() {
+	s.mu.Lock()
+	s.active++
+	s.lastActive = now()
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		s.active--
+		s.lastActive = now()
+		s.mu.Unlock()
+	}
 }
 
 func (s *sbx) info() Info {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	inf := Info{ID: s.rec.ID, Team: s.rec.Team, State: s.rec.State, Spec: s.rec.Spec, Error: s.failure}
+	inf := Info{ID: s.rec.ID, Team: s.rec.Team, State: s.rec.State, Spec: s.rec.Spec, Error: s.failure,
+		LastActive: s.lastActive, Active: s.active}
 	if s.rec.VM != nil {
 		vm := *s.rec.VM
 		inf.VM = &vm

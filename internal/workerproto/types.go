@@ -134,6 +134,14 @@ type Info struct {
 	VM    *api.VMInfo   `json:"vm,omitempty"`
 	// Error says why a sandbox failed, or "".
 	Error string `json:"error,omitempty"`
+	// LastActive is when a data-plane request to the sandbox last began
+	// or ended on this worker, or when the worker took the sandbox on
+	// (created, restored or recovered it) if none did since: what an
+	// idle timeout counts from. Zero from a worker that predates it.
+	LastActive time.Time `json:"last_active,omitzero"`
+	// Active counts the data-plane requests in progress (an exec or
+	// an attached stream keeps the sandbox in use until it ends).
+	Active int `json:"active,omitempty"`
 }
 
 // Status is the worker's protocol version, abilities, capacity and use.
