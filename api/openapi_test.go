@@ -178,7 +178,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"CreateAPIKey": CreateAPIKey{}, "APIKey": APIKey{}, "APIKeyList": APIKeyList{},
 		"Quota": Quota{}, "QuotaUsage": QuotaUsage{},
 		"RegisterWorker": RegisterWorker{}, "WorkerCapabilities": WorkerCapabilities{}, "Worker": Worker{}, "WorkerList": WorkerList{},
-		"CreateSnapshot": CreateSnapshot{}, "Snapshot": Snapshot{}, "SnapshotList": SnapshotList{},
+		"CreateSnapshot": CreateSnapshot{}, "DataPlane": DataPlane{}, "Snapshot": Snapshot{}, "SnapshotList": SnapshotList{},
 		"RestoreSandbox": RestoreSandbox{}, "ForkSandbox": ForkSandbox{},
 		"Template": Template{}, "TemplateList": TemplateList{},
 		"BuildReport": BuildReport{}, "BuildEvent": BuildEvent{},

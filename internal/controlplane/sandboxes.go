@@ -544,6 +544,7 @@ func (s *Server) view(sb store.Sandbox) api.Sandbox {
 		v.VM = st.VM
 		v.SuspendedSnapshot = st.Suspended
 	}
+	v.DataPlane = s.dataPlaneOf(sb)
 	return v
 }
 

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -29,6 +30,7 @@ import (
 	"time"
 
 	"space/api"
+	"space/internal/dataplane"
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/secrets"
@@ -88,8 +90,19 @@ type Config struct {
 	// EgressLogRetention is how long sandboxes' archived egress logs are
 	// kept; 0 = DefaultEgressLogRetention, negative = for ever.
 	EgressLogRetention time.Duration
+	// DataPlaneURL is where clients send the data-plane requests of
+	// sandboxes on standalone workers (a `space proxy` in front of them,
+	// see package dataplane); "" = this server. Sandboxes on this
+	// process's own worker are always served here.
+	DataPlaneURL string
+	// DataPlaneTTL is how long a data-plane token is valid; 0 =
+	// DefaultDataPlaneTTL.
+	DataPlaneTTL time.Duration
 	// WorkerToken authenticates standalone workers (their registration,
-	// and the control plane's calls to them); "" = no standalone workers.
+	// and the control plane's calls to them) and keys the data-plane
+	// tokens (package dataplane); "" = no standalone workers and no
+	// data-plane tokens (clients send data-plane requests here with
+	// their API key).
 	WorkerToken string
 	// CrashAt names a crash point (see CrashPoints); "" = never. For tests.
 	CrashAt string
@@ -118,6 +131,11 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	now func() time.Time
+	// sealer, plane and remotes serve the data plane with tokens; nil
+	// without a worker token.
+	sealer  *dataplane.Sealer
+	plane   *dataplane.Handler
+	remotes *Remotes
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -212,7 +230,15 @@ func New(cfg Config) (*Server, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Server{
+	if cfg.DataPlaneTTL == 0 {
+		cfg.DataPlaneTTL = DefaultDataPlaneTTL
+	}
+	if cfg.DataPlaneURL != "" {
+		if u, err := url.Parse(cfg.DataPlaneURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+			return nil, fmt.Errorf("controlplane: data-plane url %q: want http(s)://host[:port][/prefix]: %w", cfg.DataPlaneURL, errkind.InvalidArgument)
+		}
+	}
+	s := &Server{
 		cfg:       cfg,
 		log:       cfg.Log.With("component", "controlplane"),
 		now:       now,
@@ -222,7 +248,18 @@ func New(cfg Config) (*Server, error) {
 		usage:     make(map[string]api.Quota),
 		activity:  make(map[string]*activity),
 		busy:      make(map[string]bool),
-	}, nil
+	}
+	if cfg.WorkerToken != "" {
+		var err error
+		if s.sealer, err = dataplane.NewSealer(cfg.WorkerToken); err != nil {
+			return nil, err
+		}
+		s.remotes = NewRemotes(cfg.WorkerToken)
+		if s.plane, err = NewDataPlane(cfg.WorkerToken, planeWorkers{s}); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // AddWorker makes w available for placement and data-plane forwarding,
@@ -436,7 +473,18 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errkind.NotFound))
 	})
-	return mux
+	if s.plane == nil {
+		return mux
+	}
+	// A data-plane token is served without the database: the sandbox
+	// and its worker are in the token.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if dataplane.HasToken(r) {
+			s.plane.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
