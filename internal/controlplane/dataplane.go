@@ -85,6 +85,7 @@ func NewRemotes(token string) *Remotes {
 // Get returns the adapter of worker id at address, making one the first
 // time and when the worker moved.
 func (rs *Remotes) Get(id, address string) (*Remote, error) {
+	token := rs.token
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rm, ok := rs.byID[id]; ok && rm.base.String() == address {
@@ -93,7 +94,7 @@ func (rs *Remotes) Get(id, address string) (*Remote, error) {
 	if len(rs.byID) >= maxRemotes {
 		clear(rs.byID) // a cache: the workers in use come back at once
 	}
-	rm, err := NewRemote(id, address, rs.token)
+	rm, err := NewRemote(id, address, token)
 	if err != nil {
 		return nil, err
 	}
