@@ -192,6 +192,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		newVersionCmd(g),
 		newServerCmd(g),
 		newWorkerCmd(g),
+		newProxyCmd(g),
 		newSandboxCmd(g),
 		newExecCmd(g),
 		newAttachCmd(g),

@@ -17,6 +17,8 @@ import (
 func newServerCmd(g *globals) *cobra.Command {
 	var (
 		listen, agent, storeURL, workerID, chunkDir string
+		tokenFile, secretsKey, dataPlaneURL         string
+		noWorker                                    bool
 		vcpus, pool                                 int
 		memory                                      int64
 		egress                                      server.Egress
@@ -32,7 +34,13 @@ in DATA_DIR/admin.key; later starts reuse both. VMs keep running when the
 server stops, and the next start re-adopts them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkAgent(agent); err != nil {
+			if !noWorker {
+				if err := checkAgent(agent); err != nil {
+					return err
+				}
+			}
+			token, err := readToken(g, "", tokenFile)
+			if err != nil {
 				return err
 			}
 			dataDir, err := g.serverDataDir()
@@ -48,6 +56,7 @@ server stops, and the next start re-adopts them.`,
 			return server.Run(cmd.Context(), server.Config{
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
+				NoWorker: noWorker, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress,
 			})
@@ -56,6 +65,10 @@ server stops, and the next start re-adopts them.`,
 	f := c.Flags()
 	f.StringVar(&listen, "listen", server.DefaultListen, "`address` the API listens on")
 	f.StringVar(&storeURL, "store", "", "PostgreSQL `URL` for the state (default: SQLite in the data dir; env SPACE_STORE_URL)")
+	f.BoolVar(&noWorker, "no-worker", false, "run no embedded worker: sandboxes run on standalone workers only (replicas on PostgreSQL)")
+	f.StringVar(&tokenFile, "worker-token-file", "", "read the worker token from `FILE` (default DATA_DIR/worker.token, made on the first start; replicas share one; env SPACE_WORKER_TOKEN)")
+	f.StringVar(&secretsKey, "secrets-key", "", "`FILE` of the key secrets are sealed with (default DATA_DIR/secrets.key, made on the first start; replicas share one)")
+	f.StringVar(&dataPlaneURL, "data-plane-url", "", "`URL` clients send data-plane requests (exec, files) of standalone workers' sandboxes to: a space proxy (default: this server)")
 	f.StringVar(&workerID, "worker-id", "", "`ID` of the embedded worker (default: the one recorded in the data dir, or a new random one on the first start)")
 	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks)")
 	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
@@ -90,15 +103,9 @@ on one host, each with its own --data-dir, --listen and --id.`,
 			if controlPlane == "" {
 				return usagef("--control-plane is required")
 			}
-			if token == "" && tokenFile != "" {
-				b, err := os.ReadFile(tokenFile)
-				if err != nil {
-					return fmt.Errorf("worker token: %w", err)
-				}
-				token = strings.TrimSpace(string(b))
-			}
-			if token == "" {
-				token = g.getenv("SPACE_WORKER_TOKEN")
+			token, err := readToken(g, token, tokenFile)
+			if err != nil {
+				return err
 			}
 			if token == "" {
 				return usagef("--token (or --token-file, or SPACE_WORKER_TOKEN) is required: the server's DATA_DIR/%s", server.WorkerTokenFile)
@@ -150,4 +157,58 @@ func (g *globals) serverDataDir() (string, error) {
 func egressFlags(fs *pflag.FlagSet, e *server.Egress) {
 	fs.IntVar(&e.WildcardNames, "egress-wildcard-names", 0, "distinct names a sandbox may resolve under wildcard rules at first, `N` (default 256)")
 	fs.IntVar(&e.WildcardNamesPerMinute, "egress-wildcard-names-per-minute", 0, "further distinct wildcard names a sandbox may resolve each minute, `N` (default 30)")
+}
+
+// readToken returns the worker token: token if set, else the contents of
+// file if set, else SPACE_WORKER_TOKEN, else "".
+func readToken(g *globals, token, file string) (string, error) {
+	if token == "" && file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("worker token: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+		if token == "" {
+			return "", fmt.Errorf("worker token: %s is empty", file)
+		}
+	}
+	if token == "" {
+		token = g.getenv("SPACE_WORKER_TOKEN")
+	}
+	return token, nil
+}
+
+// newProxyCmd returns `space proxy`: the data plane of standalone
+// workers' sandboxes.
+func newProxyCmd(g *globals) *cobra.Command {
+	var listen, token, tokenFile string
+	c := &cobra.Command{
+		Use:   "proxy --token-file FILE",
+		Short: "Serve the data plane (exec, files, terminals) of standalone workers' sandboxes",
+		Long: `Serve the data plane of the sandboxes on standalone workers: exec,
+processes, files and ports, each request authorized by the sandbox's
+data-plane token (which the control plane hands out with the sandbox, see
+--data-plane-url on space server) and sent to the worker the token names.
+A proxy keeps no state and needs no database: run as many as you like, and
+restart control-plane replicas without cutting a running command's stream.
+It needs the cluster's worker token (the server's DATA_DIR/worker.token).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			token, err := readToken(g, token, tokenFile)
+			if err != nil {
+				return err
+			}
+			if token == "" {
+				return usagef("--token-file (or --token, or SPACE_WORKER_TOKEN) is required: the server's DATA_DIR/%s", server.WorkerTokenFile)
+			}
+			return server.RunProxy(cmd.Context(), server.ProxyConfig{
+				Token: token, Listen: listen, Version: version(), Progress: g.stderr, Log: g.logger(),
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&listen, "listen", server.DefaultProxyListen, "`address` the proxy listens on")
+	f.StringVar(&token, "token", "", "the cluster's worker `token`")
+	f.StringVar(&tokenFile, "token-file", "", "read the worker token from `FILE`")
+	return c
 }

@@ -85,6 +85,22 @@ type Config struct {
 	// DataDir, or on the first start a new random one (recorded there).
 	// A data dir from before IDs were recorded keeps "local".
 	WorkerID string
+	// NoWorker runs the control plane alone, with no embedded worker:
+	// sandboxes run on standalone workers only (`space worker`). For
+	// replicas of one control plane on PostgreSQL.
+	NoWorker bool
+	// WorkerToken is the token standalone workers present (and the
+	// control plane presents to them), which also keys data-plane
+	// tokens; "" = the one in DataDir/worker.token, made on the first
+	// start. Replicas of one control plane share one.
+	WorkerToken string
+	// SecretsKeyFile is the key the teams' secrets are sealed with; "" =
+	// DataDir/secrets.key, made on the first start. Replicas share one.
+	SecretsKeyFile string
+	// DataPlaneURL is where clients send the data-plane requests of
+	// sandboxes on standalone workers (controlplane.Config.DataPlaneURL):
+	// a `space proxy`; "" = this server.
+	DataPlaneURL string
 	// VCPUs and MemoryMiB are the embedded worker's capacity; 0 = its
 	// default (see worker.Config).
 	VCPUs     int
@@ -152,31 +168,35 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	defer st.Close()
 
-	fmt.Fprintln(progress, "space: preparing the default template (first start: fetches a kernel and bootstraps Debian, minutes)")
-	t0 := time.Now()
-	img, err := buildImages(ctx, cfg.CacheBase, cfg.AgentPath, cfg.Log)
-	if err != nil {
-		return fmt.Errorf("default template: %w", err)
-	}
-	fmt.Fprintf(progress, "space: default template ready in %s\n", time.Since(t0).Round(time.Millisecond))
-
 	chunks, err := openChunks(cmp.Or(cfg.ChunkDir, filepath.Join(cfg.DataDir, "chunks")))
 	if err != nil {
 		return err
 	}
-	w, err := newWorker(ctx, workerConfig{
-		ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
-		Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB,
-		Chunks: chunks, Egress: cfg.Egress,
-	})
-	if err != nil {
-		return err
+	var w *worker.Worker // the embedded worker, or nil
+	if !cfg.NoWorker {
+		fmt.Fprintln(progress, "space: preparing the default template (first start: fetches a kernel and bootstraps Debian, minutes)")
+		t0 := time.Now()
+		img, err := buildImages(ctx, cfg.CacheBase, cfg.AgentPath, cfg.Log)
+		if err != nil {
+			return fmt.Errorf("default template: %w", err)
+		}
+		fmt.Fprintf(progress, "space: default template ready in %s\n", time.Since(t0).Round(time.Millisecond))
+		w, err = newWorker(ctx, workerConfig{
+			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
+			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB,
+			Chunks: chunks, Egress: cfg.Egress,
+		})
+		if err != nil {
+			return err
+		}
+		defer w.Close() // detaches: the VMs keep running
 	}
-	defer w.Close() // detaches: the VMs keep running
 
-	token, err := secretFile(filepath.Join(cfg.DataDir, WorkerTokenFile))
-	if err != nil {
-		return err
+	token := cfg.WorkerToken
+	if token == "" {
+		if token, err = secretFile(filepath.Join(cfg.DataDir, WorkerTokenFile)); err != nil {
+			return err
+		}
 	}
 	cache, err := cachedir.Open(cfg.CacheBase)
 	if err != nil {
@@ -189,24 +209,26 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	// The teams' secrets are sealed under a key kept next to the store,
 	// never in it.
-	secretBox, err := secrets.LoadOrCreateKey(filepath.Join(cfg.DataDir, "secrets.key"))
+	secretBox, err := secrets.LoadOrCreateKey(cmp.Or(cfg.SecretsKeyFile, filepath.Join(cfg.DataDir, "secrets.key")))
 	if err != nil {
 		return err
 	}
 	cp, err := controlplane.New(controlplane.Config{
 		Store: st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
-		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval,
+		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox,
 	})
 	if err != nil {
 		return err
 	}
-	local, err := controlplane.NewLocal(w)
-	if err != nil {
-		return err
+	if w != nil {
+		local, err := controlplane.NewLocal(w)
+		if err != nil {
+			return err
+		}
+		cp.AddWorker(local)
 	}
-	cp.AddWorker(local)
 	if err := cp.LoadWorkers(ctx); err != nil {
 		return err
 	}
@@ -242,7 +264,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	background := func(ctx context.Context) error {
 		var wg sync.WaitGroup
-		if cfg.Prewarm {
+		if cfg.Prewarm && w != nil {
 			wg.Go(func() {
 				l := controlplane.DefaultLimits
 				spec := worker.Spec{Template: "default", VCPUs: l.DefaultVCPUs, MemoryMiB: l.DefaultMemoryMiB, DiskMiB: l.DefaultDiskMiB}
