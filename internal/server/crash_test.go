@@ -32,6 +32,10 @@ const (
 	envAgent    = "SPACE_TEST_SERVER_AGENT"
 	envCrashAt  = "SPACE_TEST_SERVER_CRASH_AT"
 	envPool     = "SPACE_TEST_SERVER_POOL" // "1": prewarm and keep a pool of one
+	// envNoWorker "1" runs the server without an embedded worker, and
+	// envDataPlane is its Config.DataPlaneURL.
+	envNoWorker  = "SPACE_TEST_SERVER_NO_WORKER"
+	envDataPlane = "SPACE_TEST_SERVER_DATA_PLANE"
 )
 
 // TestMain runs this test binary as a server process when asked to, so
@@ -55,6 +59,7 @@ func childMain() int {
 		DataDir: os.Getenv(envDataDir), Listen: "127.0.0.1:0", CacheBase: guesttest.CacheBase(),
 		AgentPath: os.Getenv(envAgent), WorkerID: os.Getenv(envWorkerID), CrashAt: os.Getenv(envCrashAt),
 		Version: "test", Progress: os.Stderr, Prewarm: pool, Pool: poolSize,
+		NoWorker: os.Getenv(envNoWorker) == "1", DataPlaneURL: os.Getenv(envDataPlane),
 		Ready: func(url string) { fmt.Printf("READY %s\n", url) },
 	})
 	if err != nil {
@@ -88,7 +93,7 @@ type child struct {
 
 // startChild starts a server process on dataDir; crashAt names its crash
 // point or is "".
-func startChild(t *testing.T, dataDir, workerID, crashAt string) *child {
+func startChild(t *testing.T, dataDir, workerID, crashAt string, env ...string) *child {
 	t.Helper()
 	agent, err := guesttest.BuildAgent(t.Context())
 	if err != nil {
@@ -97,6 +102,7 @@ func startChild(t *testing.T, dataDir, workerID, crashAt string) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChild+"=1", envDataDir+"="+dataDir, envWorkerID+"="+workerID,
 		envAgent+"="+agent, envCrashAt+"="+crashAt)
+	cmd.Env = append(cmd.Env, env...)
 	logf, err := os.OpenFile(filepath.Join(t.TempDir(), "server.log"), os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		t.Fatalf("setup: %v", err)
