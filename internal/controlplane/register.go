@@ -3,7 +3,6 @@ package controlplane
 import (
 	"context"
 	"crypto/subtle"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -88,6 +87,9 @@ func (s *Server) healthy(w Worker) bool {
 	if _, ok := w.(*Local); ok {
 		return true
 	}
+	if !s.answering(w) {
+		return false
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.now().Sub(s.seen[w.ID()]) < HeartbeatTimeout
@@ -169,12 +171,7 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	v, err := s.workerView(r.Context(), wk)
-	if err != nil {
-		httpapi.WriteError(w, err)
-		return
-	}
-	httpapi.WriteJSON(w, http.StatusOK, v)
+	httpapi.WriteJSON(w, http.StatusOK, s.workerView(r.Context(), wk))
 }
 
 // disconnect drops standalone worker id, which speaks a worker protocol
@@ -192,29 +189,38 @@ func (s *Server) disconnect(id string, why error) {
 	}
 }
 
-func (s *Server) workerView(ctx context.Context, wk Worker) (api.Worker, error) {
-	st, err := wk.Status(ctx) // under the verb's deadline
-	v := api.Worker{ID: wk.ID(), Healthy: err == nil && s.healthy(wk)}
-	if rm, ok := wk.(*Remote); ok {
-		v.Address = rm.base.String()
-		if p, caps := rm.statement(); caps != nil {
-			c := caps.API()
-			v.Protocol, v.Capabilities = p, &c
+// workerView is the API's picture of wk, from what its probe says: its
+// status, or nothing but its name when it does not answer.
+func (s *Server) workerView(ctx context.Context, wk Worker) api.Worker {
+	return s.workerViews(ctx, []Worker{wk})[0]
+}
+
+// workerViews returns the views of workers, probing at once those whose
+// last probe is not fresh.
+func (s *Server) workerViews(ctx context.Context, workers []Worker) []api.Worker {
+	caps := s.capacities(ctx, workers)
+	out := make([]api.Worker, 0, len(workers))
+	for _, wk := range workers {
+		st, ok := caps[wk.ID()]
+		v := api.Worker{ID: wk.ID(), Healthy: ok && s.healthy(wk)}
+		if rm, isRemote := wk.(*Remote); isRemote {
+			v.Address = rm.base.String()
+			if p, caps := rm.statement(); caps != nil {
+				c := caps.API()
+				v.Protocol, v.Capabilities = p, &c
+			}
 		}
-	}
-	s.mu.Lock()
-	v.LastHeartbeat = s.seen[wk.ID()]
-	s.mu.Unlock()
-	if err != nil {
-		if errors.Is(err, errkind.Unavailable) {
-			return v, nil
+		s.mu.Lock()
+		v.LastHeartbeat = s.seen[wk.ID()]
+		s.mu.Unlock()
+		if ok {
+			c := st.Capabilities.API()
+			v.Protocol, v.Capabilities = st.Protocol, &c
+			v.VCPUs, v.MemoryMiB, v.UsedVCPUs, v.UsedMemoryMiB, v.Sandboxes = st.VCPUs, st.MemoryMiB, st.UsedVCPUs, st.UsedMemoryMiB, st.Sandboxes
 		}
-		return v, err
+		out = append(out, v)
 	}
-	c := st.Capabilities.API()
-	v.Protocol, v.Capabilities = st.Protocol, &c
-	v.VCPUs, v.MemoryMiB, v.UsedVCPUs, v.UsedMemoryMiB, v.Sandboxes = st.VCPUs, st.MemoryMiB, st.UsedVCPUs, st.UsedMemoryMiB, st.Sandboxes
-	return v, nil
+	return out
 }
 
 func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
@@ -222,14 +228,5 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, fmt.Errorf("listing workers needs an admin key: %w", errkind.PermissionDenied))
 		return
 	}
-	out := api.WorkerList{Workers: []api.Worker{}}
-	for _, wk := range s.workerList() {
-		v, err := s.workerView(r.Context(), wk)
-		if err != nil {
-			httpapi.WriteError(w, err)
-			return
-		}
-		out.Workers = append(out.Workers, v)
-	}
-	httpapi.WriteJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, api.WorkerList{Workers: s.workerViews(r.Context(), s.workerList())})
 }

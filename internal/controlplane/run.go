@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"space/internal/errkind"
@@ -122,6 +123,9 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 // Run removes expired sandboxes and reconciles the workers' sandboxes
 // with the store until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.runProbes(ctx) })
 	reap := time.NewTicker(s.cfg.ReapInterval)
 	defer reap.Stop()
 	rec := time.NewTicker(s.cfg.ReconcileInterval)

@@ -271,7 +271,7 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 	wk := pl.worker
 	if wk == nil {
 		var err error
-		if wk, err = place(ctx, s.healthyWorkers(), sp.Spec); err != nil {
+		if wk, err = s.place(ctx, s.healthyWorkers(), sp.Spec); err != nil {
 			lock.Unlock()
 			return store.Sandbox{}, err
 		}

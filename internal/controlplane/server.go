@@ -150,6 +150,9 @@ type Server struct {
 	usage map[string]api.Quota // per team: what its live sandboxes use; absent = load from the store
 	// +checklocks:mu
 	activity map[string]*activity // per sandbox: its data-plane use, for idle timeouts
+	// +checklocks:mu
+	probes  map[string]*probe // per worker: what its last probe said
+	probing sync.WaitGroup    // probes out
 }
 
 // activity is a sandbox's use through the data plane since this process
@@ -248,6 +251,7 @@ func New(cfg Config) (*Server, error) {
 		usage:     make(map[string]api.Quota),
 		activity:  make(map[string]*activity),
 		busy:      make(map[string]bool),
+		probes:    make(map[string]*probe),
 	}
 	if cfg.WorkerToken != "" {
 		var err error

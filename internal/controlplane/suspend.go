@@ -100,7 +100,7 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 	err := s.checkQuota(ctx, sb.TeamID, sp)
 	var wk Worker
 	if err == nil {
-		wk, err = place(ctx, s.healthyWorkers(), sp.Spec)
+		wk, err = s.place(ctx, s.healthyWorkers(), sp.Spec)
 	}
 	if err == nil {
 		sb, err = s.transition(ctx, sb, sandbox.Creating, func(rec *store.Sandbox) {

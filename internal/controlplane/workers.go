@@ -1,12 +1,10 @@
 package controlplane
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sort"
 	"sync"
 	"time"
 
@@ -120,25 +118,7 @@ func (rm *Remote) statement() (protocol int, caps *workerproto.Capabilities) {
 // verb's own deadline is as short.
 const statusTimeout = 5 * time.Second
 
-// place picks the worker with the most free memory that fits the spec.
-func place(ctx context.Context, workers []Worker, spec workerproto.Spec) (Worker, error) {
-	type cand struct {
-		w    Worker
-		free int64
-	}
-	var cands []cand
-	for _, w := range workers {
-		st, err := w.Status(ctx) // under the verb's deadline
-		if err != nil {
-			continue // unreachable workers take nothing
-		}
-		if st.VCPUs-st.UsedVCPUs >= spec.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= spec.MemoryMiB {
-			cands = append(cands, cand{w, st.MemoryMiB - st.UsedMemoryMiB})
-		}
-	}
-	if len(cands) == 0 {
-		return nil, fmt.Errorf("no worker has %d vcpus and %d MiB free: %w", spec.VCPUs, spec.MemoryMiB, errkind.Unavailable)
-	}
-	sort.SliceStable(cands, func(i, j int) bool { return cands[i].free > cands[j].free })
-	return cands[0].w, nil
+// noRoom is the error of a placement that found no worker with room.
+func noRoom(spec workerproto.Spec) error {
+	return fmt.Errorf("no worker has %d vcpus and %d MiB free: %w", spec.VCPUs, spec.MemoryMiB, errkind.Unavailable)
 }

@@ -1,0 +1,191 @@
+package controlplane
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"space/internal/workerproto"
+)
+
+// Probing. Every worker is asked for its status every probeInterval, each
+// on its own, so a worker that hangs (a stopped process, a host that
+// drops packets) delays only its own probe; one whose last probe failed,
+// or whose last answer is older than probeStale, takes no new sandboxes.
+const (
+	probeInterval = 2 * time.Second
+	probeTimeout  = 3 * time.Second
+	probeStale    = 3 * probeInterval
+)
+
+// probe is what this process last learned of a worker by asking it.
+type probe struct {
+	status  workerproto.Status // the last answer
+	err     error              // the last probe's failure, or nil
+	at      time.Time          // when the last probe ended; zero before one did
+	pending bool               // a probe is out
+}
+
+// probeAll starts a probe of every worker that has none out, and returns
+// at once; the probes end within probeTimeout and are waited for by
+// waitProbes.
+func (s *Server) probeAll(ctx context.Context) {
+	for _, wk := range s.workerList() {
+		s.mu.Lock()
+		p := s.probes[wk.ID()]
+		if p == nil {
+			p = &probe{}
+			s.probes[wk.ID()] = p
+		}
+		busy := p.pending
+		p.pending = true
+		s.mu.Unlock()
+		if busy {
+			continue // the last one hangs still: it fails on its own
+		}
+		s.probing.Go(func() { s.probeOne(ctx, wk) })
+	}
+}
+
+// probeOne asks wk for its status and records the answer.
+func (s *Server) probeOne(ctx context.Context, wk Worker) {
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	st, err := wk.Status(pctx)
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.probes[wk.ID()]
+	if p == nil {
+		p = &probe{}
+		s.probes[wk.ID()] = p
+	}
+	was := p.err
+	p.pending, p.at, p.err = false, s.now(), err
+	if err == nil {
+		p.status = st
+	}
+	switch {
+	case err != nil && was == nil && ctx.Err() == nil:
+		s.log.Warn("worker not answering", "worker_id", wk.ID(), "err", err)
+	case err == nil && was != nil:
+		s.log.Info("worker answering again", "worker_id", wk.ID())
+	}
+}
+
+// runProbes probes every worker every probeInterval until ctx ends, then
+// waits for the probes out.
+func (s *Server) runProbes(ctx context.Context) {
+	t := time.NewTicker(probeInterval)
+	defer t.Stop()
+	for {
+		s.probeAll(ctx)
+		select {
+		case <-ctx.Done():
+			s.probing.Wait()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// answering reports whether wk's last probe succeeded recently, or
+// whether none ended yet (then only its heartbeat counts).
+func (s *Server) answering(wk Worker) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.probes[wk.ID()]
+	if p == nil || p.at.IsZero() {
+		return true
+	}
+	return p.err == nil && s.now().Sub(p.at) < probeStale
+}
+
+// capacities returns the status of each of workers: the last probe's if
+// it is fresh, else a new probe's, all asked at once and each within
+// probeTimeout. A worker that cannot say is left out, as is one whose
+// probe is still out and late (it hangs) or recently failed.
+func (s *Server) capacities(ctx context.Context, workers []Worker) map[string]workerproto.Status {
+	out := make(map[string]workerproto.Status, len(workers))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, wk := range workers {
+		s.mu.Lock()
+		p := s.probes[wk.ID()]
+		fresh := p != nil && p.err == nil && !p.at.IsZero() && s.now().Sub(p.at) < probeInterval
+		// Its probe is out and late, or just failed: waiting would not
+		// help (the probe loop tries it again).
+		hung := p != nil && !fresh && (p.pending || (p.err != nil && s.now().Sub(p.at) < probeStale))
+		var st workerproto.Status
+		if fresh {
+			st = p.status
+		}
+		if !fresh && !hung {
+			if p == nil {
+				p = &probe{}
+				s.probes[wk.ID()] = p
+			}
+			p.pending = true
+		}
+		s.mu.Unlock()
+		if fresh {
+			out[wk.ID()] = st
+			continue
+		}
+		if hung {
+			continue
+		}
+		wg.Go(func() {
+			s.probeOne(ctx, wk)
+			s.mu.Lock()
+			p := s.probes[wk.ID()]
+			ok := p != nil && p.err == nil
+			var st workerproto.Status
+			if ok {
+				st = p.status
+			}
+			s.mu.Unlock()
+			if ok {
+				mu.Lock()
+				out[wk.ID()] = st
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// reserve counts spec against wk's last known status, so placements
+// between two probes spread over the workers.
+func (s *Server) reserve(wk Worker, spec workerproto.Spec) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.probes[wk.ID()]; p != nil && p.err == nil {
+		p.status.UsedVCPUs += spec.VCPUs
+		p.status.UsedMemoryMiB += spec.MemoryMiB
+	}
+}
+
+// place picks, among workers, the one with the most free memory that
+// fits spec, from what their probes say.
+func (s *Server) place(ctx context.Context, workers []Worker, spec workerproto.Spec) (Worker, error) {
+	caps := s.capacities(ctx, workers)
+	type cand struct {
+		w    Worker
+		free int64
+	}
+	var cands []cand
+	for _, w := range workers {
+		st, ok := caps[w.ID()]
+		if ok && st.VCPUs-st.UsedVCPUs >= spec.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= spec.MemoryMiB {
+			cands = append(cands, cand{w, st.MemoryMiB - st.UsedMemoryMiB})
+		}
+	}
+	if len(cands) == 0 {
+		return nil, noRoom(spec)
+	}
+	sort.SliceStable(cands, func(i, j int) bool { return cands[i].free > cands[j].free })
+	s.reserve(cands[0].w, spec)
+	return cands[0].w, nil
+}
