@@ -123,4 +123,5 @@ func NewDataPlane(token string, workers dataplane.Workers) (*dataplane.Handler, 
 	}
 	return dataplane.NewHandler(dataplane.Config{Sealer: sealer, Workers: workers, WorkerPrefix: workerproto.PathPrefix, MaxUpload: maxUpload})
 }
+
 var _ dataplane.Workers = (*Remotes)(nil)
