@@ -18,22 +18,48 @@ import (
 // under way is finished; a running sandbox its worker lost is failed. Run
 // it before serving.
 func (s *Server) Reconcile(ctx context.Context) error {
-	var errs []error
+	// Each worker on its own: one that hangs holds up only its own
+	// sandboxes (every call to it has a deadline), and one that does
+	// not answer is skipped until it does.
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
 	for _, wk := range s.workerList() {
-		recs, err := s.cfg.Store.SandboxesByWorker(ctx, wk.ID())
-		if err != nil {
-			return err
+		if !s.answering(wk) {
+			continue
 		}
-		for _, rec := range recs {
-			if s.isBusy(rec.ID) {
-				continue // a create or delete is under way
-			}
-			if err := s.reconcile(ctx, wk, rec); err != nil {
-				errs = append(errs, fmt.Errorf("reconcile %s: %w", rec.ID, err))
-			}
+		wg.Go(func() {
+			err := s.reconcileWorker(ctx, wk)
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return errors.Join(append(errs, s.reconcileSnapshots(ctx), s.reconcileTemplates(ctx))...)
+}
+
+// reconcileWorker settles the sandboxes placed on wk.
+func (s *Server) reconcileWorker(ctx context.Context, wk Worker) error {
+	recs, err := s.cfg.Store.SandboxesByWorker(ctx, wk.ID())
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, rec := range recs {
+		if s.isBusy(rec.ID) {
+			continue // a create or delete is under way
+		}
+		if err := s.reconcile(ctx, wk, rec); err != nil {
+			errs = append(errs, fmt.Errorf("reconcile %s on %s: %w", rec.ID, wk.ID(), err))
+		}
+		if ctx.Err() != nil {
+			break
 		}
 	}
-	return errors.Join(append(errs, s.reconcileSnapshots(ctx), s.reconcileTemplates(ctx))...)
+	return errors.Join(errs...)
 }
 
 // reconcileSnapshots settles the snapshots a crash left being created or
