@@ -2,13 +2,18 @@ package server
 
 import (
 	"io"
+	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"space/api"
 	"space/client"
 	"space/internal/agent/guesttest"
+	"space/internal/testenv"
 )
 
 // untilExec returns how long start took plus a first `exec true` in the
@@ -163,5 +168,68 @@ func BenchmarkSandboxLifecycle(b *testing.B) {
 		b.ReportMetric(float64(idle.PausedMS), "snapshot-idle-ms")
 		b.ReportMetric(float64(tmpfs.PausedMS), "snapshot-16MiB-ms")
 		b.ReportMetric(float64(big64.PausedMS), "snapshot-64MiB-ms")
+	}
+}
+
+// BenchmarkExecPaths measures, in one run, the round trip of `exec true`
+// in a sandbox on a standalone worker along the two paths a client may
+// take: through the control plane with its API key (the server forwards
+// to the worker), and through a data-plane proxy with the sandbox's
+// token, which touches no database. Medians of 30 each, and their ratio.
+//
+//	go test -run '^$' -bench ExecPaths -benchtime 1x ./internal/server
+func BenchmarkExecPaths(b *testing.B) {
+	release := guesttest.AcquireSlot(b)
+	defer release()
+	dataDir := newDataDir(b)
+	token := "bench-worker-token-0123456789abcdef"
+	if err := os.WriteFile(filepath.Join(dataDir, WorkerTokenFile), []byte(token+"\n"), 0o600); err != nil {
+		b.Fatalf("setup: %v", err)
+	}
+	proxy := startProxy(b, token)
+	ts := startServerB(b, Config{DataDir: dataDir, NoWorker: true, DataPlaneURL: proxy})
+	startWorker(b, ts, 2048)
+	ctx := b.Context()
+	var sb api.Sandbox
+	testenv.Eventually(b, time.Minute, func() bool { // until the worker has registered
+		var err error
+		sb, err = ts.client.CreateSandbox(ctx, api.CreateSandbox{})
+		return err == nil
+	})
+	// Through the control plane: a client of a server that names no
+	// data plane, i.e. raw requests with the API key.
+	viaServer := func() time.Duration {
+		t0 := time.Now()
+		req, _ := http.NewRequestWithContext(ctx, "POST", ts.url+"/v1/sandboxes/"+sb.ID+"/exec", strings.NewReader(`{"command":["true"]}`))
+		req.Header.Set("Authorization", "Bearer "+ts.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatalf("exec via the server: %v", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), `"exit"`) {
+			b.Fatalf("exec via the server = %d %s", resp.StatusCode, body)
+		}
+		return time.Since(t0)
+	}
+	viaPlane := func() time.Duration {
+		t0 := time.Now()
+		if exit, err := ts.client.Exec(ctx, sb.ID, api.Exec{Command: []string{"true"}}, io.Discard, io.Discard); err != nil || exit.Code != 0 {
+			b.Fatalf("exec via the data plane: %+v, %v", exit, err)
+		}
+		return time.Since(t0)
+	}
+	for b.Loop() {
+		var server, plane []time.Duration
+		for range 30 {
+			server = append(server, viaServer())
+			plane = append(plane, viaPlane())
+		}
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		b.ReportMetric(ms(median(server)), "server-exec-ms")
+		b.ReportMetric(ms(median(plane)), "dataplane-exec-ms")
+		b.ReportMetric(float64(median(plane))/float64(median(server)), "dataplane/server")
 	}
 }

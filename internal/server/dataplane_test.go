@@ -115,7 +115,7 @@ func TestDataPlaneOutlivesReplica(t *testing.T) {
 
 // startProxy runs a data-plane proxy for the cluster of token and returns
 // its URL.
-func startProxy(t *testing.T, token string) string {
+func startProxy(t testing.TB, token string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)

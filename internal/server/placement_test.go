@@ -21,14 +21,14 @@ import (
 
 // startWorker runs a standalone worker registered with ts, sharing its
 // chunk store.
-func startWorker(t *testing.T, ts *testServer, memoryMiB int64) *testServer {
+func startWorker(t testing.TB, ts *testServer, memoryMiB int64) *testServer {
 	t.Helper()
 	return restartWorker(t, ts, memoryMiB, &testServer{dataDir: newDataDir(t), workerID: newWorkerID(t)})
 }
 
 // restartWorker runs the standalone worker wt (its ID and data dir); stop
 // it with wt.stop.
-func restartWorker(t *testing.T, ts *testServer, memoryMiB int64, wt *testServer) *testServer {
+func restartWorker(t testing.TB, ts *testServer, memoryMiB int64, wt *testServer) *testServer {
 	t.Helper()
 	agent, err := guesttest.BuildAgent(t.Context())
 	if err != nil {
