@@ -187,8 +187,9 @@ func BenchmarkExecPaths(b *testing.B) {
 		b.Fatalf("setup: %v", err)
 	}
 	proxy := startProxy(b, token)
-	ts := startServerB(b, Config{DataDir: dataDir, NoWorker: true, DataPlaneURL: proxy})
+	ts := startServerTB(b, Config{DataDir: dataDir, NoWorker: true, DataPlaneURL: proxy})
 	startWorker(b, ts, 2048)
+	ts.deleteAllOnCleanup(b) // before the worker stops
 	ctx := b.Context()
 	var sb api.Sandbox
 	testenv.Eventually(b, time.Minute, func() bool { // until the worker has registered
@@ -196,31 +197,26 @@ func BenchmarkExecPaths(b *testing.B) {
 		sb, err = ts.client.CreateSandbox(ctx, api.CreateSandbox{})
 		return err == nil
 	})
-	// Through the control plane: a client of a server that names no
-	// data plane, i.e. raw requests with the API key.
-	viaServer := func() time.Duration {
+	// The same raw request along each path: to the server with the API
+	// key, and to the proxy with the sandbox's data-plane token.
+	exec := func(base, credential string) time.Duration {
 		t0 := time.Now()
-		req, _ := http.NewRequestWithContext(ctx, "POST", ts.url+"/v1/sandboxes/"+sb.ID+"/exec", strings.NewReader(`{"command":["true"]}`))
-		req.Header.Set("Authorization", "Bearer "+ts.key)
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/sandboxes/"+sb.ID+"/exec", strings.NewReader(`{"command":["true"]}`))
+		req.Header.Set("Authorization", "Bearer "+credential)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			b.Fatalf("exec via the server: %v", err)
+			b.Fatalf("exec via %s: %v", base, err)
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 || !strings.Contains(string(body), `"exit"`) {
-			b.Fatalf("exec via the server = %d %s", resp.StatusCode, body)
+			b.Fatalf("exec via %s = %d %s", base, resp.StatusCode, body)
 		}
 		return time.Since(t0)
 	}
-	viaPlane := func() time.Duration {
-		t0 := time.Now()
-		if exit, err := ts.client.Exec(ctx, sb.ID, api.Exec{Command: []string{"true"}}, io.Discard, io.Discard); err != nil || exit.Code != 0 {
-			b.Fatalf("exec via the data plane: %+v, %v", exit, err)
-		}
-		return time.Since(t0)
-	}
+	viaServer := func() time.Duration { return exec(ts.url, ts.key) }
+	viaPlane := func() time.Duration { return exec(sb.DataPlane.URL, sb.DataPlane.Token) }
 	for b.Loop() {
 		var server, plane []time.Duration
 		for range 30 {
