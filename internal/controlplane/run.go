@@ -179,7 +179,6 @@ func (s *Server) reapExpired(ctx context.Context) {
 		s.log.Error("list expired sandboxes", "err", err)
 		return
 	}
-	s.forgetActivity(s.now().Add(-s.cfg.Limits.MaxTTL))
 	for _, sb := range expired {
 		if sb.State == sandbox.Creating {
 			continue // its create is still under way
@@ -207,8 +206,19 @@ func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time
 	if s.isBusy(sb.ID) {
 		return // a create, delete or suspend of this process works on it
 	}
+	wk, err := s.worker(sb.WorkerID)
+	if err != nil {
+		s.log.Warn("idle sandbox's worker is not connected", "sandbox_id", sb.ID, "worker_id", sb.WorkerID)
+		return
+	}
+	// The worker serves the data plane, so it knows the last use.
+	inf, err := wk.Sandbox(ctx, sb.ID)
+	if err != nil {
+		s.log.Warn("ask for idle sandbox's use", "sandbox_id", sb.ID, "err", err)
+		return // the next round asks again; reconcile handles a lost one
+	}
 	now := s.now()
-	last, inUse := s.idleSince(sb.ID)
+	last, inUse := inf.LastActive, inf.Active > 0
 	if inUse || last.Add(timeout).After(now) {
 		sb.Expires = last.Add(timeout)
 		if inUse {
@@ -219,12 +229,8 @@ func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time
 		}
 		return
 	}
-	wk, err := s.worker(sb.WorkerID)
-	if err == nil {
-		defer s.claim(sb.ID)()
-		_, err = s.suspend(ctx, sb, wk)
-	}
-	if err != nil {
+	defer s.claim(sb.ID)()
+	if _, err = s.suspend(ctx, sb, wk); err != nil {
 		// It keeps running: deleting it would lose the work the caller
 		// asked to keep. The next round tries again.
 		s.log.Error("suspend idle sandbox", "sandbox_id", sb.ID, "err", err)

@@ -682,7 +682,6 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	defer s.use(sb.ID)() // an exec or attach keeps it in use until it ends
 	rest := strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"+sb.ID)
 	r2 := r.Clone(r.Context())
 	r2.URL.Path = worker.PathPrefix + "/sandboxes/" + sb.ID + rest

@@ -149,61 +149,8 @@ type Server struct {
 	// +checklocks:mu
 	usage map[string]api.Quota // per team: what its live sandboxes use; absent = load from the store
 	// +checklocks:mu
-	activity map[string]*activity // per sandbox: its data-plane use, for idle timeouts
-	// +checklocks:mu
 	probes  map[string]*probe // per worker: what its last probe said
 	probing sync.WaitGroup    // probes out
-}
-
-// activity is a sandbox's use through the data plane since this process
-// started.
-type activity struct {
-	last   time.Time // when a request last began or ended
-	active int       // requests in progress
-}
-
-// use records a data-plane request to sandbox id; call the result when
-// it ends.
-func (s *Server) use(id string) func() {
-	s.mu.Lock()
-	a := s.activity[id]
-	if a == nil {
-		a = &activity{}
-		s.activity[id] = a
-	}
-	a.active++
-	a.last = s.now()
-	s.mu.Unlock()
-	return func() {
-		s.mu.Lock()
-		a.active--
-		a.last = s.now()
-		s.mu.Unlock()
-	}
-}
-
-// idleSince returns since when sandbox id has had no data-plane request
-// in progress (zero if none since this process started), or busy.
-func (s *Server) idleSince(id string) (since time.Time, busy bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	a := s.activity[id]
-	if a == nil {
-		return time.Time{}, false
-	}
-	return a.last, a.active > 0
-}
-
-// forgetActivity drops what is known of sandboxes' use that ended before
-// cutoff: they are idle in any case.
-func (s *Server) forgetActivity(cutoff time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for id, a := range s.activity {
-		if a.active == 0 && a.last.Before(cutoff) {
-			delete(s.activity, id)
-		}
-	}
 }
 
 // New validates cfg and returns a server with no workers.
@@ -249,7 +196,6 @@ func New(cfg Config) (*Server, error) {
 		teamLocks: make(map[string]*sync.Mutex),
 		seen:      make(map[string]time.Time),
 		usage:     make(map[string]api.Quota),
-		activity:  make(map[string]*activity),
 		busy:      make(map[string]bool),
 		probes:    make(map[string]*probe),
 	}
