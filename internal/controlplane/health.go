@@ -17,6 +17,9 @@ const (
 	probeInterval = 2 * time.Second
 	probeTimeout  = 3 * time.Second
 	probeStale    = 3 * probeInterval
+	// syncInterval is how often the workers other replicas heard from
+	// are loaded from the store.
+	syncInterval = 5 * probeInterval
 )
 
 // probe is what this process last learned of a worker by asking it.
@@ -78,7 +81,14 @@ func (s *Server) probeOne(ctx context.Context, wk Worker) {
 func (s *Server) runProbes(ctx context.Context) {
 	t := time.NewTicker(probeInterval)
 	defer t.Stop()
+	lastSync := s.now()
 	for {
+		if s.now().Sub(lastSync) >= syncInterval {
+			lastSync = s.now()
+			if err := s.loadWorkers(ctx, true); err != nil && ctx.Err() == nil {
+				s.log.Warn("load workers from the store", "err", err)
+			}
+		}
 		s.probeAll(ctx)
 		select {
 		case <-ctx.Done():

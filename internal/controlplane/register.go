@@ -26,11 +26,19 @@ const (
 )
 
 // LoadWorkers connects the standalone workers the store knows, so their
-// sandboxes are served before the workers' next heartbeat. It asks each
+// sandboxes are served before the workers' next heartbeat, and takes the
+// heartbeats other replicas recorded for those it knows: a worker
+// registers with one replica, and every replica serves its sandboxes.
+// It runs at start and then every syncInterval. It asks each
 // (at once, under the Status verb's deadline) for its status: one that
 // speaks another worker protocol version is not connected; one that does
 // not answer is, and is checked when it registers again.
-func (s *Server) LoadWorkers(ctx context.Context) error {
+func (s *Server) LoadWorkers(ctx context.Context) error { return s.loadWorkers(ctx, false) }
+
+// loadWorkers is LoadWorkers; recent leaves out the workers this process
+// does not know whose last heartbeat is older than HeartbeatTimeout (the
+// periodic sync: they are gone, or refused).
+func (s *Server) loadWorkers(ctx context.Context, recent bool) error {
 	if s.cfg.WorkerToken == "" {
 		return nil
 	}
@@ -41,6 +49,22 @@ func (s *Server) LoadWorkers(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, w := range all {
 		if s.isLocal(w.ID) {
+			continue
+		}
+		// A worker this process knows at that address: its heartbeat
+		// may have reached another replica.
+		s.mu.Lock()
+		known, ok := s.workers[w.ID].(*Remote)
+		if ok && known.base.String() == w.Address {
+			if w.LastHeartbeat.After(s.seen[w.ID]) {
+				s.seen[w.ID] = w.LastHeartbeat
+			}
+		}
+		s.mu.Unlock()
+		if ok && known.base.String() == w.Address {
+			continue
+		}
+		if recent && s.now().Sub(w.LastHeartbeat) >= HeartbeatTimeout {
 			continue
 		}
 		rm, err := NewRemote(w.ID, w.Address, s.cfg.WorkerToken)
@@ -59,7 +83,7 @@ func (s *Server) LoadWorkers(ctx context.Context) error {
 			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if _, registered := s.workers[w.ID]; registered {
+			if cur, registered := s.workers[w.ID]; registered && cur != Worker(known) {
 				return // it registered meanwhile, and was checked
 			}
 			s.workers[w.ID] = rm
