@@ -208,3 +208,39 @@ func TestLoadWorkersChecksProtocol(t *testing.T) {
 		t.Errorf("stored worker ok states %d, %+v; want %d and its capabilities", p, caps, workerproto.Version)
 	}
 }
+
+// TestReplicasShareWorkers checks a worker that registered with one
+// replica is served by another on the same store, with the heartbeat the
+// first one recorded, and its sandboxes' data plane works there.
+func TestReplicasShareWorkers(t *testing.T) {
+	s1, st, key := registerServer(t)
+	s2, err := New(Config{Store: st, Templates: []string{"default"}, WorkerToken: testWorkerToken})
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	addr := serveWorker(t, &speaking{protocol: workerproto.Version})
+	caps := api.WorkerCapabilities{VMM: "qemu", Accel: "tcg", Snapshots: true, NICs: []string{"socket"}}
+	if rec := register(t, s1, api.RegisterWorker{ID: "w1", Address: addr, VCPUs: 8, MemoryMiB: 8192, Protocol: workerproto.Version, Capabilities: caps}); rec.Code != http.StatusOK {
+		t.Fatalf("register = %d %s", rec.Code, rec.Body)
+	}
+	if ws := listWorkers(t, s2, key); len(ws) != 0 {
+		t.Fatalf("replica 2 knows %+v before it loads the store", ws)
+	}
+	if err := s2.loadWorkers(t.Context(), true); err != nil {
+		t.Fatalf("loadWorkers = %v", err)
+	}
+	ws := listWorkers(t, s2, key)
+	if len(ws) != 1 || ws[0].ID != "w1" || !ws[0].Healthy {
+		t.Fatalf("replica 2's workers = %+v, want w1, healthy", ws)
+	}
+	// A sandbox created through replica 2 lands on the worker that
+	// registered with replica 1.
+	req := httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer "+key)
+	rec := httptest.NewRecorder()
+	s2.Handler().ServeHTTP(rec, req)
+	var sb api.Sandbox
+	if rec.Code != http.StatusCreated || json.Unmarshal(rec.Body.Bytes(), &sb) != nil || sb.Worker != "w1" {
+		t.Fatalf("create through replica 2 = %d %s, want on w1", rec.Code, rec.Body)
+	}
+}
