@@ -1,0 +1,169 @@
+package server
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"space/api"
+	"space/client"
+	"space/internal/agent/guesttest"
+	"space/internal/testenv"
+)
+
+// Environment of a worker child process (see TestMain).
+const (
+	envWorkerChild   = "SPACE_TEST_WORKER_CHILD"
+	envWorkerDataDir = "SPACE_TEST_WORKER_DATA_DIR"
+	envWorkerCP      = "SPACE_TEST_WORKER_CONTROL_PLANE"
+	envWorkerToken   = "SPACE_TEST_WORKER_TOKEN"
+	envWorkerChunks  = "SPACE_TEST_WORKER_CHUNKS"
+)
+
+func workerChildMain() int {
+	ctx, stop := signalContext()
+	defer stop()
+	err := RunWorker(ctx, WorkerConfig{
+		DataDir: os.Getenv(envWorkerDataDir), Listen: "127.0.0.1:0", ControlPlane: os.Getenv(envWorkerCP),
+		Token: os.Getenv(envWorkerToken), CacheBase: guesttest.CacheBase(), AgentPath: os.Getenv(envAgent),
+		ChunkDir: os.Getenv(envWorkerChunks), VCPUs: 8, MemoryMiB: 2048, Progress: os.Stderr,
+		Ready: func(url string) { fmt.Printf("READY %s\n", url) },
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	return 0
+}
+
+// startWorkerChild runs a standalone worker registered with ts in a child
+// process (so a test can stop it with SIGSTOP) and returns it.
+func startWorkerChild(t *testing.T, ts *testServer) *exec.Cmd {
+	t.Helper()
+	agent, err := guesttest.BuildAgent(t.Context())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	token, err := os.ReadFile(filepath.Join(ts.dataDir, WorkerTokenFile))
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	dataDir := newDataDir(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envWorkerChild+"=1", envWorkerDataDir+"="+dataDir, envWorkerCP+"="+ts.url,
+		envWorkerToken+"="+strings.TrimSpace(string(token)), envAgent+"="+agent,
+		envWorkerChunks+"="+filepath.Join(ts.dataDir, "chunks"))
+	logf, err := os.Create(filepath.Join(t.TempDir(), "worker.log"))
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	defer logf.Close()
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("setup: start worker: %v", err)
+	}
+	done := make(chan struct{})
+	ready := make(chan struct{}, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "READY ") {
+				ready <- struct{}{}
+			}
+		}
+	}()
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT)
+		cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+	})
+	select {
+	case <-ready:
+	case <-done:
+		b, _ := os.ReadFile(logf.Name())
+		t.Fatalf("setup: worker exited before serving:\n%s", b)
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("setup: worker not ready in 5m")
+	}
+	return cmd
+}
+
+// TestStoppedWorker stops a standalone worker with SIGSTOP (it holds a
+// sandbox, and its TCP port still accepts connections) and checks the
+// control plane marks it unhealthy within seconds, keeps placing and
+// serving on the other worker without waiting for it, and takes it back
+// once it runs again (SIGCONT) with its sandbox intact.
+func TestStoppedWorker(t *testing.T) {
+	testenv.RequireSlow(t)
+	release := guesttest.AcquireAllSlots(t)
+	defer release()
+	ts := startServerWith(t, Config{VCPUs: 1, MemoryMiB: 64}) // takes nothing
+	stopped := startWorkerChild(t, ts)
+	workers := func() map[string]bool {
+		status, body := rawCall(t, ts, "GET", "/v1/workers", "")
+		var l api.WorkerList
+		if status != 200 || json.Unmarshal([]byte(body), &l) != nil {
+			t.Fatalf("GET /v1/workers = %d %s", status, body)
+		}
+		out := map[string]bool{}
+		for _, w := range l.Workers {
+			if w.ID != ts.workerID {
+				out[w.ID] = w.Healthy
+			}
+		}
+		return out
+	}
+	var aID string
+	testenv.Eventually(t, time.Minute, func() bool {
+		for id, ok := range workers() {
+			aID = id
+			return ok
+		}
+		return false
+	})
+	ctx := t.Context()
+	onA, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{})
+	if err != nil || onA.Worker != aID {
+		t.Fatalf("create = %+v, %v, want it on %s", onA, err, aID)
+	}
+	b := startWorker(t, ts, 2048)
+	ts.deleteAllOnCleanup(t) // before the workers stop
+	testenv.Eventually(t, time.Minute, func() bool { return workers()[b.workerID] })
+
+	if err := stopped.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP: %v", err)
+	}
+	t0 := time.Now()
+	testenv.Eventually(t, 30*time.Second, func() bool { return !workers()[aID] })
+	t.Logf("stopped worker marked unhealthy after %s", time.Since(t0).Round(100*time.Millisecond))
+	// Creates go to the other worker and list and get answer, none
+	// waiting for the stopped one.
+	for range 2 {
+		sb, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{})
+		if err != nil || sb.Worker != b.workerID {
+			t.Fatalf("create while %s is stopped = %+v, %v, want it on %s", aID, sb, err, b.workerID)
+		}
+		if _, err := ts.client.Sandboxes(ctx, client.ListOptions{}); err != nil {
+			t.Fatalf("list while a worker is stopped: %v", err)
+		}
+	}
+	if err := stopped.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatalf("SIGCONT: %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return workers()[aID] })
+	if out, _, code := execOut(t, ts.client, onA.ID, sh("echo back")); code != 0 || out != "back\n" {
+		t.Errorf("exec in the sandbox of the worker that ran again = %q, exit %d", out, code)
+	}
+}
