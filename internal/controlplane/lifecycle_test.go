@@ -279,8 +279,10 @@ func TestSuspendRoundTrip(t *testing.T) {
 			if l := listIDs(t, do, "?state=suspended"); !slices.Equal(l, []string{sb.ID}) {
 				t.Errorf("list state=suspended = %q, want [%s]", l, sb.ID)
 			}
-			if l := listIDs(t, do, "?state=running"); len(l) != 0 {
-				t.Errorf("list state=running = %q, want none", l)
+			for _, q := range []string{"?state=running", "?state=stopped"} {
+				if l := listIDs(t, do, q); len(l) != 0 {
+					t.Errorf("list %s = %q, want none", q, l)
+				}
 			}
 			_, body = do("GET", "/v1/quota", "")
 			var qu api.QuotaUsage

@@ -590,20 +590,19 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	var (
-		f      store.Filter
-		legacy bool // f has stopped for suspended records written as stopped
-	)
+	var f store.Filter
 	for _, st := range q["state"] {
 		if !sandbox.State(st).Valid() {
 			httpapi.WriteError(w, httpapi.Invalid("state", "unknown state %.32q", st))
 			return
 		}
 		f.States = append(f.States, sandbox.State(st))
-		if sandbox.State(st) == sandbox.Suspended && !slices.Contains(q["state"], string(sandbox.Stopped)) {
-			f.States = append(f.States, sandbox.Stopped) // and below, only the suspended ones (see loaded)
-			legacy = true
-		}
+	}
+	want := slices.Clone(f.States)
+	if slices.Contains(want, sandbox.Suspended) && !slices.Contains(want, sandbox.Stopped) {
+		// Suspended records written before the state was are stopped in
+		// the store (see loaded); which are suspended is told below.
+		f.States = append(f.States, sandbox.Stopped)
 	}
 	for _, l := range q["label"] {
 		k, v, ok := strings.Cut(l, "=")
@@ -623,7 +622,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	}
 	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(all))}
 	for _, sb := range all {
-		if legacy && loaded(sb).State == sandbox.Stopped {
+		if len(want) > 0 && !slices.Contains(want, loaded(sb).State) {
 			continue
 		}
 		v, err := s.view(sb)
