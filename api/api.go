@@ -103,8 +103,8 @@ type Sandbox struct {
 	// VM describes the running VM; absent until the sandbox first ran
 	// and while it is suspended.
 	VM *VMInfo `json:"vm,omitempty"`
-	// SuspendedSnapshot is the snapshot a suspended (stopped) sandbox
-	// resumes from.
+	// SuspendedSnapshot is the snapshot a suspended sandbox (state
+	// "suspended") resumes from.
 	SuspendedSnapshot string `json:"suspended_snapshot,omitempty"`
 	// DataPlane is where the sandbox's data-plane requests (exec,
 	// processes, files, ports) go while its VM runs; absent otherwise.

@@ -144,7 +144,7 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&opts.State, "state", "", "only sandboxes in this `state` (e.g. running)")
+	f.StringVar(&opts.State, "state", "", "only sandboxes in this `state` (e.g. running, suspended)")
 	f.StringArrayVar(&labels, "label", nil, "only sandboxes with this label, `key=value` (repeatable)")
 	outputFlag(f, &output)
 	return c

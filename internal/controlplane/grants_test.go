@@ -197,7 +197,10 @@ func storedGrants(t *testing.T, st store.Store, id string) ([]worker.SecretGrant
 	if err != nil {
 		t.Fatalf("store Sandbox(%s) = %v", id, err)
 	}
-	sp := specOf(sb)
+	sp, err := specOf(sb)
+	if err != nil {
+		t.Fatalf("specOf(%s) = %v", id, err)
+	}
 	if sp.Network == nil {
 		return sp.Secrets, nil
 	}

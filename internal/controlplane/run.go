@@ -67,7 +67,10 @@ func (s *Server) reconcileWorker(ctx context.Context, wk Worker) error {
 // and until it is ready nothing may start from it. A deleting one is
 // deleted. Either way every worker's copy and the chunk store's manifest
 // go before the record, so no half-written snapshot is ever listed ready.
-// A snapshot whose worker has not registered yet waits for it.
+// A snapshot whose worker has not registered yet waits for it. A creating
+// fork snapshot means the fork never answered: the children it made go
+// first (a child that cannot go yet keeps the snapshot for the next
+// round).
 func (s *Server) reconcileSnapshots(ctx context.Context) error {
 	pending, err := s.cfg.Store.UnsettledSnapshots(ctx)
 	if err != nil {
@@ -82,6 +85,12 @@ func (s *Server) reconcileSnapshots(ctx context.Context) error {
 			continue
 		}
 		s.log.Info("settling interrupted snapshot", "snapshot_id", sn.ID, "state", sn.State)
+		if sn.State == store.SnapshotCreating {
+			if err := s.removeForkChildren(ctx, sn); err != nil {
+				errs = append(errs, fmt.Errorf("settle snapshot %s: %w", sn.ID, err))
+				continue
+			}
+		}
 		if err := s.deleteSnapshot(ctx, sn); err != nil && !errors.Is(err, store.ErrVersionConflict) && !errors.Is(err, store.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("settle snapshot %s: %w", sn.ID, err))
 		}
@@ -89,14 +98,45 @@ func (s *Server) reconcileSnapshots(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// removeForkChildren deletes the sandboxes made by the fork whose
+// snapshot sn is (none if it is not a fork's). A sandbox whose spec does
+// not decode cannot be told apart and is reported, not removed.
+func (s *Server) removeForkChildren(ctx context.Context, sn store.Snapshot) error {
+	all, err := s.cfg.Store.ListSandboxes(ctx, sn.TeamID, store.Filter{})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, sb := range all {
+		sp, err := specOf(sb)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if sp.Fork != sn.ID {
+			continue
+		}
+		s.log.Info("removing a child of an interrupted fork", "sandbox_id", sb.ID, "snapshot_id", sn.ID)
+		if err := s.delete(ctx, sb); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return errors.Join(append(errs, fmt.Errorf("fork child %s: %w", sb.ID, err))...)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) error {
+	rec = loaded(rec)
+	snap, err := suspendedFrom(rec)
+	if err != nil {
+		return err
+	}
 	inf, err := wk.Sandbox(ctx, rec.ID)
 	missing := errors.Is(err, errkind.NotFound)
 	if err != nil && !missing {
 		return err
 	}
 	log := s.log.With("sandbox_id", rec.ID, "worker_id", wk.ID())
-	if snap := suspendedFrom(rec); snap != "" {
+	if snap != "" {
 		defer s.forgetUsage(rec.TeamID)
 		switch rec.State {
 		case sandbox.Stopping: // a suspend: its snapshot is safe; finish it
@@ -180,10 +220,18 @@ func (s *Server) reapExpired(ctx context.Context) {
 		return
 	}
 	for _, sb := range expired {
+		sb = loaded(sb)
 		if sb.State == sandbox.Creating {
 			continue // its create is still under way
 		}
-		if sp := specOf(sb); sp.OnTimeout == onTimeoutSuspend && sb.State != sandbox.Failed {
+		sp, err := specOf(sb)
+		if err != nil {
+			// Its timeout cannot be told: neither deleted (it may be one
+			// to keep) nor suspended.
+			s.log.Error("expired sandbox", "sandbox_id", sb.ID, "err", err)
+			continue
+		}
+		if sp.OnTimeout == onTimeoutSuspend && sb.State != sandbox.Failed {
 			s.idleTimeout(ctx, sb, time.Duration(sp.TimeoutSeconds)*time.Second)
 			continue
 		}
@@ -201,7 +249,7 @@ func (s *Server) reapExpired(ctx context.Context) {
 // expire until a resume).
 func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time.Duration) {
 	if sb.State != sandbox.Running && sb.State != sandbox.Paused {
-		return // stopped (suspended already) or on its way somewhere
+		return // suspended already, or on its way somewhere
 	}
 	if s.isBusy(sb.ID) {
 		return // a create, delete or suspend of this process works on it

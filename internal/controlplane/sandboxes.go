@@ -46,6 +46,10 @@ type spec struct {
 	// TemplateRef is the built template ("name:version") the sandbox
 	// started from, or "" (Spec.Template is then a built-in template).
 	TemplateRef string `json:"template_ref,omitempty"`
+	// Fork is the snapshot of the fork that made the sandbox, or "". While
+	// that snapshot is still creating the fork has not answered, and
+	// Reconcile removes the sandbox with the snapshot.
+	Fork string `json:"fork,omitempty"`
 }
 
 // What a sandbox's timeout does (api.CreateSandbox.OnTimeout).
@@ -54,12 +58,14 @@ const (
 	onTimeoutSuspend = "suspend" // the timeout is an idle time: the sandbox is suspended
 )
 
-// specOf returns sb's spec (zero if the record's does not parse).
 // updateSpec stores sb with its spec changed by edit, again on the
 // latest version if another update came first.
 func (s *Server) updateSpec(ctx context.Context, sb store.Sandbox, edit func(*spec)) (store.Sandbox, error) {
 	for {
-		sp := specOf(sb)
+		sp, err := specOf(sb)
+		if err != nil {
+			return sb, err
+		}
 		edit(&sp)
 		sb.Spec, _ = json.Marshal(sp)
 		updated, err := s.cfg.Store.UpdateSandbox(ctx, sb)
@@ -72,25 +78,12 @@ func (s *Server) updateSpec(ctx context.Context, sb store.Sandbox, edit func(*sp
 	}
 }
 
-func specOf(sb store.Sandbox) spec {
-	var sp spec
-	json.Unmarshal(sb.Spec, &sp)
-	return sp
-}
-
 // stored is what the store keeps as a sandbox's Handle: how its VM runs.
 type stored struct {
 	VM *api.VMInfo `json:"vm,omitempty"`
 	// Suspended is the snapshot a suspended sandbox resumes from, set
 	// from the moment a suspend has taken it until a resume completes.
 	Suspended string `json:"suspended,omitempty"`
-}
-
-// suspendedFrom returns the snapshot sb is suspended to, or "".
-func suspendedFrom(sb store.Sandbox) string {
-	var st stored
-	json.Unmarshal(sb.Handle, &st)
-	return st.Suspended
 }
 
 func setSuspended(sb *store.Sandbox, snapID string) {
@@ -216,9 +209,9 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 			httpapi.WriteError(w, &httpapi.FieldError{Field: "from_snapshot", Err: err})
 			return
 		}
-		var m snapshotMeta
-		if err := json.Unmarshal(sn.Meta, &m); err != nil {
-			httpapi.WriteError(w, fmt.Errorf("snapshot %s: metadata: %v: %w", sn.ID, err, errkind.Internal))
+		m, err := metaOf(sn)
+		if err != nil {
+			httpapi.WriteError(w, fmt.Errorf("create from snapshot: %w", err))
 			return
 		}
 		sp.Spec = m.Spec
@@ -248,7 +241,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusCreated, s.view(sb))
+	s.writeView(w, http.StatusCreated, sb)
 }
 
 // placement says where a sandbox starts from: the zero value boots it on
@@ -276,7 +269,11 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 			return store.Sandbox{}, err
 		}
 	}
-	specJSON, _ := json.Marshal(sp)
+	specJSON, err := json.Marshal(sp)
+	if err != nil {
+		lock.Unlock()
+		return store.Sandbox{}, fmt.Errorf("encode spec: %w", err)
+	}
 	id := store.NewSandboxID()
 	defer s.claim(id)()
 	rec, err := s.cfg.Store.CreateSandbox(ctx, store.Sandbox{
@@ -285,7 +282,7 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		Expires: s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second),
 	})
 	if err == nil {
-		s.adjustUsage(team, specJSON, 1)
+		s.adjustUsage(team, sp, 1)
 	}
 	lock.Unlock()
 	if err != nil {
@@ -328,7 +325,7 @@ func (s *Server) rollback(ctx context.Context, wk Worker, rec store.Sandbox) err
 		errs = append(errs, fmt.Errorf("roll back record: %w", err))
 		s.forgetUsage(rec.TeamID)
 	} else if err == nil {
-		s.adjustUsage(rec.TeamID, rec.Spec, -1)
+		s.adjustRecordUsage(rec, -1)
 	}
 	return errors.Join(errs...)
 }
@@ -348,7 +345,7 @@ func (s *Server) transition(ctx context.Context, rec store.Sandbox, to sandbox.S
 
 // live reports whether a sandbox counts against quota.
 func live(st sandbox.State) bool {
-	return st != sandbox.Deleted && st != sandbox.Failed && st != sandbox.Stopped
+	return st != sandbox.Deleted && st != sandbox.Failed && st != sandbox.Stopped && st != sandbox.Suspended
 }
 
 func (s *Server) storedUsage(ctx context.Context, team string) (api.Quota, error) {
@@ -358,11 +355,13 @@ func (s *Server) storedUsage(ctx context.Context, team string) (api.Quota, error
 	}
 	var u api.Quota
 	for _, sb := range all {
-		if !live(sb.State) {
+		if !live(loaded(sb).State) {
 			continue
 		}
-		var sp spec
-		json.Unmarshal(sb.Spec, &sp)
+		sp, err := specOf(sb)
+		if err != nil {
+			return api.Quota{}, fmt.Errorf("team %s usage: %w", team, err)
+		}
 		u.Sandboxes++
 		u.VCPUs += sp.VCPUs
 		u.MemoryMiB += sp.MemoryMiB
@@ -390,14 +389,21 @@ func (s *Server) teamUsage(ctx context.Context, team string) (api.Quota, error) 
 	return u, nil
 }
 
-// adjustUsage adds (sign 1) or removes (sign -1) a sandbox's resources
-// from its team's cached usage.
-func (s *Server) adjustUsage(team string, specJSON []byte, sign int) {
-	var sp spec
-	if json.Unmarshal(specJSON, &sp) != nil {
-		s.forgetUsage(team)
+// adjustRecordUsage is adjustUsage for a stored sandbox; one whose spec
+// does not decode makes the cache forget the team (the next create
+// reloads it from the store, and reports the record).
+func (s *Server) adjustRecordUsage(sb store.Sandbox, sign int) {
+	sp, err := specOf(sb)
+	if err != nil {
+		s.forgetUsage(sb.TeamID)
 		return
 	}
+	s.adjustUsage(sb.TeamID, sp, sign)
+}
+
+// adjustUsage adds (sign 1) or removes (sign -1) a sandbox's resources
+// from its team's cached usage.
+func (s *Server) adjustUsage(team string, sp spec, sign int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	u, ok := s.usage[team]
@@ -519,10 +525,18 @@ func (s *Server) handleSetQuota(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, qu)
 }
 
-// view is the API's picture of a record.
-func (s *Server) view(sb store.Sandbox) api.Sandbox {
-	var sp spec
-	json.Unmarshal(sb.Spec, &sp)
+// view is the API's picture of a record; a record whose spec or handle
+// does not decode is an Internal error naming it.
+func (s *Server) view(sb store.Sandbox) (api.Sandbox, error) {
+	sb = loaded(sb)
+	sp, err := specOf(sb)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	st, err := handleOf(sb)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
 	v := api.Sandbox{
 		ID: sb.ID, Team: sb.TeamID, Template: sb.Template, State: sb.State.String(), Worker: sb.WorkerID,
 		VCPUs: sp.VCPUs, MemoryMiB: sp.MemoryMiB, DiskMiB: sp.DiskMiB, Env: sp.Env, Labels: sb.Labels,
@@ -539,13 +553,20 @@ func (s *Server) view(sb store.Sandbox) api.Sandbox {
 		e := sb.Expires
 		v.ExpiresAt = &e
 	}
-	var st stored
-	if json.Unmarshal(sb.Handle, &st) == nil {
-		v.VM = st.VM
-		v.SuspendedSnapshot = st.Suspended
-	}
+	v.VM = st.VM
+	v.SuspendedSnapshot = st.Suspended
 	v.DataPlane = s.dataPlaneOf(sb)
-	return v
+	return v, nil
+}
+
+// writeView answers with the API's picture of sb.
+func (s *Server) writeView(w http.ResponseWriter, code int, sb store.Sandbox) {
+	v, err := s.view(sb)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, code, v)
 }
 
 // load returns the caller's sandbox named in the path, or 404.
@@ -554,7 +575,8 @@ func (s *Server) load(r *http.Request) (store.Sandbox, error) {
 	if !store.ValidSandboxID(id) {
 		return store.Sandbox{}, fmt.Errorf("sandbox %.64q: %w", id, store.ErrNotFound)
 	}
-	return s.cfg.Store.Sandbox(r.Context(), callerOf(r).team, id)
+	sb, err := s.cfg.Store.Sandbox(r.Context(), callerOf(r).team, id)
+	return loaded(sb), err
 }
 
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
@@ -563,7 +585,7 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+	s.writeView(w, http.StatusOK, sb)
 }
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
@@ -575,6 +597,12 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		f.States = append(f.States, sandbox.State(st))
+	}
+	want := slices.Clone(f.States)
+	if slices.Contains(want, sandbox.Suspended) && !slices.Contains(want, sandbox.Stopped) {
+		// Suspended records written before the state was are stopped in
+		// the store (see loaded); which are suspended is told below.
+		f.States = append(f.States, sandbox.Stopped)
 	}
 	for _, l := range q["label"] {
 		k, v, ok := strings.Cut(l, "=")
@@ -594,7 +622,17 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	}
 	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(all))}
 	for _, sb := range all {
-		out.Sandboxes = append(out.Sandboxes, s.view(sb))
+		if len(want) > 0 && !slices.Contains(want, loaded(sb).State) {
+			continue
+		}
+		v, err := s.view(sb)
+		if err != nil {
+			// The others are listed; this one is reported.
+			s.log.Error("list sandboxes: record does not decode", "sandbox_id", sb.ID, "err", err)
+			v = api.Sandbox{ID: sb.ID, Team: sb.TeamID, Template: sb.Template, State: loaded(sb).State.String(),
+				Worker: sb.WorkerID, Labels: sb.Labels, CreatedAt: sb.Created, UpdatedAt: sb.Updated}
+		}
+		out.Sandboxes = append(out.Sandboxes, v)
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
@@ -619,13 +657,23 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 	if sb.State == sandbox.Creating {
 		return fmt.Errorf("sandbox %s is still being created: %w", sb.ID, errkind.FailedPrecondition)
 	}
-	if sb.State == sandbox.Stopped {
-		// Suspended: no VM; its snapshot goes with it.
-		if snap := suspendedFrom(sb); snap != "" {
-			if sn, err := s.cfg.Store.Snapshot(ctx, sb.TeamID, snap); err == nil {
-				if err := s.deleteSnapshot(ctx, sn); err != nil {
-					return err
-				}
+	sb = loaded(sb)
+	snap, err := suspendedFrom(sb)
+	if err != nil {
+		return fmt.Errorf("delete: %w", err)
+	}
+	if sb.State == sandbox.Stopped || sb.State == sandbox.Suspended {
+		if err := sandbox.Check(sb.State, sandbox.Deleted); err != nil {
+			return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+		}
+		// No VM; a suspended one's snapshot goes with it.
+		if snap != "" {
+			sn, err := s.cfg.Store.Snapshot(ctx, sb.TeamID, snap)
+			if err == nil {
+				err = s.deleteSnapshot(ctx, sn)
+			}
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return err
 			}
 		}
 		if err := s.cfg.Store.DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -635,7 +683,6 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 		return nil
 	}
 	if sb.State != sandbox.Stopping {
-		var err error
 		if sb, err = s.transition(ctx, sb, sandbox.Stopping, nil); err != nil {
 			return err
 		}
@@ -657,9 +704,9 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 		s.forgetUsage(sb.TeamID)
 		return err
 	} else if err == nil {
-		s.adjustUsage(sb.TeamID, sb.Spec, -1)
+		s.adjustRecordUsage(sb, -1)
 	}
-	if snap := suspendedFrom(sb); snap != "" { // deleted mid-suspend
+	if snap != "" { // deleted mid-suspend
 		s.dropSuspendSnapshot(ctx, sb.TeamID, snap)
 	}
 	s.log.Info("sandbox deleted", "sandbox_id", sb.ID)
@@ -703,7 +750,7 @@ func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	if sb.State == sandbox.Stopped && suspendedFrom(sb) != "" {
+	if sb.State == sandbox.Suspended {
 		s.resumeSuspended(w, r, sb)
 		return
 	}
@@ -750,15 +797,7 @@ func (s *Server) setRunning(w http.ResponseWriter, r *http.Request, run bool) {
 			return
 		}
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
-}
-
-// jsonUnmarshal decodes a stored JSON value; a failure is internal.
-func jsonUnmarshal(b []byte, v any) error {
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("stored record: %v: %w", err, errkind.Internal)
-	}
-	return nil
+	s.writeView(w, http.StatusOK, sb)
 }
 
 // workerNetwork is the worker's form of an API network policy.
@@ -795,5 +834,5 @@ func (s *Server) handleSetNetwork(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.view(updated))
+	s.writeView(w, http.StatusOK, updated)
 }

@@ -320,8 +320,11 @@ func (s *Server) handleSetSecrets(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	sp := specOf(sb)
+	sp, err := specOf(sb)
 	switch {
+	case err != nil:
+		httpapi.WriteError(w, err)
+		return
 	case sb.State != sandbox.Running:
 		httpapi.WriteError(w, fmt.Errorf("sandbox %s is %s (its guest gets the placeholders): %w", sb.ID, sb.State, errkind.FailedPrecondition))
 		return
@@ -356,7 +359,7 @@ func (s *Server) handleSetSecrets(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("sandbox secrets set", "sandbox_id", sb.ID, "secrets", len(grants))
-	httpapi.WriteJSON(w, http.StatusOK, s.view(updated))
+	s.writeView(w, http.StatusOK, updated)
 }
 
 // checkGrantNames checks the secret names of a PUT .../secrets.

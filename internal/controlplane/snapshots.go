@@ -27,14 +27,17 @@ type snapshotMeta struct {
 	ReadBytes int64 `json:"read_bytes,omitempty"`
 }
 
-func (s *Server) snapshotView(sn store.Snapshot) api.Snapshot {
-	var m snapshotMeta
-	json.Unmarshal(sn.Meta, &m)
+// snapshotView is the API's picture of a snapshot. One whose metadata
+// does not decode is shown without what only the metadata says (its
+// pause and read figures), and the error is returned for the caller to
+// report.
+func (s *Server) snapshotView(sn store.Snapshot) (api.Snapshot, error) {
+	m, err := metaOf(sn)
 	return api.Snapshot{
 		ID: sn.ID, Name: sn.Name, Team: sn.TeamID, SandboxID: sn.SandboxID, State: sn.State.String(),
 		Worker: sn.WorkerID, CreatedAt: sn.Created, LogicalBytes: sn.LogicalBytes, NewBytes: sn.NewBytes,
 		PausedMS: m.PausedMS, ReadBytes: m.ReadBytes,
-	}
+	}, err
 }
 
 // running returns the caller's sandbox named in the path if its VM runs
@@ -71,7 +74,8 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusCreated, s.snapshotView(sn))
+	v, _ := s.snapshotView(sn) // its metadata was just encoded
+	httpapi.WriteJSON(w, http.StatusCreated, v)
 }
 
 // reservedSnapshotName reports whether name is one only the server gives:
@@ -123,15 +127,19 @@ func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, 
 		return sn, errors.Join(err, s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID))
 	}
 	s.crash("api.snapshot.worker-done")
-	meta, _ := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes})
-	sn.LogicalBytes, sn.NewBytes, sn.Meta = info.LogicalBytes, info.StoredBytes, meta
-	if !fork {
-		sn.State = store.SnapshotReady
+	meta, err := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes})
+	if err != nil {
+		return sn, fmt.Errorf("snapshot %s: encode metadata: %w", sn.ID, err)
 	}
+	sn.LogicalBytes, sn.NewBytes, sn.Meta = info.LogicalBytes, info.StoredBytes, meta
 	if info.Chunked {
 		sn.NewBytes, sn.Manifest = info.NewBytes, sn.ID
 	}
-	sn, err = s.cfg.Store.UpdateSnapshot(ctx, sn)
+	if fork {
+		sn, err = s.cfg.Store.UpdateSnapshot(ctx, sn) // still creating
+	} else {
+		sn, err = s.setSnapshotState(ctx, sn, store.SnapshotReady)
+	}
 	if err != nil {
 		return sn, err
 	}
@@ -169,7 +177,12 @@ func (s *Server) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.snapshotView(sn))
+	v, err := s.snapshotView(sn)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, v)
 }
 
 func (s *Server) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
@@ -185,7 +198,11 @@ func (s *Server) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 	}
 	out := api.SnapshotList{Snapshots: make([]api.Snapshot, 0, len(all))}
 	for _, sn := range all {
-		out.Snapshots = append(out.Snapshots, s.snapshotView(sn))
+		v, err := s.snapshotView(sn)
+		if err != nil { // listed all the same, without its metadata's figures
+			s.log.Error("list snapshots: record does not decode", "snapshot_id", sn.ID, "err", err)
+		}
+		out.Snapshots = append(out.Snapshots, v)
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
@@ -215,9 +232,8 @@ func (s *Server) handleDeleteSnapshot(w http.ResponseWriter, r *http.Request) {
 // memory and disk.
 func (s *Server) deleteSnapshot(ctx context.Context, sn store.Snapshot) error {
 	if sn.State != store.SnapshotDeleting {
-		sn.State = store.SnapshotDeleting
 		var err error
-		if sn, err = s.cfg.Store.UpdateSnapshot(ctx, sn); err != nil {
+		if sn, err = s.setSnapshotState(ctx, sn, store.SnapshotDeleting); err != nil {
 			return err
 		}
 	}
@@ -233,6 +249,16 @@ func (s *Server) deleteSnapshot(ctx context.Context, sn store.Snapshot) error {
 		return err
 	}
 	return nil
+}
+
+// setSnapshotState records sn in state to (checked against the one
+// table), with compare-and-set on its version.
+func (s *Server) setSnapshotState(ctx context.Context, sn store.Snapshot, to store.SnapshotState) (store.Snapshot, error) {
+	if err := store.CheckSnapshot(sn.State, to); err != nil {
+		return sn, fmt.Errorf("snapshot %s: %w", sn.ID, err)
+	}
+	sn.State = to
+	return s.cfg.Store.UpdateSnapshot(ctx, sn)
 }
 
 func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
@@ -256,7 +282,12 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, &httpapi.FieldError{Field: "snapshot", Err: err})
 		return
 	}
-	if sn.WorkerID != sb.WorkerID && !chunked(sn) {
+	m, err := metaOf(sn)
+	if err != nil {
+		httpapi.WriteError(w, fmt.Errorf("restore: %w", err))
+		return
+	}
+	if sn.WorkerID != sb.WorkerID && !m.Chunked {
 		httpapi.WriteError(w, fmt.Errorf("snapshot %s is kept on worker %s, sandbox %s runs on %s: %w",
 			sn.ID, sn.WorkerID, sb.ID, sb.WorkerID, errkind.FailedPrecondition))
 		return
@@ -283,7 +314,7 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+	s.writeView(w, http.StatusOK, sb)
 }
 
 // maxForks bounds one fork call.
@@ -310,7 +341,12 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 	// them: the snapshot is then copied on that disk (a reflink where the
 	// file system can), never read into the chunk store. Otherwise they
 	// go wherever there is room, through the chunk store.
-	local := hasRoom(ctx, wk, sb.Spec, req.Count)
+	sp, err := specOf(sb)
+	if err != nil {
+		httpapi.WriteError(w, fmt.Errorf("fork: %w", err))
+		return
+	}
+	local := hasRoom(ctx, wk, sp, req.Count)
 	id := store.NewSnapshotID()
 	defer s.claim(id)() // until the snapshot is gone (deferred below)
 	sn, err := s.takeSnapshot(ctx, sb, wk, id, "", local, true)
@@ -319,41 +355,87 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The children own copies of everything: the snapshot goes when they
-	// are made.
+	// are made (or removed).
 	defer func() {
 		if err := s.deleteSnapshot(ctx, sn); err != nil {
 			s.log.Warn("remove fork snapshot", "snapshot_id", sn.ID, "err", err)
 		}
 	}()
-	out := api.SandboxList{Sandboxes: []api.Sandbox{}}
+	var children []store.Sandbox
 	for i := range req.Count {
 		// The last child of a local fork takes the snapshot's files
 		// rather than copies of them.
 		child, err := s.createFrom(ctx, sb.TeamID, sn, sb.Labels, local && i == req.Count-1)
 		if err != nil {
-			httpapi.WriteError(w, fmt.Errorf("fork %d of %d: %w", len(out.Sandboxes)+1, req.Count, err))
+			httpapi.WriteError(w, s.unfork(ctx, children, i+1, req.Count, err))
 			return
 		}
-		out.Sandboxes = append(out.Sandboxes, s.view(child))
+		children = append(children, child)
 		s.crash("api.fork.child-created")
 	}
-	s.log.Info("sandbox forked", "sandbox_id", sb.ID, "children", req.Count, "local", !chunked(sn),
+	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(children))}
+	for _, child := range children {
+		v, err := s.view(child)
+		if err != nil {
+			httpapi.WriteError(w, s.unfork(ctx, children, 0, req.Count, err))
+			return
+		}
+		out.Sandboxes = append(out.Sandboxes, v)
+	}
+	// Deleting marks the fork complete: from here on Reconcile removes
+	// only the snapshot, never the children it answers with.
+	done, err := s.setSnapshotState(ctx, sn, store.SnapshotDeleting)
+	if err != nil {
+		httpapi.WriteError(w, s.unfork(ctx, children, 0, req.Count, err))
+		return
+	}
+	sn = done
+	s.log.Info("sandbox forked", "sandbox_id", sb.ID, "children", req.Count, "local", local,
 		"snapshot_ms", sn.Updated.Sub(t0).Milliseconds(), "total_ms", s.now().Sub(t0).Milliseconds())
 	httpapi.WriteJSON(w, http.StatusCreated, out)
 	// The children run: answer before the snapshot goes (deferred above).
 	http.NewResponseController(w).Flush()
 }
 
+// unfork removes the children a fork of n made before child k failed
+// with cause (k 0: the fork failed after making them all), through the
+// normal delete path, and returns cause saying so; if a removal fails
+// too, the error names the children that remain.
+func (s *Server) unfork(ctx context.Context, children []store.Sandbox, k, n int, cause error) error {
+	what, made := fmt.Sprintf("fork %d of %d", k, n), "made before it"
+	if k == 0 {
+		what, made = fmt.Sprintf("fork of %d", n), "it made"
+	}
+	if len(children) == 0 {
+		return fmt.Errorf("%s: %w", what, cause)
+	}
+	var (
+		errs   []error
+		remain []string
+	)
+	for _, child := range children {
+		if err := s.delete(ctx, child); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", child.ID, err))
+			remain = append(remain, child.ID)
+		}
+	}
+	if len(remain) == 0 {
+		return fmt.Errorf("%s (the %d sandboxes %s were removed): %w", what, len(children), made, cause)
+	}
+	return fmt.Errorf("%s (%d of the %d sandboxes %s remain: %s; %v): %w",
+		what, len(remain), len(children), made, strings.Join(remain, ", "), errors.Join(errs...), cause)
+}
+
 // createFrom creates a sandbox of team from snapshot sn with the
-// snapshot's resources; take spends the snapshot on it (placement.take;
+// snapshot's resources, as a child of the fork that took it; take spends the snapshot on it (placement.take;
 // the worker ignores it for a chunked snapshot, whose copy there is a
 // cache).
 func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot, labels map[string]string, take bool) (store.Sandbox, error) {
-	var m snapshotMeta
-	if err := json.Unmarshal(sn.Meta, &m); err != nil {
-		return store.Sandbox{}, fmt.Errorf("snapshot %s: metadata: %v: %w", sn.ID, err, errkind.Internal)
+	m, err := metaOf(sn)
+	if err != nil {
+		return store.Sandbox{}, err
 	}
-	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(s.cfg.Limits.DefaultTTL.Seconds())}
+	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(s.cfg.Limits.DefaultTTL.Seconds()), Fork: sn.ID}
 	pl, err := s.snapshotPlacement(sn)
 	if err != nil {
 		return store.Sandbox{}, err
@@ -366,7 +448,11 @@ func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot,
 // that took it, or, for a chunked snapshot, wherever there is room (the
 // worker fetches it from the chunk store).
 func (s *Server) snapshotPlacement(sn store.Snapshot) (placement, error) {
-	if chunked(sn) {
+	m, err := metaOf(sn)
+	if err != nil {
+		return placement{}, err
+	}
+	if m.Chunked {
 		return placement{snapshot: sn.ID}, nil
 	}
 	wk, err := s.worker(sn.WorkerID)
@@ -376,19 +462,10 @@ func (s *Server) snapshotPlacement(sn store.Snapshot) (placement, error) {
 	return placement{worker: wk, snapshot: sn.ID}, nil
 }
 
-// hasRoom reports whether wk can take n more sandboxes of specJSON now.
-func hasRoom(ctx context.Context, wk Worker, specJSON []byte, n int) bool {
-	var sp spec
-	if err := json.Unmarshal(specJSON, &sp); err != nil {
-		return false
-	}
+// hasRoom reports whether wk can take n more sandboxes of sp now.
+func hasRoom(ctx context.Context, wk Worker, sp spec, n int) bool {
 	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	st, err := wk.Status(sctx)
 	return err == nil && st.VCPUs-st.UsedVCPUs >= n*sp.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= int64(n)*sp.MemoryMiB
-}
-
-func chunked(sn store.Snapshot) bool {
-	var m snapshotMeta
-	return json.Unmarshal(sn.Meta, &m) == nil && m.Chunked
 }

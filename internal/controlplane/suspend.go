@@ -17,7 +17,8 @@ import (
 // handleSuspend snapshots a sandbox into the chunk store and stops its VM,
 // freeing the worker's memory; resume starts it again from the snapshot,
 // on any worker. Steps, each persisted before the next: snapshot taken;
-// record stopping with the snapshot named; VM destroyed; record stopped.
+// record stopping with the snapshot named; VM destroyed; record
+// suspended (the snapshot still named).
 func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request) {
 	sb, wk, err := s.running(r)
 	if err != nil {
@@ -30,7 +31,7 @@ func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+	s.writeView(w, http.StatusOK, sb)
 }
 
 // suspend snapshots sb to the chunk store and stops its VM. The caller
@@ -40,7 +41,11 @@ func (s *Server) suspend(ctx context.Context, sb store.Sandbox, wk Worker) (stor
 	if err != nil {
 		return sb, err
 	}
-	if !chunked(sn) {
+	m, err := metaOf(sn)
+	if err != nil {
+		return sb, errors.Join(fmt.Errorf("suspend %s: %w", sb.ID, err), s.deleteSnapshot(ctx, sn))
+	}
+	if !m.Chunked {
 		return sb, errors.Join(
 			fmt.Errorf("suspend %s: its worker keeps snapshots only on its own disk: %w", sb.ID, errkind.FailedPrecondition),
 			s.deleteSnapshot(ctx, sn))
@@ -57,8 +62,12 @@ func (s *Server) suspend(ctx context.Context, sb store.Sandbox, wk Worker) (stor
 }
 
 // finishSuspend destroys the VM of a sandbox whose suspend snapshot is
-// recorded, and records it stopped (no worker: it may resume anywhere).
+// recorded, and records it suspended (no worker: it may resume anywhere).
 func (s *Server) finishSuspend(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	sp, err := specOf(sb)
+	if err != nil {
+		return sb, fmt.Errorf("suspend: %w", err)
+	}
 	if sb.WorkerID != "" {
 		wk, err := s.worker(sb.WorkerID)
 		if err != nil {
@@ -71,15 +80,14 @@ func (s *Server) finishSuspend(ctx context.Context, sb store.Sandbox) (store.San
 			return sb, err
 		}
 	}
-	suspends := specOf(sb).OnTimeout == onTimeoutSuspend
-	sb, err := s.transition(ctx, sb, sandbox.Stopped, func(rec *store.Sandbox) {
+	sb, err = s.transition(ctx, sb, sandbox.Suspended, func(rec *store.Sandbox) {
 		rec.WorkerID = ""
-		if suspends {
+		if sp.OnTimeout == onTimeoutSuspend {
 			rec.Expires = time.Time{} // it waits, suspended, for a resume
 		}
 	})
 	if err == nil {
-		s.adjustUsage(sb.TeamID, sb.Spec, -1)
+		s.adjustUsage(sb.TeamID, sp, -1)
 	}
 	return sb, err
 }
@@ -89,15 +97,19 @@ func (s *Server) finishSuspend(ctx context.Context, sb store.Sandbox) (store.San
 func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb store.Sandbox) {
 	ctx := context.WithoutCancel(r.Context())
 	defer s.claim(sb.ID)()
-	snap := suspendedFrom(sb)
-	var sp spec
-	if err := jsonUnmarshal(sb.Spec, &sp); err != nil {
-		httpapi.WriteError(w, err)
+	snap, err := suspendedFrom(sb)
+	if err != nil {
+		httpapi.WriteError(w, fmt.Errorf("resume: %w", err))
+		return
+	}
+	sp, err := specOf(sb)
+	if err != nil {
+		httpapi.WriteError(w, fmt.Errorf("resume: %w", err))
 		return
 	}
 	lock := s.teamLock(sb.TeamID)
 	lock.Lock()
-	err := s.checkQuota(ctx, sb.TeamID, sp)
+	err = s.checkQuota(ctx, sb.TeamID, sp)
 	var wk Worker
 	if err == nil {
 		wk, err = s.place(ctx, s.healthyWorkers(), sp.Spec)
@@ -111,7 +123,7 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 		})
 	}
 	if err == nil {
-		s.adjustUsage(sb.TeamID, sb.Spec, 1)
+		s.adjustUsage(sb.TeamID, sp, 1)
 	}
 	lock.Unlock()
 	if err != nil {
@@ -136,7 +148,7 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 	}
 	s.dropSuspendSnapshot(ctx, sb.TeamID, snap)
 	s.log.Info("sandbox resumed", "sandbox_id", sb.ID, "worker_id", wk.ID())
-	httpapi.WriteJSON(w, http.StatusOK, s.view(sb))
+	s.writeView(w, http.StatusOK, sb)
 }
 
 // unresume puts a sandbox whose resume failed back to suspended.

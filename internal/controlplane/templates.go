@@ -67,14 +67,46 @@ func parseTemplateRef(ref string) (name string, version int, err error) {
 	return name, version, nil
 }
 
-func (s *Server) templateView(t store.Template) api.Template {
-	var m templateMeta
-	json.Unmarshal(t.Meta, &m)
+// templateView is the API's picture of a template version. One whose
+// metadata does not decode is shown without what only the metadata says
+// (with an error saying so), and the error is returned for the caller to
+// report.
+func (s *Server) templateView(t store.Template) (api.Template, error) {
+	m, err := templateMetaOf(t)
+	if err != nil {
+		m.Error = "its stored metadata does not decode; delete it and build again"
+	}
 	return api.Template{
 		Name: t.Name, Version: t.Version, State: string(t.State), Image: m.Spec.Template, Snapshot: t.SnapshotID,
 		VCPUs: m.Spec.VCPUs, MemoryMiB: m.Spec.MemoryMiB, DiskMiB: m.Spec.DiskMiB, Env: m.Spec.Env,
 		Workdir: m.Spec.Workdir, User: m.Spec.User, Start: m.Start, Report: m.Report, Error: m.Error, CreatedAt: t.Created,
+	}, err
+}
+
+// templateViews pictures every version in all; one whose metadata does
+// not decode is listed all the same, and logged.
+func (s *Server) templateViews(out []api.Template, all []store.Template) []api.Template {
+	for _, t := range all {
+		v, err := s.templateView(t)
+		if err != nil {
+			s.log.Error("list templates: record does not decode", "template", templateRef(t.Name, t.Version), "team", t.TeamID, "err", err)
+		}
+		out = append(out, v)
 	}
+	return out
+}
+
+// setTemplateState records t in state to (checked against the one
+// table), applying edit, with compare-and-set on its version.
+func (s *Server) setTemplateState(ctx context.Context, t store.Template, to store.TemplateState, edit func(*store.Template)) (store.Template, error) {
+	if err := store.CheckTemplate(t.State, to); err != nil {
+		return t, fmt.Errorf("template %s: %w", templateRef(t.Name, t.Version), err)
+	}
+	t.State = to
+	if edit != nil {
+		edit(&t)
+	}
+	return s.cfg.Store.UpdateTemplate(ctx, t)
 }
 
 // builtinViews are the server's own templates (the default first).
@@ -94,10 +126,7 @@ func (s *Server) handleListTemplates(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	out := api.TemplateList{Templates: s.builtinViews()}
-	for _, t := range all {
-		out.Templates = append(out.Templates, s.templateView(t))
-	}
+	out := api.TemplateList{Templates: s.templateViews(s.builtinViews(), all)}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
@@ -129,10 +158,7 @@ func (s *Server) handleGetTemplate(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	out := api.TemplateList{Templates: []api.Template{}}
-	for _, t := range all {
-		out.Templates = append(out.Templates, s.templateView(t))
-	}
+	out := api.TemplateList{Templates: s.templateViews([]api.Template{}, all)}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
@@ -194,9 +220,8 @@ func (s *Server) handleDeleteTemplate(w http.ResponseWriter, r *http.Request) {
 // then runs its last steps again rather than bringing the version back.
 func (s *Server) deleteTemplate(ctx context.Context, t store.Template) error {
 	if t.State != store.TemplateDeleting {
-		t.State = store.TemplateDeleting
 		var err error
-		if t, err = s.cfg.Store.UpdateTemplate(ctx, t); err != nil {
+		if t, err = s.setTemplateState(ctx, t, store.TemplateDeleting, nil); err != nil {
 			return err
 		}
 	}
@@ -253,9 +278,9 @@ func (s *Server) fromTemplate(ctx context.Context, team, ref string, b createBod
 	if t.State != store.TemplateReady {
 		return spec{}, placement{}, &httpapi.FieldError{Field: "template", Err: fmt.Errorf("template %s is %s: %w", templateRef(t.Name, t.Version), t.State, errkind.FailedPrecondition)}
 	}
-	var m templateMeta
-	if err := json.Unmarshal(t.Meta, &m); err != nil {
-		return spec{}, placement{}, fmt.Errorf("template %s: metadata: %v: %w", ref, err, errkind.Internal)
+	m, err := templateMetaOf(t)
+	if err != nil {
+		return spec{}, placement{}, err
 	}
 	switch {
 	case b.ColdBoot:
@@ -395,12 +420,16 @@ func (s *Server) handleBuildTemplate(w http.ResponseWriter, r *http.Request) {
 			DiskMiB: res.Resources.DiskMiB, Env: res.Env, Workdir: res.Workdir, User: res.User},
 		Start: res.Start, Report: &res.Report,
 	}
-	t.State, t.Key, t.SnapshotID = store.TemplateReady, res.Key, res.SnapshotID
+	to, key, snap := store.TemplateReady, res.Key, res.SnapshotID
 	if berr != nil {
-		t.State, t.Key, t.SnapshotID, m.Error = store.TemplateFailed, "", "", berr.Error()
+		to, key, snap, m.Error = store.TemplateFailed, "", "", berr.Error()
 	}
-	t.Meta, _ = json.Marshal(m)
-	t, err = s.cfg.Store.UpdateTemplate(context.WithoutCancel(ctx), t)
+	meta, err := json.Marshal(m)
+	if err == nil {
+		t, err = s.setTemplateState(context.WithoutCancel(ctx), t, to, func(t *store.Template) {
+			t.Key, t.SnapshotID, t.Meta = key, snap, meta
+		})
+	}
 	if err = errors.Join(berr, err); err != nil {
 		s.log.Warn("template build failed", "template", templateRef(name, t.Version), "team", c.team, "err", err)
 		body := httpapi.Body(err)
@@ -409,7 +438,7 @@ func (s *Server) handleBuildTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("template built", "template", templateRef(name, t.Version), "team", c.team,
 		"executed", res.Report.Executed, "cached", res.Report.Cached, "duration_ms", res.Report.DurationMS)
-	v := s.templateView(t)
+	v, _ := s.templateView(t) // its metadata was just encoded
 	send(api.BuildEvent{Type: "done", Template: &v, Report: &res.Report})
 }
 
@@ -444,9 +473,11 @@ func (s *Server) reconcileTemplates(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("settle template %s: build sandbox %s: %w", ref, sb.ID, err))
 			}
 		}
-		t.State = store.TemplateFailed
-		t.Meta, _ = json.Marshal(templateMeta{Error: "the build was interrupted (the server stopped); build again"})
-		if _, err := s.cfg.Store.UpdateTemplate(ctx, t); err != nil && !errors.Is(err, store.ErrVersionConflict) {
+		meta, err := json.Marshal(templateMeta{Error: "the build was interrupted (the server stopped); build again"})
+		if err == nil {
+			_, err = s.setTemplateState(ctx, t, store.TemplateFailed, func(t *store.Template) { t.Meta = meta })
+		}
+		if err != nil && !errors.Is(err, store.ErrVersionConflict) {
 			errs = append(errs, fmt.Errorf("settle template %s: %w", ref, err))
 		}
 	}
@@ -536,9 +567,9 @@ func (b *buildSandboxes) Restore(ctx context.Context, snapshotID string, allow [
 	if err != nil {
 		return nil, err
 	}
-	var m snapshotMeta
-	if err := json.Unmarshal(sn.Meta, &m); err != nil {
-		return nil, fmt.Errorf("snapshot %s: metadata: %v: %w", sn.ID, err, errkind.Internal)
+	m, err := metaOf(sn)
+	if err != nil {
+		return nil, err
 	}
 	pl, err := b.s.snapshotPlacement(sn)
 	if err != nil {

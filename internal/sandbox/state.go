@@ -20,14 +20,17 @@ const (
 	Creating State = "creating" // VM being set up (or replaced by a restore); a crash here rolls back or completes
 	Running  State = "running"  // the VM runs and its agent answers
 	Paused   State = "paused"   // vCPUs stopped; memory kept
-	Stopping State = "stopping" // being torn down (rm, TTL expiry)
+	Stopping State = "stopping" // being torn down (rm, TTL expiry, suspend)
 	Stopped  State = "stopped"  // no VM; the record (and snapshots) remain
-	Failed   State = "failed"   // a create or the VM failed; resources released
-	Deleted  State = "deleted"  // gone; kept only as a tombstone
+	// Suspended: no VM; a snapshot in the chunk store holds its memory and
+	// disk, and a resume starts it again from there, on any worker.
+	Suspended State = "suspended"
+	Failed    State = "failed"  // a create or the VM failed; resources released
+	Deleted   State = "deleted" // gone; kept only as a tombstone
 )
 
 // States lists every state.
-var States = []State{Creating, Running, Paused, Stopping, Stopped, Failed, Deleted}
+var States = []State{Creating, Running, Paused, Stopping, Stopped, Suspended, Failed, Deleted}
 
 func (s State) String() string { return string(s) }
 
@@ -39,13 +42,14 @@ func (s State) Valid() bool {
 
 // transitions is the table: from each state, the states that may follow.
 var transitions = map[State][]State{
-	Creating: {Running, Failed, Stopping},
-	Running:  {Paused, Stopping, Failed, Creating}, // Creating: restored from a snapshot in place
-	Paused:   {Running, Stopping, Failed, Creating},
-	Stopping: {Stopped, Deleted, Failed},
-	Stopped:  {Creating, Deleted},
-	Failed:   {Stopping, Deleted},
-	Deleted:  {},
+	Creating:  {Running, Failed, Stopping},
+	Running:   {Paused, Stopping, Failed, Creating}, // Creating: restored from a snapshot in place
+	Paused:    {Running, Stopping, Failed, Creating},
+	Stopping:  {Stopped, Suspended, Deleted, Failed}, // Suspended: a suspend's VM is gone
+	Stopped:   {Creating, Deleted},
+	Suspended: {Creating, Deleted}, // Creating: a resume
+	Failed:    {Stopping, Deleted},
+	Deleted:   {},
 }
 
 // ErrTransition is returned by Check for a transition the table forbids.

@@ -19,6 +19,13 @@ func TestCheck(t *testing.T) {
 		{Stopping, Deleted, nil},
 		{Stopped, Creating, nil}, // restart from the last snapshot
 		{Deleted, Running, ErrTransition},
+		{Stopping, Suspended, nil}, // a suspend destroyed the VM
+		{Suspended, Creating, nil}, // resume
+		{Suspended, Deleted, nil},
+		{Suspended, Running, ErrTransition}, // a resume creates first
+		{Suspended, Stopping, ErrTransition},
+		{Running, Suspended, ErrTransition}, // a suspend stops first
+		{Suspended, Stopped, ErrTransition},
 		{Running, Creating, nil}, // restore in place
 		{Deleted, Creating, ErrTransition},
 		{Paused, Paused, ErrTransition},

@@ -705,7 +705,7 @@ func TestIdleSuspend(t *testing.T) {
 	var got api.Sandbox
 	testenv.Eventually(t, time.Minute, func() bool {
 		got, err = c.Sandbox(ctx, sb.ID)
-		return err == nil && got.State == "stopped" && got.SuspendedSnapshot != ""
+		return err == nil && got.State == "suspended" && got.SuspendedSnapshot != ""
 	})
 	if got.ExpiresAt != nil {
 		t.Errorf("a sandbox suspended on its idle timeout expires at %v, want never", got.ExpiresAt)

@@ -162,7 +162,7 @@ func TestSnapshotRestoreForkAPI(t *testing.T) {
 	cur, _ := c.Sandbox(ctx, a.ID)
 	c0 := count(a.ID)
 	susp, err := c.SuspendSandbox(ctx, a.ID)
-	if err != nil || susp.State != "stopped" || susp.SuspendedSnapshot == "" || susp.VM != nil {
+	if err != nil || susp.State != "suspended" || susp.SuspendedSnapshot == "" || susp.VM != nil {
 		t.Fatalf("SuspendSandbox = %+v, %v", susp, err)
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return syscall.Kill(cur.VM.PID, 0) != nil })

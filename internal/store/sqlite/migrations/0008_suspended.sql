@@ -1,0 +1,26 @@
+-- A suspended sandbox has its own state, 'suspended' (it was 'stopped'
+-- with the snapshot in its handle; the control plane still reads such a
+-- record as suspended, so the rows are kept as they are). SQLite cannot
+-- change a CHECK constraint in place: the table is rebuilt. No table
+-- refers to sandboxes, so dropping the old one breaks no foreign key.
+CREATE TABLE sandboxes_new (
+	id         TEXT PRIMARY KEY,
+	team_id    TEXT NOT NULL REFERENCES teams (id),
+	template   TEXT NOT NULL,
+	state      TEXT NOT NULL CHECK (state IN ('creating', 'running', 'paused', 'stopping', 'stopped', 'suspended', 'failed', 'deleted')),
+	worker_id  TEXT NOT NULL,            -- '' before placement
+	spec       BLOB NOT NULL,            -- opaque JSON
+	handle     BLOB,                     -- opaque JSON or NULL
+	labels     TEXT NOT NULL,            -- JSON object
+	created_us INTEGER NOT NULL,
+	updated_us INTEGER NOT NULL,
+	expires_us INTEGER,                  -- NULL for no expiry
+	version    INTEGER NOT NULL
+) STRICT;
+INSERT INTO sandboxes_new (id, team_id, template, state, worker_id, spec, handle, labels, created_us, updated_us, expires_us, version)
+	SELECT id, team_id, template, state, worker_id, spec, handle, labels, created_us, updated_us, expires_us, version FROM sandboxes;
+DROP TABLE sandboxes;
+ALTER TABLE sandboxes_new RENAME TO sandboxes;
+CREATE INDEX sandboxes_team ON sandboxes (team_id, created_us);
+CREATE INDEX sandboxes_worker ON sandboxes (worker_id) WHERE worker_id <> '';
+CREATE INDEX sandboxes_expires ON sandboxes (expires_us) WHERE expires_us IS NOT NULL;
