@@ -50,7 +50,7 @@ func TestUpgradeAddsTeamQuota(t *testing.T) {
 		t.Fatalf("Open() of a version 1 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	want := store.Team{ID: "t1", Name: "old", Created: created}
@@ -86,10 +86,13 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("setup: CreateTeam: %v", err)
 	}
-	sb, err := old.CreateSandbox(ctx, store.Sandbox{ID: store.NewSandboxID(), TeamID: "t1", Template: "base",
-		State: store.StateRunning, Spec: json.RawMessage(`{}`)})
-	if err != nil {
-		t.Fatalf("setup: CreateSandbox: %v", err)
+	// The sandbox goes in by hand: CreateSandbox writes the newest schema.
+	sb := store.Sandbox{ID: store.NewSandboxID(), TeamID: "t1", Template: "base", State: store.StateRunning,
+		Spec: json.RawMessage(`{"vcpus":2,"memory_mib":512}`), Created: time.UnixMicro(2000000).UTC(), Updated: time.UnixMicro(2000000).UTC(),
+		Version: 1, VCPUs: 2, MemoryMiB: 512} // the quota columns, backfilled from the spec
+	if _, err := old.pool.Exec(ctx, `INSERT INTO sandboxes (id, team_id, template, state, worker_id, spec, labels, created, updated, version)
+		VALUES ($1, 't1', 'base', 'running', '', $2, '{}', $3, $3, 1)`, sb.ID, []byte(sb.Spec), sb.Created); err != nil {
+		t.Fatalf("setup: insert sandbox: %v", err)
 	}
 	old.Close()
 
@@ -98,7 +101,7 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 		t.Fatalf("Open() of a version 2 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Team(ctx, "t1"); err != nil {
@@ -151,7 +154,7 @@ func TestUpgradeAddsTemplates(t *testing.T) {
 		t.Fatalf("Open() of a version 3 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Snapshot(ctx, "t1", sn.ID); err != nil {
@@ -200,7 +203,7 @@ func TestUpgradeAddsSecrets(t *testing.T) {
 		t.Fatalf("Open() of a version 4 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Template(ctx, "t1", "base", 1); err != nil {
@@ -246,7 +249,7 @@ func TestUpgradeAddsEgressLogs(t *testing.T) {
 		t.Fatalf("Open() of a version 5 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Secret(ctx, "t1", "token"); err != nil {

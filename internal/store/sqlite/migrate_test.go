@@ -36,7 +36,7 @@ func TestMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open() = %v", err)
 	}
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after first Open (-want +got):\n%s", diff)
 	}
 	var mode string
@@ -68,7 +68,7 @@ func TestReopenAppliesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open() = %v", err)
 		}
-		if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+		if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 			t.Errorf("schema versions (-want +got):\n%s", diff)
 		}
 		s.Close()
@@ -100,7 +100,7 @@ func TestUpgradeAddsTeamQuota(t *testing.T) {
 		t.Fatalf("Open() of a version 1 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	want := store.Team{ID: "t1", Name: "old", Created: fromMicros(1000000)}
@@ -136,10 +136,13 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("setup: CreateTeam: %v", err)
 	}
-	sb, err := old.CreateSandbox(ctx, store.Sandbox{ID: store.NewSandboxID(), TeamID: "t1", Template: "base",
-		State: store.StateRunning, Spec: json.RawMessage(`{}`)})
-	if err != nil {
-		t.Fatalf("setup: CreateSandbox: %v", err)
+	// The sandbox goes in by hand: CreateSandbox writes the newest schema.
+	sb := store.Sandbox{ID: store.NewSandboxID(), TeamID: "t1", Template: "base", State: store.StateRunning,
+		Spec: json.RawMessage(`{"vcpus":2,"memory_mib":512}`), Created: fromMicros(2000000), Updated: fromMicros(2000000),
+		Version: 1, VCPUs: 2, MemoryMiB: 512} // the quota columns, backfilled from the spec
+	if _, err := old.w.ExecContext(ctx, `INSERT INTO sandboxes (id, team_id, template, state, worker_id, spec, labels, created_us, updated_us, version)
+		VALUES (?, 't1', 'base', 'running', '', ?, '{}', 2000000, 2000000, 1)`, sb.ID, []byte(sb.Spec)); err != nil {
+		t.Fatalf("setup: insert sandbox: %v", err)
 	}
 	if err := old.Close(); err != nil {
 		t.Fatalf("setup: close: %v", err)
@@ -150,7 +153,7 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 		t.Fatalf("Open() of a version 2 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Team(ctx, "t1"); err != nil {
@@ -205,7 +208,7 @@ func TestUpgradeAddsTemplates(t *testing.T) {
 		t.Fatalf("Open() of a version 3 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Snapshot(ctx, "t1", sn.ID); err != nil {
@@ -256,7 +259,7 @@ func TestUpgradeAddsSecrets(t *testing.T) {
 		t.Fatalf("Open() of a version 4 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Template(ctx, "t1", "base", 1); err != nil {
@@ -304,7 +307,7 @@ func TestUpgradeAddsEgressLogs(t *testing.T) {
 		t.Fatalf("Open() of a version 5 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Secret(ctx, "t1", "token"); err != nil {
