@@ -6,9 +6,11 @@ import (
 	"encoding/base32"
 	"encoding/json"
 	"fmt"
-	"space/internal/sandbox"
 	"strings"
 	"time"
+
+	"space/internal/errkind"
+	"space/internal/sandbox"
 )
 
 // Team owns API keys and sandboxes.
@@ -70,6 +72,115 @@ type Sandbox struct {
 	Expires time.Time         // or zero for no expiry
 	// Version counts writes; UpdateSandbox compares it before writing.
 	Version int64
+	// VCPUs and MemoryMiB are what the sandbox counts against its team's
+	// quota (see [Quotas]): at least 0, set by CreateSandbox and never
+	// changed (UpdateSandbox ignores them).
+	VCPUs     int
+	MemoryMiB int64
+}
+
+// NotLive lists the sandbox states that do not count against a team's
+// quota: the sandbox holds no VM and no worker capacity. "suspended" is
+// the state of a sandbox kept only as a snapshot.
+var NotLive = []SandboxState{StateDeleted, StateFailed, StateStopped, SandboxState("suspended")}
+
+// Live reports whether a sandbox in state s counts against its team's
+// quota: whether s is not in NotLive.
+func Live(s SandboxState) bool {
+	for _, v := range NotLive {
+		if s == v {
+			return false
+		}
+	}
+	return true
+}
+
+// Quota limits what a team's live sandboxes use (the fields of api.Quota
+// the store enforces). A zero field is unlimited.
+type Quota struct {
+	Sandboxes int
+	VCPUs     int
+	MemoryMiB int64
+}
+
+// Usage is what a team's live sandboxes use.
+type Usage struct {
+	Sandboxes int
+	VCPUs     int
+	MemoryMiB int64
+}
+
+// Admit returns nil if u plus sb fits q, and otherwise an error wrapping
+// errkind.ResourceExhausted that names team and the first limit sb would
+// exceed. A sandbox in a state that is not live always fits.
+func (q Quota) Admit(team string, u Usage, sb *Sandbox) error {
+	if !Live(sb.State) {
+		return nil
+	}
+	switch {
+	case q.Sandboxes > 0 && u.Sandboxes+1 > q.Sandboxes:
+		return fmt.Errorf("team %s quota: %d of %d sandboxes in use: %w", team, u.Sandboxes, q.Sandboxes, errkind.ResourceExhausted)
+	case q.VCPUs > 0 && u.VCPUs+sb.VCPUs > q.VCPUs:
+		return fmt.Errorf("team %s quota: %d of %d vcpus in use, %d more requested: %w", team, u.VCPUs, q.VCPUs, sb.VCPUs, errkind.ResourceExhausted)
+	case q.MemoryMiB > 0 && u.MemoryMiB+sb.MemoryMiB > q.MemoryMiB:
+		return fmt.Errorf("team %s quota: %d of %d MiB of memory in use, %d more requested: %w", team, u.MemoryMiB, q.MemoryMiB, sb.MemoryMiB, errkind.ResourceExhausted)
+	}
+	return nil
+}
+
+// Validate checks q; errors wrap ErrInvalid.
+func (q Quota) Validate() error {
+	if q.Sandboxes < 0 || q.VCPUs < 0 || q.MemoryMiB < 0 {
+		return invalid("negative quota %+v", q)
+	}
+	return nil
+}
+
+// Lease is a holder's claim on a name until Expires (see [Leases]).
+type Lease struct {
+	Name   string
+	Holder string
+	// Token is the fencing token: it grows with every new acquisition of
+	// any name and is never reused, so a later holder of Name always has a
+	// higher one. Renewals keep it.
+	Token int64
+	// Acquired is when this token was handed out, Expires when the lease
+	// ends unless renewed: both by the database's clock.
+	Acquired time.Time
+	Expires  time.Time
+	// Expired reports, in what ListLeases returns, whether Expires had
+	// passed by the database's clock when it was read. A lease just
+	// acquired or renewed has it false.
+	Expired bool
+}
+
+// ValidateLease checks a lease name, holder and ttl; errors wrap
+// ErrInvalid.
+func ValidateLease(name, holder string, ttl time.Duration) error {
+	if !validLeaseWord(name) {
+		return invalid("lease name %.100q", name)
+	}
+	if !validLeaseWord(holder) {
+		return invalid("lease %s: holder %.100q", name, holder)
+	}
+	if ttl < time.Millisecond {
+		return invalid("lease %s: ttl %v, want at least 1ms", name, ttl)
+	}
+	return nil
+}
+
+// validLeaseWord reports whether w is 1 to 256 bytes of printable ASCII
+// other than space.
+func validLeaseWord(w string) bool {
+	if w == "" || len(w) > maxNameLen {
+		return false
+	}
+	for i := range len(w) {
+		if w[i] < 0x21 || w[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // Filter selects sandboxes in ListSandboxes. The zero Filter matches all.
@@ -233,6 +344,12 @@ type Worker struct {
 	VCPUs         int    // capacity
 	MemoryMiB     int64  // capacity
 	LastHeartbeat time.Time
+	// Protocol is the version of the worker protocol it speaks, or 0 if
+	// it did not say.
+	Protocol int
+	// Capabilities describes what the worker can do (hypervisors, features):
+	// opaque JSON of at most 64 KiB, or nil.
+	Capabilities json.RawMessage
 }
 
 const (
@@ -254,6 +371,7 @@ const (
 	maxHeaderLen    = 256
 	maxFormatLen    = 1 << 10 // bytes
 	maxLogIDLen     = 200
+	maxCapabilities = 64 << 10 // bytes
 )
 
 // MaxSealedSecret bounds [Secret.Sealed]: a value of 64 KiB and the
@@ -415,6 +533,9 @@ func (sb *Sandbox) Validate() error {
 	if err := validateLabels(sb.Labels); err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
+	if sb.VCPUs < 0 || sb.MemoryMiB < 0 {
+		return invalid("sandbox %s: negative resources", sb.ID)
+	}
 	return nil
 }
 
@@ -529,6 +650,15 @@ func (w *Worker) Validate() error {
 	}
 	if w.LastHeartbeat.IsZero() {
 		return invalid("worker %s: zero heartbeat time", w.ID)
+	}
+	if w.Protocol < 0 {
+		return invalid("worker %s: negative protocol %d", w.ID, w.Protocol)
+	}
+	if len(w.Capabilities) > maxCapabilities {
+		return invalid("worker %s: capabilities longer than %d bytes", w.ID, maxCapabilities)
+	}
+	if w.Capabilities != nil && !json.Valid(w.Capabilities) {
+		return invalid("worker %s: capabilities are not valid json", w.ID)
 	}
 	return nil
 }

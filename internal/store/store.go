@@ -33,6 +33,13 @@ var (
 	ErrVersionConflict = fmt.Errorf("version conflict: %w", errkind.Conflict)
 	// ErrInvalid is returned for malformed input; nothing is written.
 	ErrInvalid = fmt.Errorf("invalid argument: %w", errkind.InvalidArgument)
+	// ErrLeaseLost is returned by RenewLease and by the writes of
+	// [Store.Fenced] when the lease is no longer the caller's: it was
+	// released, or it expired and another holder acquired it. It wraps
+	// errkind.FailedPrecondition: retrying the same call cannot succeed;
+	// the caller must stop the work the lease covered (or acquire the name
+	// again, re-read what it works on and start over).
+	ErrLeaseLost = fmt.Errorf("lease lost: %w", errkind.FailedPrecondition)
 )
 
 // Store is the control plane's state. Implementations are safe for
@@ -49,6 +56,18 @@ type Store interface {
 	Secrets
 	EgressLogs
 	Workers
+	Leases
+	Quotas
+	// Fenced returns the writes that commit only while l is still held:
+	// each one checks, in the same transaction as its write, that the
+	// lease l.Name exists with token l.Token and has not expired (by the
+	// database's clock), and otherwise returns ErrLeaseLost and writes
+	// nothing. A replica that lost its claim (it stalled past the expiry
+	// and another took the name over with a higher token) therefore cannot
+	// overwrite what the new holder does. The lease need not name the
+	// record written: the leader's lease fences every write of the
+	// leader's background work.
+	Fenced(l Lease) FencedWrites
 	// Close releases the store's connections. It is idempotent.
 	Close() error
 }
@@ -252,4 +271,70 @@ type Workers interface {
 	UpsertWorker(ctx context.Context, w Worker) error
 	// ListWorkers returns all workers ordered by ID.
 	ListWorkers(ctx context.Context) ([]Worker, error)
+	// DeleteWorker removes the worker id, or returns ErrNotFound. Its
+	// sandboxes keep their WorkerID.
+	DeleteWorker(ctx context.Context, id string) error
+}
+
+// Leases coordinate control plane replicas that share one store: a lease
+// gives one holder (a replica's ID) a name for a while. Names are claims on
+// records ("sandbox/sbx_…", "snapshot/snp_…": this replica works on it,
+// others leave it alone) or roles ("leader"). See [Lease].
+//
+// Expiry is decided by the database's clock (PostgreSQL's now(); SQLite,
+// embedded in one process, uses that process's clock), so replicas whose
+// clocks disagree still agree on who holds what. Names and holders are
+// 1 to 256 bytes of printable ASCII other than space (ErrInvalid
+// otherwise); a ttl must be at least a millisecond.
+type Leases interface {
+	// AcquireLease gives name to holder for ttl. If holder already holds
+	// name and the lease has not expired, it is extended to ttl from now
+	// and keeps its token. If nobody holds name, or the lease expired, the
+	// new lease gets a new token, higher than any the name had. If
+	// another holder's lease has not expired, the error wraps
+	// errkind.Conflict and says who holds it until when.
+	AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (Lease, error)
+	// RenewLease extends l to ttl from now, keeping its token, and returns
+	// the updated lease. ErrLeaseLost if l was released or taken over
+	// (a lease that expired but that nobody acquired since is renewed).
+	RenewLease(ctx context.Context, l Lease, ttl time.Duration) (Lease, error)
+	// ReleaseLease ends l if it is still l's holder's with l's token;
+	// otherwise (released before, taken over) it does nothing. Its token
+	// is never reused.
+	ReleaseLease(ctx context.Context, l Lease) error
+	// ListLeases returns the leases whose names begin with prefix (all of
+	// them for ""), expired ones included (see [Lease.Expired]), ordered
+	// bytewise by name.
+	ListLeases(ctx context.Context, prefix string) ([]Lease, error)
+}
+
+// Quotas create sandboxes within a team's quota and report what a team
+// uses. Both count the team's live sandboxes: those in a state not in
+// [NotLive].
+type Quotas interface {
+	// CreateSandboxWithinQuota is CreateSandbox that first counts the
+	// team's live sandboxes, and the sum of their VCPUs and MemoryMiB, and
+	// stores sb only if it fits q (with sb counted, unless sb's own state
+	// is not live). The count and the insert are one transaction that
+	// serializes with every other CreateSandboxWithinQuota of the same
+	// team, in every process sharing the database, so concurrent creates
+	// never overshoot q. A refusal wraps errkind.ResourceExhausted and
+	// names the limit ("team t quota: 50 of 50 sandboxes in use").
+	CreateSandboxWithinQuota(ctx context.Context, sb Sandbox, q Quota) (Sandbox, error)
+	// TeamUsage returns what the team's live sandboxes use: zero for a
+	// team without any (or that does not exist).
+	TeamUsage(ctx context.Context, teamID string) (Usage, error)
+}
+
+// FencedWrites are the writes of [Store.Fenced]. Each behaves as the
+// method of the same name on [Store], and also returns ErrLeaseLost,
+// writing nothing, when the fencing lease is no longer held.
+type FencedWrites interface {
+	CreateSandbox(ctx context.Context, sb Sandbox) (Sandbox, error)
+	CreateSandboxWithinQuota(ctx context.Context, sb Sandbox, q Quota) (Sandbox, error)
+	UpdateSandbox(ctx context.Context, sb Sandbox) (Sandbox, error)
+	DeleteSandbox(ctx context.Context, teamID, id string) error
+	UpdateSnapshot(ctx context.Context, sn Snapshot) (Snapshot, error)
+	DeleteSnapshot(ctx context.Context, teamID, id string) error
+	UpdateTemplate(ctx context.Context, t Template) (Template, error)
 }

@@ -86,10 +86,13 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("setup: CreateTeam: %v", err)
 	}
-	sb, err := old.CreateSandbox(ctx, store.Sandbox{ID: store.NewSandboxID(), TeamID: "t1", Template: "base",
-		State: store.StateRunning, Spec: json.RawMessage(`{}`)})
-	if err != nil {
-		t.Fatalf("setup: CreateSandbox: %v", err)
+	// The sandbox goes in by hand: CreateSandbox writes the newest schema.
+	sb := store.Sandbox{ID: store.NewSandboxID(), TeamID: "t1", Template: "base", State: store.StateRunning,
+		Spec: json.RawMessage(`{"vcpus":2,"memory_mib":512}`), Created: time.UnixMicro(2000000).UTC(), Updated: time.UnixMicro(2000000).UTC(),
+		Version: 1, VCPUs: 2, MemoryMiB: 512} // the quota columns, backfilled from the spec
+	if _, err := old.pool.Exec(ctx, `INSERT INTO sandboxes (id, team_id, template, state, worker_id, spec, labels, created, updated, version)
+		VALUES ($1, 't1', 'base', 'running', '', $2, '{}', $3, $3, 1)`, sb.ID, []byte(sb.Spec), sb.Created); err != nil {
+		t.Fatalf("setup: insert sandbox: %v", err)
 	}
 	old.Close()
 

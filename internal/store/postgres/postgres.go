@@ -269,7 +269,7 @@ func (s *Store) DeleteAPIKey(ctx context.Context, teamID, id string) error {
 	return nil
 }
 
-const sandboxColumns = `id, team_id, template, state, worker_id, spec, handle, labels, created, updated, expires, version`
+const sandboxColumns = `id, team_id, template, state, worker_id, spec, handle, labels, created, updated, expires, version, vcpus, memory_mib`
 
 func scanSandbox(row pgx.Row) (store.Sandbox, error) {
 	var (
@@ -279,7 +279,7 @@ func scanSandbox(row pgx.Row) (store.Sandbox, error) {
 		expires      *time.Time
 	)
 	if err := row.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.State, &sb.WorkerID, &spec, &handle,
-		&labels, &sb.Created, &sb.Updated, &expires, &sb.Version); err != nil {
+		&labels, &sb.Created, &sb.Updated, &expires, &sb.Version, &sb.VCPUs, &sb.MemoryMiB); err != nil {
 		return store.Sandbox{}, err
 	}
 	sb.Spec, sb.Handle = spec, handle
@@ -328,8 +328,19 @@ func clean(sb store.Sandbox) store.Sandbox {
 
 // CreateSandbox implements [store.Sandboxes].
 func (s *Store) CreateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	return s.createSandbox(ctx, nil, nil, sb)
+}
+
+// createSandbox is CreateSandbox, fenced by fence and within quota q
+// unless they are nil.
+func (s *Store) createSandbox(ctx context.Context, fence *store.Lease, q *store.Quota, sb store.Sandbox) (store.Sandbox, error) {
 	if err := sb.Validate(); err != nil {
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	if q != nil {
+		if err := q.Validate(); err != nil {
+			return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+		}
 	}
 	labels, err := encodeLabels(sb.Labels)
 	if err != nil {
@@ -339,13 +350,29 @@ func (s *Store) CreateSandbox(ctx context.Context, sb store.Sandbox) (store.Sand
 	sb.Created = store.StoredTime(time.Now())
 	sb.Updated = sb.Created
 	sb.Version = 1
-	_, err = s.pool.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12)`,
-		sb.ID, sb.TeamID, sb.Template, string(sb.State), sb.WorkerID, []byte(sb.Spec), []byte(sb.Handle),
-		labels, sb.Created, sb.Updated, nullTime(sb.Expires), sb.Version)
+	if fence != nil || q != nil {
+		err = s.tx(ctx, fence, func(tx pgx.Tx) error {
+			if q != nil {
+				if err := admit(ctx, tx, *q, &sb); err != nil {
+					return err
+				}
+			}
+			return insertSandbox(ctx, tx, &sb, labels)
+		})
+	} else {
+		err = insertSandbox(ctx, s.pool, &sb, labels)
+	}
 	if err != nil {
-		return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err, "team "+sb.TeamID))
+		return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
 	return sb, nil
+}
+
+func insertSandbox(ctx context.Context, q querier, sb *store.Sandbox, labels string) error {
+	_, err := q.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, $14)`,
+		sb.ID, sb.TeamID, sb.Template, string(sb.State), sb.WorkerID, []byte(sb.Spec), []byte(sb.Handle),
+		labels, sb.Created, sb.Updated, nullTime(sb.Expires), sb.Version, sb.VCPUs, sb.MemoryMiB)
+	return mapErr(err, "team "+sb.TeamID)
 }
 
 // Sandbox implements [store.Sandboxes].
@@ -390,6 +417,11 @@ func (s *Store) ListSandboxes(ctx context.Context, teamID string, f store.Filter
 
 // UpdateSandbox implements [store.Sandboxes].
 func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	return s.updateSandbox(ctx, nil, sb)
+}
+
+// updateSandbox is UpdateSandbox, fenced by fence unless it is nil.
+func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, sb store.Sandbox) (store.Sandbox, error) {
 	if err := sb.Validate(); err != nil {
 		return store.Sandbox{}, fmt.Errorf("update sandbox: %w", err)
 	}
@@ -399,24 +431,29 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sand
 	}
 	sb = clean(sb)
 	sb.Updated = store.StoredTime(time.Now())
-	// One statement: the row lock makes a concurrent update with the same
-	// version re-check the WHERE clause and match nothing.
-	out, err := scanSandbox(s.pool.QueryRow(ctx, `UPDATE sandboxes
-		SET state = $1, worker_id = $2, spec = $3, handle = $4, labels = $5::jsonb, updated = $6, expires = $7, version = version + 1
-		WHERE team_id = $8 AND id = $9 AND version = $10
-		RETURNING `+sandboxColumns,
-		string(sb.State), sb.WorkerID, []byte(sb.Spec), []byte(sb.Handle), labels, sb.Updated, nullTime(sb.Expires),
-		sb.TeamID, sb.ID, sb.Version))
-	if errors.Is(err, pgx.ErrNoRows) {
-		var exists bool
-		if err = s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE team_id = $1 AND id = $2)`,
-			sb.TeamID, sb.ID).Scan(&exists); err == nil {
-			err = store.ErrNotFound
-			if exists {
-				err = fmt.Errorf("at version %d: %w", sb.Version, store.ErrVersionConflict)
+	var out store.Sandbox
+	err = s.write(ctx, fence, func(q querier) error {
+		// One statement: the row lock makes a concurrent update with the
+		// same version re-check the WHERE clause and match nothing.
+		var err error
+		out, err = scanSandbox(q.QueryRow(ctx, `UPDATE sandboxes
+			SET state = $1, worker_id = $2, spec = $3, handle = $4, labels = $5::jsonb, updated = $6, expires = $7, version = version + 1
+			WHERE team_id = $8 AND id = $9 AND version = $10
+			RETURNING `+sandboxColumns,
+			string(sb.State), sb.WorkerID, []byte(sb.Spec), []byte(sb.Handle), labels, sb.Updated, nullTime(sb.Expires),
+			sb.TeamID, sb.ID, sb.Version))
+		if errors.Is(err, pgx.ErrNoRows) {
+			var exists bool
+			if err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE team_id = $1 AND id = $2)`,
+				sb.TeamID, sb.ID).Scan(&exists); err == nil {
+				err = store.ErrNotFound
+				if exists {
+					err = fmt.Errorf("at version %d: %w", sb.Version, store.ErrVersionConflict)
+				}
 			}
 		}
-	}
+		return err
+	})
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("update sandbox %s: %w", sb.ID, err)
 	}
@@ -425,7 +462,15 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sand
 
 // DeleteSandbox implements [store.Sandboxes].
 func (s *Store) DeleteSandbox(ctx context.Context, teamID, id string) error {
-	if err := deleted(s.pool.Exec(ctx, `DELETE FROM sandboxes WHERE team_id = $1 AND id = $2`, teamID, id)); err != nil {
+	return s.deleteSandbox(ctx, nil, teamID, id)
+}
+
+// deleteSandbox is DeleteSandbox, fenced by fence unless it is nil.
+func (s *Store) deleteSandbox(ctx context.Context, fence *store.Lease, teamID, id string) error {
+	err := s.write(ctx, fence, func(q querier) error {
+		return deleted(q.Exec(ctx, `DELETE FROM sandboxes WHERE team_id = $1 AND id = $2`, teamID, id))
+	})
+	if err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
 	return nil
@@ -530,27 +575,37 @@ func (s *Store) ListSnapshots(ctx context.Context, teamID, sandboxID string) ([]
 
 // UpdateSnapshot implements [store.Snapshots].
 func (s *Store) UpdateSnapshot(ctx context.Context, sn store.Snapshot) (store.Snapshot, error) {
+	return s.updateSnapshot(ctx, nil, sn)
+}
+
+// updateSnapshot is UpdateSnapshot, fenced by fence unless it is nil.
+func (s *Store) updateSnapshot(ctx context.Context, fence *store.Lease, sn store.Snapshot) (store.Snapshot, error) {
 	if err := sn.Validate(); err != nil {
 		return store.Snapshot{}, fmt.Errorf("update snapshot: %w", err)
 	}
 	updated := store.StoredTime(time.Now())
-	// One statement, as in UpdateSandbox.
-	out, err := scanSnapshot(s.pool.QueryRow(ctx, `UPDATE snapshots
-		SET state = $1, worker_id = $2, manifest = $3, logical_bytes = $4, new_bytes = $5, meta = $6, updated = $7, version = version + 1
-		WHERE team_id = $8 AND id = $9 AND version = $10
-		RETURNING `+snapshotColumns,
-		string(sn.State), sn.WorkerID, sn.Manifest, sn.LogicalBytes, sn.NewBytes, []byte(sn.Meta), updated,
-		sn.TeamID, sn.ID, sn.Version))
-	if errors.Is(err, pgx.ErrNoRows) {
-		var exists bool
-		if err = s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM snapshots WHERE team_id = $1 AND id = $2)`,
-			sn.TeamID, sn.ID).Scan(&exists); err == nil {
-			err = store.ErrNotFound
-			if exists {
-				err = fmt.Errorf("at version %d: %w", sn.Version, store.ErrVersionConflict)
+	var out store.Snapshot
+	err := s.write(ctx, fence, func(q querier) error {
+		// One statement, as in UpdateSandbox.
+		var err error
+		out, err = scanSnapshot(q.QueryRow(ctx, `UPDATE snapshots
+			SET state = $1, worker_id = $2, manifest = $3, logical_bytes = $4, new_bytes = $5, meta = $6, updated = $7, version = version + 1
+			WHERE team_id = $8 AND id = $9 AND version = $10
+			RETURNING `+snapshotColumns,
+			string(sn.State), sn.WorkerID, sn.Manifest, sn.LogicalBytes, sn.NewBytes, []byte(sn.Meta), updated,
+			sn.TeamID, sn.ID, sn.Version))
+		if errors.Is(err, pgx.ErrNoRows) {
+			var exists bool
+			if err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM snapshots WHERE team_id = $1 AND id = $2)`,
+				sn.TeamID, sn.ID).Scan(&exists); err == nil {
+				err = store.ErrNotFound
+				if exists {
+					err = fmt.Errorf("at version %d: %w", sn.Version, store.ErrVersionConflict)
+				}
 			}
 		}
-	}
+		return err
+	})
 	if err != nil {
 		return store.Snapshot{}, fmt.Errorf("update snapshot %s: %w", sn.ID, err)
 	}
@@ -559,7 +614,15 @@ func (s *Store) UpdateSnapshot(ctx context.Context, sn store.Snapshot) (store.Sn
 
 // DeleteSnapshot implements [store.Snapshots].
 func (s *Store) DeleteSnapshot(ctx context.Context, teamID, id string) error {
-	if err := deleted(s.pool.Exec(ctx, `DELETE FROM snapshots WHERE team_id = $1 AND id = $2`, teamID, id)); err != nil {
+	return s.deleteSnapshot(ctx, nil, teamID, id)
+}
+
+// deleteSnapshot is DeleteSnapshot, fenced by fence unless it is nil.
+func (s *Store) deleteSnapshot(ctx context.Context, fence *store.Lease, teamID, id string) error {
+	err := s.write(ctx, fence, func(q querier) error {
+		return deleted(q.Exec(ctx, `DELETE FROM snapshots WHERE team_id = $1 AND id = $2`, teamID, id))
+	})
+	if err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
 	return nil
@@ -608,10 +671,12 @@ func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
 	if err := w.Validate(); err != nil {
 		return fmt.Errorf("upsert worker: %w", err)
 	}
-	_, err := s.pool.Exec(ctx, `INSERT INTO workers (id, address, vcpus, memory_mib, last_heartbeat) VALUES ($1, $2, $3, $4, $5)
+	_, err := s.pool.Exec(ctx, `INSERT INTO workers (id, address, vcpus, memory_mib, last_heartbeat, protocol, capabilities)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
 		ON CONFLICT (id) DO UPDATE SET address = excluded.address, vcpus = excluded.vcpus,
-			memory_mib = excluded.memory_mib, last_heartbeat = excluded.last_heartbeat`,
-		w.ID, w.Address, w.VCPUs, w.MemoryMiB, store.StoredTime(w.LastHeartbeat))
+			memory_mib = excluded.memory_mib, last_heartbeat = excluded.last_heartbeat,
+			protocol = excluded.protocol, capabilities = excluded.capabilities`,
+		w.ID, w.Address, w.VCPUs, w.MemoryMiB, store.StoredTime(w.LastHeartbeat), w.Protocol, []byte(w.Capabilities))
 	if err != nil {
 		return fmt.Errorf("upsert worker %s: %w", w.ID, err)
 	}
@@ -620,18 +685,30 @@ func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
 
 // ListWorkers implements [store.Workers].
 func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat FROM workers ORDER BY id`)
+	rows, err := s.pool.Query(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat, protocol, capabilities FROM workers ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
 	ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Worker, error) {
-		var w store.Worker
-		err := r.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &w.LastHeartbeat)
+		var (
+			w    store.Worker
+			caps []byte
+		)
+		err := r.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &w.LastHeartbeat, &w.Protocol, &caps)
 		w.LastHeartbeat = w.LastHeartbeat.UTC()
+		w.Capabilities = caps
 		return w, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
 	return ws, nil
+}
+
+// DeleteWorker implements [store.Workers].
+func (s *Store) DeleteWorker(ctx context.Context, id string) error {
+	if err := deleted(s.pool.Exec(ctx, `DELETE FROM workers WHERE id = $1`, id)); err != nil {
+		return fmt.Errorf("delete worker %s: %w", id, err)
+	}
+	return nil
 }

@@ -126,6 +126,11 @@ func (s *Store) ListTemplates(ctx context.Context, teamID, name string) ([]store
 
 // UpdateTemplate implements [store.Templates].
 func (s *Store) UpdateTemplate(ctx context.Context, t store.Template) (store.Template, error) {
+	return s.updateTemplate(ctx, nil, t)
+}
+
+// updateTemplate is UpdateTemplate, fenced by fence unless it is nil.
+func (s *Store) updateTemplate(ctx context.Context, fence *store.Lease, t store.Template) (store.Template, error) {
 	if err := t.Validate(); err != nil {
 		return store.Template{}, fmt.Errorf("update template: %w", err)
 	}
@@ -133,23 +138,28 @@ func (s *Store) UpdateTemplate(ctx context.Context, t store.Template) (store.Tem
 		return store.Template{}, fmt.Errorf("update template: %w", err)
 	}
 	updated := store.StoredTime(time.Now())
-	// One statement, as in UpdateSandbox.
-	out, err := scanTemplate(s.pool.QueryRow(ctx, `UPDATE templates
-		SET state = $1, cache_key = $2, snapshot_id = $3, meta = $4, updated = $5, rev = rev + 1
-		WHERE team_id = $6 AND name = $7 AND version = $8 AND rev = $9
-		RETURNING `+templateColumns,
-		string(t.State), t.Key, t.SnapshotID, []byte(t.Meta), updated,
-		t.TeamID, t.Name, t.Version, t.Rev))
-	if errors.Is(err, pgx.ErrNoRows) {
-		var exists bool
-		if err = s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM templates WHERE team_id = $1 AND name = $2 AND version = $3)`,
-			t.TeamID, t.Name, t.Version).Scan(&exists); err == nil {
-			err = store.ErrNotFound
-			if exists {
-				err = fmt.Errorf("at rev %d: %w", t.Rev, store.ErrVersionConflict)
+	var out store.Template
+	err := s.write(ctx, fence, func(q querier) error {
+		// One statement, as in UpdateSandbox.
+		var err error
+		out, err = scanTemplate(q.QueryRow(ctx, `UPDATE templates
+			SET state = $1, cache_key = $2, snapshot_id = $3, meta = $4, updated = $5, rev = rev + 1
+			WHERE team_id = $6 AND name = $7 AND version = $8 AND rev = $9
+			RETURNING `+templateColumns,
+			string(t.State), t.Key, t.SnapshotID, []byte(t.Meta), updated,
+			t.TeamID, t.Name, t.Version, t.Rev))
+		if errors.Is(err, pgx.ErrNoRows) {
+			var exists bool
+			if err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM templates WHERE team_id = $1 AND name = $2 AND version = $3)`,
+				t.TeamID, t.Name, t.Version).Scan(&exists); err == nil {
+				err = store.ErrNotFound
+				if exists {
+					err = fmt.Errorf("at rev %d: %w", t.Rev, store.ErrVersionConflict)
+				}
 			}
 		}
-	}
+		return err
+	})
 	if err != nil {
 		return store.Template{}, fmt.Errorf("update template %s: %w", templateRef(t.Name, t.Version), err)
 	}

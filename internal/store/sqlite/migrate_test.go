@@ -136,10 +136,13 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("setup: CreateTeam: %v", err)
 	}
-	sb, err := old.CreateSandbox(ctx, store.Sandbox{ID: store.NewSandboxID(), TeamID: "t1", Template: "base",
-		State: store.StateRunning, Spec: json.RawMessage(`{}`)})
-	if err != nil {
-		t.Fatalf("setup: CreateSandbox: %v", err)
+	// The sandbox goes in by hand: CreateSandbox writes the newest schema.
+	sb := store.Sandbox{ID: store.NewSandboxID(), TeamID: "t1", Template: "base", State: store.StateRunning,
+		Spec: json.RawMessage(`{"vcpus":2,"memory_mib":512}`), Created: fromMicros(2000000), Updated: fromMicros(2000000),
+		Version: 1, VCPUs: 2, MemoryMiB: 512} // the quota columns, backfilled from the spec
+	if _, err := old.w.ExecContext(ctx, `INSERT INTO sandboxes (id, team_id, template, state, worker_id, spec, labels, created_us, updated_us, version)
+		VALUES (?, 't1', 'base', 'running', '', ?, '{}', 2000000, 2000000, 1)`, sb.ID, []byte(sb.Spec)); err != nil {
+		t.Fatalf("setup: insert sandbox: %v", err)
 	}
 	if err := old.Close(); err != nil {
 		t.Fatalf("setup: close: %v", err)

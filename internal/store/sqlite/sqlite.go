@@ -3,6 +3,11 @@
 // The database runs in WAL mode with synchronous=FULL, so a write is on disk
 // when it returns. All writes go through one connection and serialize;
 // reads use a separate pool and run concurrently with them.
+//
+// One control plane uses a file at a time: Open takes an exclusive flock
+// on the file's name with ".lock" appended and Close releases it, so a
+// second control plane on the same file (or a second Open of it in one
+// process) is refused rather than left to share claims it cannot see.
 package sqlite
 
 import (
@@ -13,14 +18,17 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
+	"space/internal/errkind"
 	"space/internal/store"
 	"space/internal/store/migrate"
 )
@@ -33,8 +41,9 @@ const busyTimeout = 10 * time.Second
 
 // Store is a [store.Store] backed by a SQLite file.
 type Store struct {
-	w *sql.DB // exactly one connection; every write goes through it
-	r *sql.DB // read-only connections
+	w    *sql.DB  // exactly one connection; every write goes through it
+	r    *sql.DB  // read-only connections
+	lock *os.File // holds the flock on the lock file
 
 	closeOnce sync.Once
 	closeErr  error // set by closeOnce
@@ -43,7 +52,9 @@ type Store struct {
 var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database file at path and applies the
-// schema migrations it lacks. The caller must call Close.
+// schema migrations it lacks. The caller must call Close. While the store
+// is open, another Open of path fails with an error wrapping
+// errkind.FailedPrecondition.
 func Open(ctx context.Context, path string) (*Store, error) {
 	ms, err := migrate.Load(migrationFS, "migrations")
 	if err != nil {
@@ -58,6 +69,10 @@ func open(ctx context.Context, path string, ms []migrate.Migration) (*Store, err
 	if path == "" || strings.ContainsAny(path, "?#") || strings.HasPrefix(path, "file:") || path == ":memory:" {
 		return nil, fmt.Errorf("open sqlite %q: need a plain file path: %w", path, store.ErrInvalid)
 	}
+	lock, err := lockFile(path)
+	if err != nil {
+		return nil, err
+	}
 	q := url.Values{}
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
@@ -66,23 +81,23 @@ func open(ctx context.Context, path string, ms []migrate.Migration) (*Store, err
 	q.Set("_txlock", "immediate") // take the write lock at BEGIN: no upgrade deadlocks
 	w, err := sql.Open("sqlite", path+"?"+q.Encode())
 	if err != nil {
-		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+		return nil, errors.Join(fmt.Errorf("open sqlite %s: %w", path, err), lock.Close())
 	}
 	w.SetMaxOpenConns(1)
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{w: w}
+	s := &Store{w: w, lock: lock}
 	// Migrate before opening readers: the first connection creates the file
 	// and switches it to WAL.
 	if err := s.migrate(ctx, ms); err != nil {
-		return nil, errors.Join(fmt.Errorf("open sqlite %s: %w", path, err), w.Close())
+		return nil, errors.Join(fmt.Errorf("open sqlite %s: %w", path, err), w.Close(), lock.Close())
 	}
 	q.Set("_query_only", "1")
 	q.Del("_txlock")
 	r, err := sql.Open("sqlite", path+"?"+q.Encode())
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("open sqlite %s: %w", path, err), w.Close())
+		return nil, errors.Join(fmt.Errorf("open sqlite %s: %w", path, err), w.Close(), lock.Close())
 	}
 	r.SetMaxOpenConns(max(4, runtime.GOMAXPROCS(0)))
 	s.r = r
@@ -92,9 +107,35 @@ func open(ctx context.Context, path string, ms []migrate.Migration) (*Store, err
 // Close closes the database. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		s.closeErr = errors.Join(s.r.Close(), s.w.Close())
+		// The lock goes last, once nothing of ours can write.
+		s.closeErr = errors.Join(s.r.Close(), s.w.Close(), s.lock.Close())
 	})
 	return s.closeErr
+}
+
+// lockFile takes an exclusive flock on path+".lock", creating it if need
+// be. The lock lives as long as the returned file is open (or the process:
+// a crash releases it). It belongs to the open file description, so a
+// second lockFile of the same path fails even in the same process.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: lock: %w", path, err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, errors.Join(fmt.Errorf("sqlite store %s is in use by another control plane; run one, or use PostgreSQL for several: %w",
+			path, errkind.FailedPrecondition), f.Close())
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("open sqlite %s: lock %s: %w", path, f.Name(), err), f.Close())
+	}
+	return f, nil
 }
 
 func (s *Store) migrate(ctx context.Context, ms []migrate.Migration) error {
@@ -345,7 +386,7 @@ func deleted(res sql.Result, err error) error {
 	return nil
 }
 
-const sandboxColumns = `id, team_id, template, state, worker_id, spec, handle, labels, created_us, updated_us, expires_us, version`
+const sandboxColumns = `id, team_id, template, state, worker_id, spec, handle, labels, created_us, updated_us, expires_us, version, vcpus, memory_mib`
 
 func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
 	var (
@@ -356,7 +397,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
 		spec, handle     []byte // scanned as []byte: database/sql copies those
 	)
 	if err := sc.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.State, &sb.WorkerID, &spec, &handle,
-		&labels, &created, &updated, &expires, &sb.Version); err != nil {
+		&labels, &created, &updated, &expires, &sb.Version, &sb.VCPUs, &sb.MemoryMiB); err != nil {
 		return store.Sandbox{}, err
 	}
 	sb.Spec, sb.Handle = spec, handle
@@ -383,8 +424,19 @@ func encodeLabels(labels map[string]string) (string, error) {
 
 // CreateSandbox implements [store.Sandboxes].
 func (s *Store) CreateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	return s.createSandbox(ctx, nil, nil, sb)
+}
+
+// createSandbox is CreateSandbox, fenced by fence and within quota q
+// unless they are nil.
+func (s *Store) createSandbox(ctx context.Context, fence *store.Lease, q *store.Quota, sb store.Sandbox) (store.Sandbox, error) {
 	if err := sb.Validate(); err != nil {
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	if q != nil {
+		if err := q.Validate(); err != nil {
+			return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+		}
 	}
 	labels, err := encodeLabels(sb.Labels)
 	if err != nil {
@@ -395,10 +447,17 @@ func (s *Store) CreateSandbox(ctx context.Context, sb store.Sandbox) (store.Sand
 	sb.Updated = sb.Created
 	sb.Expires = expiry(sb.Expires)
 	sb.Version = 1
-	err = s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	err = s.writeFenced(ctx, fence, func(tx *sql.Tx) error {
+		if q != nil {
+			// The write connection serializes every transaction, so the
+			// count and the insert are atomic.
+			if err := admit(ctx, tx, *q, &sb); err != nil {
+				return err
+			}
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			sb.ID, sb.TeamID, sb.Template, sb.State, sb.WorkerID, []byte(sb.Spec), nullBytes(sb.Handle),
-			labels, micros(sb.Created), micros(sb.Updated), nullMicros(sb.Expires), sb.Version)
+			labels, micros(sb.Created), micros(sb.Updated), nullMicros(sb.Expires), sb.Version, sb.VCPUs, sb.MemoryMiB)
 		return mapErr(err, "team "+sb.TeamID)
 	})
 	if err != nil {
@@ -488,6 +547,11 @@ func (s *Store) ListSandboxes(ctx context.Context, teamID string, f store.Filter
 
 // UpdateSandbox implements [store.Sandboxes].
 func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	return s.updateSandbox(ctx, nil, sb)
+}
+
+// updateSandbox is UpdateSandbox, fenced by fence unless it is nil.
+func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, sb store.Sandbox) (store.Sandbox, error) {
 	if err := sb.Validate(); err != nil {
 		return store.Sandbox{}, fmt.Errorf("update sandbox: %w", err)
 	}
@@ -499,7 +563,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sand
 	sb.Updated = store.StoredTime(time.Now())
 	sb.Expires = expiry(sb.Expires)
 	var out store.Sandbox
-	err = s.write(ctx, func(tx *sql.Tx) error {
+	err = s.writeFenced(ctx, fence, func(tx *sql.Tx) error {
 		out, err = scanSandbox(tx.QueryRowContext(ctx, `UPDATE sandboxes
 			SET state = ?, worker_id = ?, spec = ?, handle = ?, labels = ?, updated_us = ?, expires_us = ?, version = version + 1
 			WHERE team_id = ? AND id = ? AND version = ?
@@ -526,7 +590,12 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sand
 
 // DeleteSandbox implements [store.Sandboxes].
 func (s *Store) DeleteSandbox(ctx context.Context, teamID, id string) error {
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	return s.deleteSandbox(ctx, nil, teamID, id)
+}
+
+// deleteSandbox is DeleteSandbox, fenced by fence unless it is nil.
+func (s *Store) deleteSandbox(ctx context.Context, fence *store.Lease, teamID, id string) error {
+	err := s.writeFenced(ctx, fence, func(tx *sql.Tx) error {
 		return deleted(tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE team_id = ? AND id = ?`, teamID, id))
 	})
 	if err != nil {
@@ -652,12 +721,17 @@ func (s *Store) ListSnapshots(ctx context.Context, teamID, sandboxID string) ([]
 
 // UpdateSnapshot implements [store.Snapshots].
 func (s *Store) UpdateSnapshot(ctx context.Context, sn store.Snapshot) (store.Snapshot, error) {
+	return s.updateSnapshot(ctx, nil, sn)
+}
+
+// updateSnapshot is UpdateSnapshot, fenced by fence unless it is nil.
+func (s *Store) updateSnapshot(ctx context.Context, fence *store.Lease, sn store.Snapshot) (store.Snapshot, error) {
 	if err := sn.Validate(); err != nil {
 		return store.Snapshot{}, fmt.Errorf("update snapshot: %w", err)
 	}
 	updated := store.StoredTime(time.Now())
 	var out store.Snapshot
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.writeFenced(ctx, fence, func(tx *sql.Tx) error {
 		var err error
 		out, err = scanSnapshot(tx.QueryRowContext(ctx, `UPDATE snapshots
 			SET state = ?, worker_id = ?, manifest = ?, logical_bytes = ?, new_bytes = ?, meta = ?, updated_us = ?, version = version + 1
@@ -685,7 +759,12 @@ func (s *Store) UpdateSnapshot(ctx context.Context, sn store.Snapshot) (store.Sn
 
 // DeleteSnapshot implements [store.Snapshots].
 func (s *Store) DeleteSnapshot(ctx context.Context, teamID, id string) error {
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	return s.deleteSnapshot(ctx, nil, teamID, id)
+}
+
+// deleteSnapshot is DeleteSnapshot, fenced by fence unless it is nil.
+func (s *Store) deleteSnapshot(ctx context.Context, fence *store.Lease, teamID, id string) error {
+	err := s.writeFenced(ctx, fence, func(tx *sql.Tx) error {
 		return deleted(tx.ExecContext(ctx, `DELETE FROM snapshots WHERE team_id = ? AND id = ?`, teamID, id))
 	})
 	if err != nil {
@@ -752,10 +831,12 @@ func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
 		return fmt.Errorf("upsert worker: %w", err)
 	}
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO workers (id, address, vcpus, memory_mib, last_heartbeat_us) VALUES (?, ?, ?, ?, ?)
+		_, err := tx.ExecContext(ctx, `INSERT INTO workers (id, address, vcpus, memory_mib, last_heartbeat_us, protocol, capabilities)
+			VALUES (?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (id) DO UPDATE SET address = excluded.address, vcpus = excluded.vcpus,
-				memory_mib = excluded.memory_mib, last_heartbeat_us = excluded.last_heartbeat_us`,
-			w.ID, w.Address, w.VCPUs, w.MemoryMiB, micros(store.StoredTime(w.LastHeartbeat)))
+				memory_mib = excluded.memory_mib, last_heartbeat_us = excluded.last_heartbeat_us,
+				protocol = excluded.protocol, capabilities = excluded.capabilities`,
+			w.ID, w.Address, w.VCPUs, w.MemoryMiB, micros(store.StoredTime(w.LastHeartbeat)), w.Protocol, nullBytes(w.Capabilities))
 		return err
 	})
 	if err != nil {
@@ -766,7 +847,7 @@ func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
 
 // ListWorkers implements [store.Workers].
 func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat_us FROM workers ORDER BY id`)
+	rows, err := s.r.QueryContext(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat_us, protocol, capabilities FROM workers ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
@@ -774,17 +855,30 @@ func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
 	var ws []store.Worker
 	for rows.Next() {
 		var (
-			w  store.Worker
-			hb int64
+			w    store.Worker
+			hb   int64
+			caps []byte // scanned as []byte: database/sql copies it
 		)
-		if err := rows.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &hb); err != nil {
+		if err := rows.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &hb, &w.Protocol, &caps); err != nil {
 			return nil, fmt.Errorf("list workers: %w", err)
 		}
 		w.LastHeartbeat = fromMicros(hb)
+		w.Capabilities = caps
 		ws = append(ws, w)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
 	return ws, nil
+}
+
+// DeleteWorker implements [store.Workers].
+func (s *Store) DeleteWorker(ctx context.Context, id string) error {
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		return deleted(tx.ExecContext(ctx, `DELETE FROM workers WHERE id = ?`, id))
+	})
+	if err != nil {
+		return fmt.Errorf("delete worker %s: %w", id, err)
+	}
+	return nil
 }

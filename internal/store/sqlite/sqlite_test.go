@@ -2,9 +2,12 @@ package sqlite_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"space/internal/errkind"
 	"space/internal/store"
 	"space/internal/store/sqlite"
 	"space/internal/store/storetest"
@@ -17,4 +20,37 @@ func TestConformance(t *testing.T) {
 			return sqlite.Open(ctx, path)
 		},
 	})
+}
+
+func TestSecondOpenRefused(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open() = %v", err)
+	}
+	// Another Open, even in this process, is another control plane.
+	s2, err := sqlite.Open(ctx, path)
+	if err == nil {
+		s2.Close()
+		t.Fatalf("second Open() = nil error, want the store in use")
+	}
+	if !errors.Is(err, errkind.FailedPrecondition) || !strings.Contains(err.Error(), "in use by another control plane") {
+		t.Errorf("second Open() = %v, want failed precondition: in use by another control plane", err)
+	}
+	if _, err := s.CreateTeam(ctx, store.Team{ID: "t1"}); err != nil {
+		t.Errorf("CreateTeam() after refused second Open = %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close() = %v", err)
+	}
+	// Closed, the file is free again.
+	s, err = sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open() after Close = %v", err)
+	}
+	defer s.Close()
+	if _, err := s.Team(ctx, "t1"); err != nil {
+		t.Errorf("Team(t1) after reopen = %v", err)
+	}
 }

@@ -134,6 +134,11 @@ func (s *Store) ListTemplates(ctx context.Context, teamID, name string) ([]store
 
 // UpdateTemplate implements [store.Templates].
 func (s *Store) UpdateTemplate(ctx context.Context, t store.Template) (store.Template, error) {
+	return s.updateTemplate(ctx, nil, t)
+}
+
+// updateTemplate is UpdateTemplate, fenced by fence unless it is nil.
+func (s *Store) updateTemplate(ctx context.Context, fence *store.Lease, t store.Template) (store.Template, error) {
 	if err := t.Validate(); err != nil {
 		return store.Template{}, fmt.Errorf("update template: %w", err)
 	}
@@ -142,7 +147,7 @@ func (s *Store) UpdateTemplate(ctx context.Context, t store.Template) (store.Tem
 	}
 	updated := store.StoredTime(time.Now())
 	var out store.Template
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.writeFenced(ctx, fence, func(tx *sql.Tx) error {
 		var err error
 		out, err = scanTemplate(tx.QueryRowContext(ctx, `UPDATE templates
 			SET state = ?, cache_key = ?, snapshot_id = ?, meta = ?, updated_us = ?, rev = rev + 1

@@ -74,6 +74,13 @@ func Run(t *testing.T, h Harness) {
 		{"EgressLogPersistence", testEgressLogPersistence},
 		{"EgressLogBadInput", testEgressLogBadInput},
 		{"Workers", testWorkers},
+		{"WorkerProtocol", testWorkerProtocol},
+		{"Leases", testLeases},
+		{"LeaseExpiry", testLeaseExpiry},
+		{"LeaseBadInput", testLeaseBadInput},
+		{"Fencing", testFencing},
+		{"Quota", testQuota},
+		{"QuotaConcurrent", testQuotaConcurrent},
 		{"Persistence", testPersistence},
 		{"BadInput", testBadInput},
 	}
