@@ -3,6 +3,7 @@
 -- record as suspended, so the rows are kept as they are). SQLite cannot
 -- change a CHECK constraint in place: the table is rebuilt. No table
 -- refers to sandboxes, so dropping the old one breaks no foreign key.
+-- Every column is copied, 0007's quota columns too.
 CREATE TABLE sandboxes_new (
 	id         TEXT PRIMARY KEY,
 	team_id    TEXT NOT NULL REFERENCES teams (id),
@@ -15,10 +16,12 @@ CREATE TABLE sandboxes_new (
 	created_us INTEGER NOT NULL,
 	updated_us INTEGER NOT NULL,
 	expires_us INTEGER,                  -- NULL for no expiry
-	version    INTEGER NOT NULL
+	version    INTEGER NOT NULL,
+	vcpus      INTEGER NOT NULL DEFAULT 0 CHECK (vcpus >= 0),      -- 0007
+	memory_mib INTEGER NOT NULL DEFAULT 0 CHECK (memory_mib >= 0)  -- 0007
 ) STRICT;
-INSERT INTO sandboxes_new (id, team_id, template, state, worker_id, spec, handle, labels, created_us, updated_us, expires_us, version)
-	SELECT id, team_id, template, state, worker_id, spec, handle, labels, created_us, updated_us, expires_us, version FROM sandboxes;
+INSERT INTO sandboxes_new (id, team_id, template, state, worker_id, spec, handle, labels, created_us, updated_us, expires_us, version, vcpus, memory_mib)
+	SELECT id, team_id, template, state, worker_id, spec, handle, labels, created_us, updated_us, expires_us, version, vcpus, memory_mib FROM sandboxes;
 DROP TABLE sandboxes;
 ALTER TABLE sandboxes_new RENAME TO sandboxes;
 CREATE INDEX sandboxes_team ON sandboxes (team_id, created_us);
