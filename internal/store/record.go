@@ -43,13 +43,14 @@ type SandboxState = sandbox.State
 
 // The sandbox states, as named in package sandbox.
 const (
-	StateCreating = sandbox.Creating
-	StateRunning  = sandbox.Running
-	StatePaused   = sandbox.Paused
-	StateStopping = sandbox.Stopping
-	StateStopped  = sandbox.Stopped
-	StateFailed   = sandbox.Failed
-	StateDeleted  = sandbox.Deleted
+	StateCreating  = sandbox.Creating
+	StateRunning   = sandbox.Running
+	StatePaused    = sandbox.Paused
+	StateStopping  = sandbox.Stopping
+	StateStopped   = sandbox.Stopped
+	StateSuspended = sandbox.Suspended
+	StateFailed    = sandbox.Failed
+	StateDeleted   = sandbox.Deleted
 )
 
 // States lists every valid SandboxState.
@@ -82,7 +83,7 @@ type Sandbox struct {
 // NotLive lists the sandbox states that do not count against a team's
 // quota: the sandbox holds no VM and no worker capacity. "suspended" is
 // the state of a sandbox kept only as a snapshot.
-var NotLive = []SandboxState{StateDeleted, StateFailed, StateStopped, SandboxState("suspended")}
+var NotLive = []SandboxState{StateDeleted, StateFailed, StateStopped, StateSuspended}
 
 // Live reports whether a sandbox in state s counts against its team's
 // quota: whether s is not in NotLive.
