@@ -70,6 +70,11 @@ func enter(cfg Config, path string, argv []string) error {
 			return err
 		}
 	}
+	for _, o := range cfg.Overlays {
+		if err := mountOverlay(root, o); err != nil {
+			return err
+		}
+	}
 	if cfg.PTYs {
 		if err := mountPTYs(root); err != nil {
 			return err
@@ -158,6 +163,19 @@ func bind(root string, b Bind) error {
 	}
 	if err := unix.Mount("", dst, "", flags, ""); err != nil {
 		return fmt.Errorf("remount %s: %w", b.Target, err)
+	}
+	return nil
+}
+
+// mountOverlay mounts o at root/o.Lower.
+func mountOverlay(root string, o Overlay) error {
+	dst := filepath.Join(root, o.Lower)
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	opts := "lowerdir=" + o.Lower + ",upperdir=" + o.Upper + ",workdir=" + o.Work
+	if err := unix.Mount("overlay", dst, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount overlay on %s: %w", o.Lower, err)
 	}
 	return nil
 }

@@ -104,13 +104,16 @@ func TestJailBinds(t *testing.T) {
 	testenv.RequireTool(t, testenv.TierNetns, "bash", "bash")
 	dir := t.TempDir()
 	rw, ro := filepath.Join(dir, "rw"), filepath.Join(dir, "ro")
-	for _, d := range []string{rw, ro} {
+	low, up, work := filepath.Join(dir, "low"), filepath.Join(dir, "up"), filepath.Join(dir, "work")
+	for _, d := range []string{rw, ro, low, up, work} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatalf("setup: %v", err)
 		}
 	}
-	if err := os.Chown(rw, 2000000000, 2000000000); err != nil {
-		t.Fatalf("setup: %v", err)
+	for _, d := range []string{rw, up} {
+		if err := os.Chown(d, 2000000000, 2000000000); err != nil {
+			t.Fatalf("setup: %v", err)
+		}
 	}
 	if err := os.WriteFile(filepath.Join(ro, "f"), []byte("from host\n"), 0o644); err != nil {
 		t.Fatalf("setup: %v", err)
@@ -120,8 +123,9 @@ func TestJailBinds(t *testing.T) {
 		t.Fatalf("setup: %v", err)
 	}
 	cfg := jail.Config{UID: 2000000000, GID: 2000000000, Mountpoint: mp, ReadOnly: system, Devices: []string{"/dev/null"},
-		Binds: []jail.Bind{{Source: rw, Target: "/work", Writable: true}, {Source: ro, Target: "/data/ro"}}, PTYs: true}
-	script := "echo guest > /work/out && cat /data/ro/f && (touch /data/ro/x 2>&1 | sed 's/.*: //'); " +
+		Binds: []jail.Bind{{Source: rw, Target: "/work", Writable: true}, {Source: ro, Target: "/data/ro"}}, PTYs: true,
+		Overlays: []jail.Overlay{{Lower: low, Upper: up, Work: work}}}
+	script := "echo guest > /work/out && cat /data/ro/f && (touch /data/ro/x 2>&1 | sed 's/.*: //'); echo up > " + low + "/new; " +
 		"test -c /dev/pts/ptmx && readlink /dev/ptmx && ls /dev/pts"
 	got, err := jailed(t, cfg, script)
 	if err != nil {
@@ -135,6 +139,12 @@ func TestJailBinds(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(ro, "x")); err == nil {
 		t.Errorf("the jail wrote through a read-only bind")
+	}
+	if b, err := os.ReadFile(filepath.Join(up, "new")); err != nil || string(b) != "up\n" {
+		t.Errorf("overlay upper has %q, %v, want %q", b, err, "up\n")
+	}
+	if _, err := os.Stat(filepath.Join(low, "new")); err == nil {
+		t.Errorf("the jail wrote through an overlay into its lower directory")
 	}
 }
 

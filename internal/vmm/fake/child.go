@@ -37,6 +37,7 @@ func guestMain(args []string) int {
 	fs := flag.NewFlagSet(childName, flag.ContinueOnError)
 	silent := fs.Bool("agent-silent", false, "accept agent connections and never answer (fault point agent)")
 	exitNow := fs.Bool("exit-after-boot", false, "exit at once (fault point exit-after-boot)")
+	nic := fs.Bool("nic", false, "take NIC backend connections on fd 4 and drop their frames")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -54,6 +55,16 @@ func guestMain(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
 	defer stop()
+	if *nic {
+		nf := os.NewFile(4, "net.sock")
+		nln, err := net.FileListener(nf)
+		nf.Close()
+		if err != nil {
+			log.Error("nic listener", "err", err)
+			return 1
+		}
+		go dropFrames(ctx, nln) // ends with the process
+	}
 	if *silent {
 		log.Warn("agent silent (injected fault agent)")
 		silence(ctx, ln)
@@ -87,6 +98,20 @@ func silence(ctx context.Context, ln net.Listener) {
 			return
 		}
 		held = append(held, c)
+	}
+}
+
+// dropFrames takes NIC backend connections (one at a time, as a NIC
+// would) and discards what they send: the guest has no network.
+func dropFrames(ctx context.Context, ln net.Listener) {
+	context.AfterFunc(ctx, func() { ln.Close() })
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, c)
+		c.Close()
 	}
 }
 

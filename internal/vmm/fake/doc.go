@@ -16,11 +16,15 @@
 // "unix"), so exec, files, processes and PTYs go through the normal
 // worker code. A boot takes milliseconds.
 //
-// The guest's root holds the host's /usr, /bin, /sbin, /lib, /lib64 and
-// /etc read-only, a few device nodes, a devpts of its own, and writable
-// /tmp, /root, /home and /work. Those are directories of the sandbox: next
+// The guest's root holds the host's /usr, /bin, /sbin, /lib and /lib64
+// read-only, a few device nodes, a devpts of its own, writable /tmp,
+// /root, /home and /work, and the host's /etc through an overlay whose
+// upper layer is the guest's (writes never reach the host's /etc; the
+// guest's user may write only in /etc/space and /etc/ssl/certs, where the
+// worker installs the sandbox's CA). Those are directories of the sandbox: next
 // to its writable disk (Spec.Disks, <disk>.fake/), or in the run dir for a
-// spec without one. There is no network: the guest's namespace has only a
+// spec without one. The guest runs as an unprivileged user: an exec as
+// another user fails with errkind.PermissionDenied. There is no network: the guest's namespace has only a
 // loopback device that is down, and Spec.NIC is ignored, as are the
 // kernel, initrd, cmdline, VCPUs and MemoryMiB.
 //

@@ -50,9 +50,22 @@ const (
 // at /<name> in its root.
 var guestDirs = []string{"tmp", "root", "home", "work"}
 
+// The guest's /etc is the host's seen through an overlay whose upper
+// layer is the guest dir's etc: the guest writes (as its own user, so only
+// in the directories it owns there) without changing the host's.
+const (
+	etcUpper = "etc"
+	etcWork  = ".etc-work"
+)
+
+// etcOwned are the directories of /etc the guest's user owns in the
+// upper layer, hence may write in: where the worker puts the sandbox's
+// CA and secrets placeholders.
+var etcOwned = []string{"space", "ssl/certs"}
+
 // The guest's root: the host's system, read-only, and a few devices.
 var (
-	jailReadOnly = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}
+	jailReadOnly = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
 	jailDevices  = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"}
 )
 
@@ -124,6 +137,8 @@ type state struct {
 	// writable disk): Stop removes it then.
 	OwnGuestDir bool `json:"own_guest_dir,omitempty"`
 	Disks       int  `json:"disks"`
+	// NICSocket is the socket the guest serves Spec.NIC.Socket on, or "".
+	NICSocket string `json:"nic_socket,omitempty"`
 }
 
 // guestDir is where spec's guest keeps its writable dirs: next to its
@@ -152,6 +167,26 @@ func (d *Driver) Boot(ctx context.Context, spec vmm.Spec) (vmm.VM, error) {
 		return nil, fmt.Errorf("boot: %w", err)
 	}
 	return d.start(ctx, spec, state{GuestDir: dir, OwnGuestDir: own, Disks: len(spec.Disks)})
+}
+
+// listen listens on the unix socket path (replacing a stale one) and
+// returns the listener as a file for the guest to inherit.
+func listen(path string) (*os.File, error) {
+	if err := removeIfExists(path); err != nil {
+		return nil, err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(false)
+	f, err := ln.File()
+	ln.Close()
+	if err != nil {
+		os.Remove(path)
+		return nil, err
+	}
+	return f, nil
 }
 
 func checkSpec(spec vmm.Spec) error {
@@ -190,6 +225,22 @@ func (d *Driver) makeGuestDirs(dir string) error {
 			return err
 		}
 	}
+	if err := os.MkdirAll(filepath.Join(dir, etcWork), 0o700); err != nil {
+		return err
+	}
+	for _, name := range etcOwned {
+		p := filepath.Join(dir, etcUpper, name)
+		if _, err := os.Stat(p); err == nil {
+			continue
+		}
+		// Parents as on the host (root's), the directory the guest's.
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chown(p, int(d.uid), int(d.gid)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -203,6 +254,7 @@ func (d *Driver) jailConfig(runDir, dir string) jail.Config {
 	return jail.Config{
 		UID: d.uid, GID: d.gid, Mountpoint: runDir,
 		ReadOnly: jailReadOnly, Devices: jailDevices, Binds: binds, PTYs: true,
+		Overlays: []jail.Overlay{{Lower: "/etc", Upper: filepath.Join(dir, etcUpper), Work: filepath.Join(dir, etcWork)}},
 	}
 }
 
@@ -213,31 +265,41 @@ func (d *Driver) start(ctx context.Context, spec vmm.Spec, st state) (_ *VM, err
 		return nil, fmt.Errorf("boot: %w", err)
 	}
 	sock := filepath.Join(spec.RunDir, agentSocket)
-	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("boot: %w", err)
-	}
 	// The driver listens; the guest inherits the listener, so the socket
 	// answers (or queues) as soon as it exists, and outlives this process.
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	lnFile, err := listen(sock)
 	if err != nil {
-		return nil, fmt.Errorf("boot: agent socket: %w", err)
-	}
-	ln.SetUnlinkOnClose(false)
-	lnFile, err := ln.File()
-	ln.Close()
-	if err != nil {
-		os.Remove(sock)
 		return nil, fmt.Errorf("boot: agent socket: %w", err)
 	}
 	defer lnFile.Close()
+	extra := []*os.File{lnFile} // fd 3
+	var args []string
+	if spec.NIC != nil && spec.NIC.Socket != "" {
+		// The NIC's backend connects here; the guest has no network, so
+		// it takes the connection and drops every frame.
+		nicFile, err := listen(spec.NIC.Socket)
+		if err != nil {
+			os.Remove(sock)
+			return nil, fmt.Errorf("boot: nic socket: %w", err)
+		}
+		defer nicFile.Close()
+		extra = append(extra, nicFile) // fd 4
+		args = append(args, "-nic")
+		st.NICSocket = spec.NIC.Socket
+	}
+	removeSockets := func() {
+		os.Remove(sock)
+		if st.NICSocket != "" {
+			os.Remove(st.NICSocket)
+		}
+	}
 	logf, err := os.OpenFile(filepath.Join(spec.RunDir, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		os.Remove(sock)
+		removeSockets()
 		return nil, fmt.Errorf("boot: %w", err)
 	}
 	defer logf.Close()
 
-	var args []string
 	if d.faultAt(PointAgent) != NoFault {
 		args = append(args, "-agent-silent")
 	}
@@ -246,13 +308,13 @@ func (d *Driver) start(ctx context.Context, spec vmm.Spec, st state) (_ *VM, err
 	}
 	cmd, err := jail.Command(d.jailConfig(spec.RunDir, st.GuestDir), childPath, args...)
 	if err != nil {
-		os.Remove(sock)
+		removeSockets()
 		return nil, fmt.Errorf("boot: %w", err)
 	}
 	cmd.Dir = "/"
 	cmd.Env = []string{}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{lnFile} // fd 3
+	cmd.ExtraFiles = extra
 	// Own process group, and no Pdeathsig: guests survive a restart of
 	// this process.
 	cmd.SysProcAttr.Setpgid = true
@@ -260,20 +322,20 @@ func (d *Driver) start(ctx context.Context, spec vmm.Spec, st state) (_ *VM, err
 	if spec.Placer != nil {
 		after, release, err := spec.Placer.Place(cmd.SysProcAttr)
 		if err != nil {
-			os.Remove(sock)
+			removeSockets()
 			return nil, fmt.Errorf("boot: cgroup: %w", err)
 		}
 		defer release()
 		placed = after
 	}
 	if err := cmd.Start(); err != nil {
-		os.Remove(sock)
+		removeSockets()
 		return nil, fmt.Errorf("boot: start guest: %w", err)
 	}
 	undo := func(err error) error {
 		cmd.Process.Kill()
 		cmd.Wait()
-		os.Remove(sock)
+		removeSockets()
 		return fmt.Errorf("boot: %w", err)
 	}
 	if err := placed(cmd.Process.Pid); err != nil {

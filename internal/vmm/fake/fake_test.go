@@ -88,7 +88,8 @@ func TestBootJailed(t *testing.T) {
 		{"user", "id -u; id -g", "2000000100\n2000000100\n"},
 		{"root", "ls -A /", ".space\nbin\ndev\netc\nhome\nlib\nlib64\nproc\nroot\nsbin\ntmp\nusr\nwork\n"},
 		{"pid namespace", "echo $$ > /dev/null; cat /proc/1/cmdline | tr '\\0' ' '", "/.space/space-fakevm "},
-		{"read-only system", "touch /usr/x /etc/x 2>&1 | sed 's/.*: //'", "Read-only file system\nRead-only file system\n"},
+		{"read-only system", "touch /usr/x /etc/x 2>&1 | sed 's/.*: //'", "Read-only file system\nPermission denied\n"},
+		{"etc overlay", "echo ca > /etc/space/ca.pem && cat /etc/space/ca.pem && head -c 4 /etc/passwd", "ca\nroot"},
 		{"writable dirs", "for d in /tmp /root /home /work; do touch $d/x && echo $d; done", "/tmp\n/root\n/home\n/work\n"},
 	}
 	for _, tt := range tests {
@@ -105,6 +106,9 @@ func TestBootJailed(t *testing.T) {
 	host := s.Disks[1].Path + ".fake/work/hello.txt"
 	if b, err := os.ReadFile(host); err != nil || string(b) != "hello\n" {
 		t.Errorf("host file %s = %q, %v; want %q", host, b, err, "hello\n")
+	}
+	if _, err := os.Stat("/etc/space/ca.pem"); err == nil {
+		t.Errorf("the guest's write to /etc/space reached the host's /etc")
 	}
 	info, err := vm.Info()
 	if err != nil || info.PID != h.PID || info.RSS <= 0 {

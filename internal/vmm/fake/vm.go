@@ -147,6 +147,9 @@ func (v *VM) stop(ctx context.Context) error {
 		}
 	}
 	errs = append(errs, v.proc.Close(), removeIfExists(v.h.Agent.Path))
+	if v.st.NICSocket != "" {
+		errs = append(errs, removeIfExists(v.st.NICSocket))
+	}
 	if v.st.OwnGuestDir {
 		errs = append(errs, os.RemoveAll(v.st.GuestDir))
 	}
