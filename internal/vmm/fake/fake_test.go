@@ -17,6 +17,7 @@ import (
 	"space/internal/agent/client"
 	"space/internal/agent/proto"
 	"space/internal/errkind"
+	"space/internal/guestvm"
 	"space/internal/testenv"
 	"space/internal/vmm"
 	"space/internal/vmm/fake"
@@ -299,10 +300,17 @@ func TestFaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Boot() with exit-after-boot = %v", err)
 	}
+	// The worker's wait for the agent ends when the guest does, well
+	// before its boot timeout.
+	cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	if _, err := guestvm.Connect(cctx, vm2); err == nil || cctx.Err() != nil {
+		t.Errorf("guestvm.Connect(guest that exits after boot) = %v, ctx %v; want an error before the deadline", err, cctx.Err())
+	}
+	cancel()
 	select {
 	case <-vm2.Done():
-	case <-time.After(30 * time.Second):
-		t.Errorf("guest with exit-after-boot still runs after 30s")
+	default:
+		t.Errorf("guest with exit-after-boot: Done not closed")
 	}
 	if err := vm2.Stop(t.Context()); err != nil {
 		t.Errorf("Stop(exited guest) = %v", err)
