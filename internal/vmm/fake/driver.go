@@ -90,6 +90,8 @@ type Driver struct {
 	uid uint32
 	gid uint32
 	exe string // this binary, bound into each guest's root
+	// euid is os.Geteuid; tests play a user.
+	euid func() int
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -121,7 +123,7 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fake vmm: find this binary: %w", err)
 	}
-	d := &Driver{log: cfg.Log.With("component", "vmm-fake"), uid: cfg.UID, gid: cfg.GID, exe: exe, faults: map[Point]Fault{}}
+	d := &Driver{log: cfg.Log.With("component", "vmm-fake"), uid: cfg.UID, gid: cfg.GID, exe: exe, euid: os.Geteuid, faults: map[Point]Fault{}}
 	for p, f := range cfg.Faults {
 		if err := d.SetFault(p, f); err != nil {
 			return nil, err
@@ -159,7 +161,7 @@ func (d *Driver) Boot(ctx context.Context, spec vmm.Spec) (vmm.VM, error) {
 	if err := d.fault(ctx, PointBoot); err != nil {
 		return nil, fmt.Errorf("boot: %w", err)
 	}
-	if err := checkSpec(spec); err != nil {
+	if err := d.checkSpec(spec); err != nil {
 		return nil, err
 	}
 	dir, own := guestDir(spec)
@@ -189,8 +191,8 @@ func listen(path string) (*os.File, error) {
 	return f, nil
 }
 
-func checkSpec(spec vmm.Spec) error {
-	if os.Geteuid() != 0 {
+func (d *Driver) checkSpec(spec vmm.Spec) error {
+	if d.euid() != 0 {
 		return ErrNeedsRoot
 	}
 	if spec.RunDir == "" || !filepath.IsAbs(spec.RunDir) {

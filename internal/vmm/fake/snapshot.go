@@ -114,7 +114,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec vmm.Spec) (vmm.VM
 	if m.Disks != len(spec.Disks) {
 		return nil, fmt.Errorf("restore %s: snapshot has %d disks, spec %d: %w", dir, m.Disks, len(spec.Disks), vmm.ErrIncompatible)
 	}
-	if err := checkSpec(spec); err != nil {
+	if err := d.checkSpec(spec); err != nil {
 		return nil, err
 	}
 	gdir, own := guestDir(spec)
