@@ -15,7 +15,10 @@ import (
 
 	"space/api"
 	"space/client"
+	"space/internal/imagebuild"
 	"space/internal/testenv"
+	"space/internal/vmm/fake"
+	"space/internal/worker"
 )
 
 // startFakeServer runs a server with the fake VMM on a fresh data dir and
@@ -172,4 +175,61 @@ func TestFakeVMMCreateLatency(t *testing.T) {
 			t.Errorf("DeleteSandbox(%s) = %v", id, err)
 		}
 	}
+}
+
+// TestFakeVMMBootFaults: a guest whose agent never answers fails its
+// create when the worker's boot timeout fires; one that exits right after
+// boot fails it at once. Neither is left behind.
+func TestFakeVMMBootFaults(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	const timeout = 2 * time.Second
+	tests := []struct {
+		name     string
+		point    fake.Point
+		min, max time.Duration // how long the failed create takes
+	}{
+		{"agent silent", fake.PointAgent, timeout, timeout + 20*time.Second},
+		{"exit after boot", fake.PointExitAfterBoot, 0, timeout},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dataDir := newDataDir(t)
+			chunks, err := openChunks(filepath.Join(dataDir, "chunks"))
+			if err != nil {
+				t.Fatalf("setup: %v", err)
+			}
+			w, err := newWorker(t.Context(), workerConfig{
+				VMM: VMMFake, FakeFaults: map[fake.Point]fake.Fault{tt.point: fake.Fail}, BootTimeout: timeout,
+				ID: newWorkerID(t), DataDir: filepath.Join(dataDir, "worker"), CacheBase: t.TempDir(),
+				Images: fakeImages(t), Log: slog.New(slog.DiscardHandler), Chunks: chunks,
+			})
+			if err != nil {
+				t.Fatalf("setup: newWorker() = %v", err)
+			}
+			t.Cleanup(func() { w.Close() })
+			t0 := time.Now()
+			_, err = w.Create(t.Context(), worker.CreateRequest{ID: "sbx_faultyaaaaaaaaaaaaaa", Team: "team1",
+				Spec: worker.Spec{Template: "default", VCPUs: 1, MemoryMiB: 128, DiskMiB: 1024}})
+			took := time.Since(t0)
+			if err == nil {
+				t.Fatalf("Create() with fault %s = nil, want an error", tt.point)
+			}
+			t.Logf("Create() with fault %s: %v after %v", tt.point, err, took)
+			if took < tt.min || took > tt.max {
+				t.Errorf("Create() with fault %s failed after %v, want %v..%v: %v", tt.point, took, tt.min, tt.max, err)
+			}
+			if got, err := w.List(t.Context()); err != nil || len(got) != 0 {
+				t.Errorf("List() after the failed create = %+v, %v; want none", got, err)
+			}
+		})
+	}
+}
+
+func fakeImages(t *testing.T) *imagebuild.Artifacts {
+	t.Helper()
+	img, err := templateImages(t.Context(), VMMFake, "", "", nil)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	return img
 }

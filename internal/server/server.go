@@ -419,8 +419,14 @@ func (e Egress) dial(ctx context.Context, network, addr string) (c net.Conn, err
 
 // workerConfig is what newWorker needs.
 type workerConfig struct {
-	VMM                    string    // Config.VMM
-	Progress               io.Writer // or nil
+	VMM      string    // Config.VMM
+	Progress io.Writer // or nil
+	// FakeFaults are failures the fake driver injects from the start;
+	// for tests.
+	FakeFaults map[fake.Point]fake.Fault
+	// BootTimeout overrides the driver's boot timeout; 0 = the driver's.
+	// For tests.
+	BootTimeout            time.Duration
 	Egress                 Egress
 	ID, DataDir, CacheBase string
 	Images                 *imagebuild.Artifacts
@@ -492,7 +498,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		if wc.Progress != nil {
 			fmt.Fprintln(wc.Progress, "space: WARNING: --vmm fake: sandboxes are jailed host processes, NOT virtual machines (tests and load tests only)")
 		}
-		fd, err := fake.New(fake.Config{Log: wc.Log})
+		fd, err := fake.New(fake.Config{Log: wc.Log, Faults: wc.FakeFaults})
 		if err != nil {
 			return nil, err
 		}
@@ -500,6 +506,9 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		drv, info, bootTimeout = fd, worker.VMMInfo{Kind: VMMFake, Version: fake.Version, Accel: fake.Accel}, 10*time.Second
 	default:
 		return nil, checkVMM(wc.VMM)
+	}
+	if wc.BootTimeout > 0 {
+		bootTimeout = wc.BootTimeout
 	}
 	cg, err := cgroup.Detect()
 	if err != nil {
