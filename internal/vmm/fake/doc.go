@@ -34,10 +34,11 @@
 //
 // Pause stops every process of the guest's PID namespace with SIGSTOP (a
 // paused guest's agent does not answer); Resume continues them. A
-// snapshot is a directory holding fake.json (Driver "fake", Version) and a
-// copy of the guest's writable directories: processes, and anything only
-// in their memory, are NOT preserved. Restore boots a new guest on a copy
-// of those directories.
+// snapshot is a directory holding fake.json (Driver "fake", Version) and
+// guest.tar, the guest's writable directories (one regular file, so a
+// worker's chunk store keeps all of it): processes, and anything only
+// in their memory, are NOT preserved. Restore boots a new guest on an
+// unpacked copy of those directories.
 //
 // Failure injection: Config.Faults and Driver.SetFault make named points
 // (the Point constants) fail or hang, for tests of the code above.

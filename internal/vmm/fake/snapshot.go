@@ -18,8 +18,11 @@ import (
 
 // Files in a snapshot directory.
 const (
-	metaFile      = "fake.json" // meta
-	snapGuestDirs = "guest"     // the copy of the guest's writable dirs
+	metaFile = "fake.json" // meta
+	// guestArchive holds the guest's writable dirs, owners, modes and
+	// overlay whiteouts kept: one regular file, so that a worker that
+	// keeps a snapshot's files in its chunk store keeps all of it.
+	guestArchive = "guest.tar"
 )
 
 // meta is what a snapshot says of itself; Restore checks it first.
@@ -29,8 +32,8 @@ type meta struct {
 	Disks   int    `json:"disks"` // the device layout: how many disks the spec had
 }
 
-// Snapshot pauses the guest, copies its writable dirs into dir (created;
-// its parent must exist) and resumes it if it ran (vmm.Snapshotter). The
+// Snapshot pauses the guest, archives its writable dirs into dir
+// (created; its parent must exist) and resumes it if it ran (vmm.Snapshotter). The
 // guest's processes, and whatever lives only in their memory, are not in
 // the snapshot: a restored guest starts with none. opts.Diff is ignored
 // (every snapshot is full); opts.Ephemeral skips the sync.
@@ -63,7 +66,7 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 	if opts.Paused != nil {
 		opts.Paused()
 	}
-	err = copyTree(ctx, v.st.GuestDir, filepath.Join(dir, snapGuestDirs))
+	err = archive(ctx, v.st.GuestDir, filepath.Join(dir, guestArchive))
 	if !wasPaused {
 		if rerr := v.resumeLocked(); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("resume: %w", rerr))
@@ -91,8 +94,8 @@ func (v *VM) Snapshot(ctx context.Context, dir string, opts vmm.SnapshotOptions)
 // Restore boots a new guest on a copy of the writable dirs in the
 // snapshot at dir (vmm.Restorer); spec places them as for Boot. A
 // snapshot of another driver or version, or taken with another number of
-// disks, is vmm.ErrIncompatible. With spec.TakeSnapshot the snapshot's
-// dirs are moved, not copied, where the file system allows it.
+// disks, is vmm.ErrIncompatible. spec.TakeSnapshot changes nothing: the
+// archive is unpacked either way.
 func (d *Driver) Restore(ctx context.Context, dir string, spec vmm.Spec) (vmm.VM, error) {
 	if err := d.fault(ctx, PointRestore); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", dir, err)
@@ -124,13 +127,12 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec vmm.Spec) (vmm.VM
 	if err := os.MkdirAll(filepath.Dir(gdir), 0o700); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	src := filepath.Join(dir, snapGuestDirs)
-	moved := spec.TakeSnapshot && os.Rename(src, gdir) == nil
-	if !moved {
-		if err := copyTree(ctx, src, gdir); err != nil {
-			os.RemoveAll(gdir)
-			return nil, fmt.Errorf("restore: %w", err)
-		}
+	if err := os.Mkdir(gdir, 0o700); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	if err := unarchive(ctx, filepath.Join(dir, guestArchive), gdir); err != nil {
+		os.RemoveAll(gdir)
+		return nil, fmt.Errorf("restore: %w", err)
 	}
 	vm, err := d.start(ctx, spec, state{GuestDir: gdir, OwnGuestDir: own, Disks: len(spec.Disks)})
 	if err != nil {
@@ -140,12 +142,23 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec vmm.Spec) (vmm.VM
 	return vm, nil
 }
 
-// copyTree copies directory src to dst (which must not exist), keeping
-// owners, modes and times, sharing extents where the file system can.
-func copyTree(ctx context.Context, src, dst string) error {
-	out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src, dst).CombinedOutput()
+// archive writes the tree at src into the tar file dst, with owners,
+// modes, device nodes (overlay whiteouts) and extended attributes (overlay
+// opaque directories).
+func archive(ctx context.Context, src, dst string) error {
+	return run(ctx, "tar", "--create", "--file", dst, "--directory", src, "--xattrs", "--xattrs-include=*", "--numeric-owner", "--sparse", ".")
+}
+
+// unarchive unpacks the tar file src into the directory dst as archive
+// wrote it.
+func unarchive(ctx context.Context, src, dst string) error {
+	return run(ctx, "tar", "--extract", "--file", src, "--directory", dst, "--xattrs", "--xattrs-include=*", "--numeric-owner", "--same-owner", "--same-permissions")
+}
+
+func run(ctx context.Context, name string, args ...string) error {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("copy %s: %s: %w", src, strings.TrimSpace(string(out)), err)
+		return fmt.Errorf("%s: %s: %w", name, strings.TrimSpace(string(out)), err)
 	}
 	return nil
 }
