@@ -143,7 +143,7 @@ func TestFakeVMMLifecycle(t *testing.T) {
 func TestFakeVMMCreateLatency(t *testing.T) {
 	const n = 50
 	// Fake guests use neither the vCPUs nor the memory they are given.
-	ts := startFakeServer(t, n, n*128)
+	ts := startFakeServer(t, 2*n, 2*n*128) // deletes free capacity asynchronously
 	c := ts.client
 	var took []time.Duration
 	var ids []string
@@ -175,6 +175,35 @@ func TestFakeVMMCreateLatency(t *testing.T) {
 			t.Errorf("DeleteSandbox(%s) = %v", id, err)
 		}
 	}
+
+	// The same n, five at a time: what a load test sees.
+	const par = 5
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	t0 := time.Now()
+	for range par {
+		wg.Go(func() {
+			for range n / par {
+				sb, err := c.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 128})
+				if err == nil {
+					err = c.DeleteSandbox(t.Context(), sb.ID)
+				}
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Errorf("%d of %d concurrent create+delete failed, first: %v", len(errs), n, errs[0])
+	}
+	t.Logf("%d create+delete, %d at a time: %v (%.0f/s)", n, par, time.Since(t0), float64(n)/time.Since(t0).Seconds())
 }
 
 // TestFakeVMMBootFaults: a guest whose agent never answers fails its
