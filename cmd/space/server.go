@@ -17,7 +17,7 @@ import (
 func newServerCmd(g *globals) *cobra.Command {
 	var (
 		listen, agent, storeURL, workerID, chunkDir string
-		tokenFile, secretsKey, dataPlaneURL         string
+		tokenFile, secretsKey, dataPlaneURL, vmm    string
 		noWorker                                    bool
 		vcpus, pool                                 int
 		memory                                      int64
@@ -34,7 +34,10 @@ in DATA_DIR/admin.key; later starts reuse both. VMs keep running when the
 server stops, and the next start re-adopts them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !noWorker {
+			if err := checkVMMFlag(vmm); err != nil {
+				return err
+			}
+			if !noWorker && vmm != server.VMMFake {
 				if err := checkAgent(agent); err != nil {
 					return err
 				}
@@ -58,7 +61,7 @@ server stops, and the next start re-adopts them.`,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
 				NoWorker: noWorker, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
-				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress,
+				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm,
 			})
 		},
 	}
@@ -76,17 +79,31 @@ server stops, and the next start re-adopts them.`,
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
 	egressFlags(f, &egress)
 	agentFlag(f, &agent)
+	vmmFlag(f, &vmm)
 	return c
+}
+
+// vmmFlag binds --vmm, the worker's hypervisor driver.
+func vmmFlag(fs *pflag.FlagSet, p *string) {
+	fs.StringVar(p, "vmm", server.VMMQEMU, "hypervisor `driver`: qemu, or fake (sandboxes are jailed host processes, NOT VMs: for tests and load tests only)")
+}
+
+func checkVMMFlag(v string) error {
+	switch v {
+	case server.VMMQEMU, server.VMMFake:
+		return nil
+	}
+	return usagef("--vmm %q: want %s or %s", v, server.VMMQEMU, server.VMMFake)
 }
 
 // newWorkerCmd returns `space worker`: a standalone worker that registers
 // with a control plane.
 func newWorkerCmd(g *globals) *cobra.Command {
 	var (
-		controlPlane, token, tokenFile, listen, advertise, agent, id, chunkDir string
-		vcpus                                                                  int
-		memory                                                                 int64
-		egress                                                                 server.Egress
+		controlPlane, token, tokenFile, listen, advertise, agent, id, chunkDir, vmm string
+		vcpus                                                                       int
+		memory                                                                      int64
+		egress                                                                      server.Egress
 	)
 	c := &cobra.Command{
 		Use:   "worker --control-plane URL --token T",
@@ -97,8 +114,13 @@ token, found in the server's DATA_DIR/worker.token. Several workers may run
 on one host, each with its own --data-dir, --listen and --id.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkAgent(agent); err != nil {
+			if err := checkVMMFlag(vmm); err != nil {
 				return err
+			}
+			if vmm != server.VMMFake {
+				if err := checkAgent(agent); err != nil {
+					return err
+				}
 			}
 			if controlPlane == "" {
 				return usagef("--control-plane is required")
@@ -123,7 +145,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
 				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
 				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
-				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress,
+				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm,
 			})
 		},
 	}
@@ -139,6 +161,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory offered (default: 80% of host RAM)")
 	egressFlags(f, &egress)
 	agentFlag(f, &agent)
+	vmmFlag(f, &vmm)
 	return c
 }
 

@@ -65,6 +65,21 @@ func enter(cfg Config, path string, argv []string) error {
 			return err
 		}
 	}
+	for _, b := range cfg.Binds {
+		if err := bind(root, b); err != nil {
+			return err
+		}
+	}
+	for _, o := range cfg.Overlays {
+		if err := mountOverlay(root, o); err != nil {
+			return err
+		}
+	}
+	if cfg.PTYs {
+		if err := mountPTYs(root); err != nil {
+			return err
+		}
+	}
 	if err := mountProc(filepath.Join(root, "proc")); err != nil {
 		return err
 	}
@@ -117,6 +132,66 @@ func bindReadOnly(root, p string) error {
 	}
 	if err := unix.Mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("make %s read-only: %w", p, err)
+	}
+	return nil
+}
+
+// bind puts the host's b.Source at root/b.Target.
+func bind(root string, b Bind) error {
+	fi, err := os.Stat(b.Source)
+	if err != nil {
+		return fmt.Errorf("bind: %w", err)
+	}
+	dst := filepath.Join(root, b.Target)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		err = os.Mkdir(dst, 0o755)
+	} else {
+		err = createEmpty(dst)
+	}
+	if err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := unix.Mount(b.Source, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s to %s: %w", b.Source, b.Target, err)
+	}
+	flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND | unix.MS_NOSUID | unix.MS_NODEV)
+	if !b.Writable {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("", dst, "", flags, ""); err != nil {
+		return fmt.Errorf("remount %s: %w", b.Target, err)
+	}
+	return nil
+}
+
+// mountOverlay mounts o at root/o.Lower.
+func mountOverlay(root string, o Overlay) error {
+	dst := filepath.Join(root, o.Lower)
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	opts := "lowerdir=" + o.Lower + ",upperdir=" + o.Upper + ",workdir=" + o.Work
+	if err := unix.Mount("overlay", dst, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount overlay on %s: %w", o.Lower, err)
+	}
+	return nil
+}
+
+// mountPTYs mounts a new devpts instance at root/dev/pts and points
+// root/dev/ptmx at its multiplexer.
+func mountPTYs(root string) error {
+	pts := filepath.Join(root, "dev", "pts")
+	if err := os.MkdirAll(pts, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("devpts", pts, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return fmt.Errorf("mount devpts: %w", err)
+	}
+	if err := os.Symlink("pts/ptmx", filepath.Join(root, "dev", "ptmx")); err != nil {
+		return err
 	}
 	return nil
 }

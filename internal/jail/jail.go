@@ -17,7 +17,9 @@
 //     the mount exists only in the new namespace) and bind-mounts into it,
 //     read-only and at their own paths, the Config.ReadOnly paths (a
 //     symlink such as /lib -> usr/lib is recreated as a symlink), and the
-//     Config.Devices nodes under /dev;
+//     Config.Devices nodes under /dev, then the Config.Binds at their
+//     targets (read-write where asked: the only writable places), and a
+//     devpts of its own when Config.PTYs, and the Config.Overlays;
 //  3. mounts a proc of the new PID namespace (subset=pid where the kernel
 //     has it: no /proc/sys, no kernel-wide files);
 //  4. pivot_root(2)s into the tmpfs and detaches the old root, so the
@@ -90,13 +92,57 @@ type Config struct {
 	// Devices are device nodes bind-mounted at the same path (under
 	// /dev). A missing one is an error.
 	Devices []string
+	// Binds are host paths mounted at another path of the root, after
+	// ReadOnly and Devices: read-only unless Writable. A missing source is
+	// an error.
+	Binds []Bind
+	// Overlays are host directories seen through an overlay at their
+	// own path, after Binds: the program reads the host's files and its
+	// writes land in Upper, never in the host's directory.
+	Overlays []Overlay
+	// PTYs mounts a devpts of the jail's own at /dev/pts (with /dev/ptmx
+	// pointing into it), so the program can open pseudo-terminals without
+	// seeing the host's.
+	PTYs bool
+}
+
+// Overlay shows the host directory Lower at the same path in the root,
+// writable through an overlay file system whose upper layer is Upper (on
+// the host: what the program writes there lands there) and whose work
+// directory is Work (empty, on Upper's file system). Upper's directories'
+// owners and modes are those the program sees: a directory the program
+// should be able to write in is one its user owns in Upper.
+type Overlay struct {
+	Lower string `json:"lower"`
+	Upper string `json:"upper"`
+	Work  string `json:"work"`
+}
+
+// Bind puts the host path Source (a directory or a file) at Target inside
+// the root (bind mount, not recursive, nosuid and nodev). A Writable bind
+// is how a jailed program gets a place to write: whatever it writes there
+// lands in Source, on the host, and outlives the jail.
+type Bind struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	Writable bool   `json:"writable,omitempty"`
 }
 
 func (c Config) validate() error {
 	if c.Mountpoint == "" || !strings.HasPrefix(c.Mountpoint, "/") {
 		return fmt.Errorf("jail mountpoint %q, want an absolute path: %w", c.Mountpoint, errkind.InvalidArgument)
 	}
-	for _, p := range append(append([]string(nil), c.ReadOnly...), c.Devices...) {
+	paths := append(append([]string(nil), c.ReadOnly...), c.Devices...)
+	for _, b := range c.Binds {
+		paths = append(paths, b.Source, b.Target)
+	}
+	for _, o := range c.Overlays {
+		paths = append(paths, o.Lower, o.Upper, o.Work)
+		if strings.ContainsAny(o.Lower+o.Upper+o.Work, ",:\\") {
+			return fmt.Errorf("jail overlay %+v: paths must not contain ',', ':' or '\\': %w", o, errkind.InvalidArgument)
+		}
+	}
+	for _, p := range paths {
 		if !strings.HasPrefix(p, "/") || p == "/" || strings.Contains(p, "/../") || strings.HasSuffix(p, "/..") {
 			return fmt.Errorf("jail path %q, want an absolute path below /: %w", p, errkind.InvalidArgument)
 		}

@@ -96,6 +96,58 @@ func TestJail(t *testing.T) {
 	}
 }
 
+// TestJailBinds: a writable bind is the one place the program writes, and
+// what it writes lands on the host; a read-only bind stays read-only; a
+// devpts of its own gives it pseudo-terminals.
+func TestJailBinds(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	testenv.RequireTool(t, testenv.TierNetns, "bash", "bash")
+	dir := t.TempDir()
+	rw, ro := filepath.Join(dir, "rw"), filepath.Join(dir, "ro")
+	low, up, work := filepath.Join(dir, "low"), filepath.Join(dir, "up"), filepath.Join(dir, "work")
+	for _, d := range []string{rw, ro, low, up, work} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+	}
+	for _, d := range []string{rw, up} {
+		if err := os.Chown(d, 2000000000, 2000000000); err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(ro, "f"), []byte("from host\n"), 0o644); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	mp := filepath.Join(dir, "root")
+	if err := os.Mkdir(mp, 0o700); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	cfg := jail.Config{UID: 2000000000, GID: 2000000000, Mountpoint: mp, ReadOnly: system, Devices: []string{"/dev/null"},
+		Binds: []jail.Bind{{Source: rw, Target: "/work", Writable: true}, {Source: ro, Target: "/data/ro"}}, PTYs: true,
+		Overlays: []jail.Overlay{{Lower: low, Upper: up, Work: work}}}
+	script := "echo guest > /work/out && cat /data/ro/f && (touch /data/ro/x 2>&1 | sed 's/.*: //'); echo up > " + low + "/new; " +
+		"test -c /dev/pts/ptmx && readlink /dev/ptmx && ls /dev/pts"
+	got, err := jailed(t, cfg, script)
+	if err != nil {
+		t.Fatalf("jailed %q: %v: %s", script, err, got)
+	}
+	if want := "from host\nRead-only file system\npts/ptmx\nptmx"; got != want {
+		t.Errorf("jailed %q = %q, want %q", script, got, want)
+	}
+	if b, err := os.ReadFile(filepath.Join(rw, "out")); err != nil || string(b) != "guest\n" {
+		t.Errorf("host sees %q, %v in the writable bind, want %q", b, err, "guest\n")
+	}
+	if _, err := os.Stat(filepath.Join(ro, "x")); err == nil {
+		t.Errorf("the jail wrote through a read-only bind")
+	}
+	if b, err := os.ReadFile(filepath.Join(up, "new")); err != nil || string(b) != "up\n" {
+		t.Errorf("overlay upper has %q, %v, want %q", b, err, "up\n")
+	}
+	if _, err := os.Stat(filepath.Join(low, "new")); err == nil {
+		t.Errorf("the jail wrote through an overlay into its lower directory")
+	}
+}
+
 func TestJailFails(t *testing.T) {
 	testenv.RequireRoot(t, testenv.TierNetns)
 	mp := t.TempDir()
@@ -125,6 +177,8 @@ func TestCommandValidates(t *testing.T) {
 		{Mountpoint: "/m", ReadOnly: []string{"/"}},
 		{Mountpoint: "/m", ReadOnly: []string{"/usr/../etc"}},
 		{Mountpoint: "/m", Devices: []string{"/etc/passwd"}},
+		{Mountpoint: "/m", Binds: []jail.Bind{{Source: "rel", Target: "/t"}}},
+		{Mountpoint: "/m", Binds: []jail.Bind{{Source: "/s", Target: "/"}}},
 	} {
 		if _, err := jail.Command(cfg, "/usr/bin/true"); !errors.Is(err, errkind.InvalidArgument) {
 			t.Errorf("Command(%+v) = %v, want InvalidArgument", cfg, err)

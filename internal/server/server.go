@@ -34,6 +34,7 @@ import (
 	"space/internal/chunkstore/local"
 	"space/internal/controlplane"
 	"space/internal/errkind"
+	"space/internal/image/kernel"
 	"space/internal/imagebuild"
 	"space/internal/netns"
 	"space/internal/secrets"
@@ -42,6 +43,8 @@ import (
 	"space/internal/store/postgres"
 	"space/internal/store/sqlite"
 	"space/internal/templatebuild"
+	"space/internal/vmm"
+	"space/internal/vmm/fake"
 	"space/internal/vmm/qemu"
 	"space/internal/worker"
 )
@@ -77,8 +80,12 @@ type Config struct {
 	// Required.
 	CacheBase string
 	// AgentPath is the static space-agent binary put in the initramfs.
-	// Required.
+	// Required, except with VMM "fake".
 	AgentPath string
+	// VMM selects the embedded worker's hypervisor driver: VMMQEMU ("" =
+	// it) or VMMFake, whose guests are jailed host processes: for tests
+	// and load tests only, never for untrusted code.
+	VMM string
 	// StoreURL selects PostgreSQL (postgres://...); "" = SQLite in DataDir.
 	StoreURL string
 	// WorkerID names the embedded worker; "" = the one recorded in
@@ -137,8 +144,11 @@ type Config struct {
 // Run starts the control plane and its embedded worker and serves until
 // ctx ends. VMs keep running after it returns.
 func Run(ctx context.Context, cfg Config) (err error) {
-	if cfg.DataDir == "" || cfg.CacheBase == "" || cfg.AgentPath == "" {
+	if cfg.DataDir == "" || cfg.CacheBase == "" || (cfg.AgentPath == "" && cfg.VMM != VMMFake) {
 		return fmt.Errorf("server: data dir, cache and agent path are required: %w", errkind.InvalidArgument)
+	}
+	if err := checkVMM(cfg.VMM); err != nil {
+		return fmt.Errorf("server: %w", err)
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultListen
@@ -174,14 +184,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	var w *worker.Worker // the embedded worker, or nil
 	if !cfg.NoWorker {
-		fmt.Fprintln(progress, "space: preparing the default template (first start: fetches a kernel and bootstraps Debian, minutes)")
+		if cfg.VMM != VMMFake {
+			fmt.Fprintln(progress, "space: preparing the default template (first start: fetches a kernel and bootstraps Debian, minutes)")
+		}
 		t0 := time.Now()
-		img, err := buildImages(ctx, cfg.CacheBase, cfg.AgentPath, cfg.Log)
+		img, err := templateImages(ctx, cfg.VMM, cfg.CacheBase, cfg.AgentPath, cfg.Log)
 		if err != nil {
 			return fmt.Errorf("default template: %w", err)
 		}
-		fmt.Fprintf(progress, "space: default template ready in %s\n", time.Since(t0).Round(time.Millisecond))
+		if cfg.VMM != VMMFake {
+			fmt.Fprintf(progress, "space: default template ready in %s\n", time.Since(t0).Round(time.Millisecond))
+		}
 		w, err = newWorker(ctx, workerConfig{
+			VMM: cfg.VMM, Progress: progress,
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB,
 			Chunks: chunks, Egress: cfg.Egress,
@@ -329,6 +344,36 @@ func openStore(ctx context.Context, cfg Config) (store.Store, error) {
 	return sqlite.Open(ctx, filepath.Join(cfg.DataDir, dbFile))
 }
 
+// The hypervisor drivers a worker can run (Config.VMM).
+const (
+	VMMQEMU = "qemu"
+	// VMMFake runs guests as jailed host processes (package vmm/fake):
+	// for control-plane tests and load tests, not a sandbox.
+	VMMFake = "fake"
+)
+
+func checkVMM(kind string) error {
+	switch kind {
+	case "", VMMQEMU, VMMFake:
+		return nil
+	}
+	return fmt.Errorf("vmm %q, want %q or %q: %w", kind, VMMQEMU, VMMFake, errkind.InvalidArgument)
+}
+
+// templateImages returns the default template's images for the driver
+// kind: built (or cached) for a real VMM, placeholders for the fake, which
+// boots no kernel and mounts no image.
+func templateImages(ctx context.Context, kind, cacheBase, agent string, log *slog.Logger) (*imagebuild.Artifacts, error) {
+	if kind == VMMFake {
+		return &imagebuild.Artifacts{
+			Kernel:    &kernel.Kernel{Version: "fake", Vmlinux: "/nonexistent/fake-vmm/vmlinux", Vmlinuz: "/nonexistent/fake-vmm/vmlinuz"},
+			Initramfs: "/nonexistent/fake-vmm/initramfs",
+			Rootfs:    "/nonexistent/fake-vmm/rootfs",
+		}, nil
+	}
+	return buildImages(ctx, cacheBase, agent, log)
+}
+
 func buildImages(ctx context.Context, cacheBase, agent string, log *slog.Logger) (*imagebuild.Artifacts, error) {
 	cache, err := cachedir.Open(cacheBase)
 	if err != nil {
@@ -374,6 +419,14 @@ func (e Egress) dial(ctx context.Context, network, addr string) (c net.Conn, err
 
 // workerConfig is what newWorker needs.
 type workerConfig struct {
+	VMM      string    // Config.VMM
+	Progress io.Writer // or nil
+	// FakeFaults are failures the fake driver injects from the start;
+	// for tests.
+	FakeFaults map[fake.Point]fake.Fault
+	// BootTimeout overrides the driver's boot timeout; 0 = the driver's.
+	// For tests.
+	BootTimeout            time.Duration
 	Egress                 Egress
 	ID, DataDir, CacheBase string
 	Images                 *imagebuild.Artifacts
@@ -405,37 +458,62 @@ func (t templates) Template(ctx context.Context, name string) (*imagebuild.Artif
 	return nil, fmt.Errorf("template %q: %w", name, errkind.NotFound)
 }
 
-// newWorker builds and starts (recovers) a worker with the QEMU driver.
+// newWorker builds and starts (recovers) a worker with the driver
+// wc.VMM names.
 func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	cache, err := cachedir.Open(wc.CacheBase)
 	if err != nil {
 		return nil, err
 	}
-	qcfg := qemu.Config{Binary: qemuBinary, Log: wc.Log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
-	// As root, QEMU runs jailed as qemu.DefaultUID and DefaultGID.
-	drv, err := qemu.New(qcfg)
-	if err != nil {
-		return nil, err
+	var (
+		drv  vmm.Driver
+		info worker.VMMInfo
+		// Waits scale with the accelerator: a TCG guest boots in
+		// seconds, a KVM one in well under one.
+		bootTimeout = 2 * time.Minute
+	)
+	switch wc.VMM {
+	case "", VMMQEMU:
+		qcfg := qemu.Config{Binary: qemuBinary, Log: wc.Log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
+		// As root, QEMU runs jailed as qemu.DefaultUID and DefaultGID.
+		qd, err := qemu.New(qcfg)
+		if err != nil {
+			return nil, err
+		}
+		accel, err := qd.Accel(ctx, wc.Images.Kernel.Vmlinux)
+		if err != nil {
+			return nil, err
+		}
+		wc.Log.Info("accelerator chosen", "accel", accel)
+		version, err := qemuVersion(ctx, qemuBinary)
+		if err != nil {
+			wc.Log.Warn("qemu version unknown", "err", err) // only reported, in the worker's capabilities
+		}
+		if accel == "kvm" {
+			bootTimeout = 30 * time.Second
+		}
+		drv, info = qd, worker.VMMInfo{Kind: VMMQEMU, Version: version, Accel: accel}
+	case VMMFake:
+		wc.Log.Warn("vmm fake: guests are jailed host processes, not virtual machines; for tests and load tests only, never for untrusted code")
+		if wc.Progress != nil {
+			fmt.Fprintln(wc.Progress, "space: WARNING: --vmm fake: sandboxes are jailed host processes, NOT virtual machines (tests and load tests only)")
+		}
+		fd, err := fake.New(fake.Config{Log: wc.Log, Faults: wc.FakeFaults})
+		if err != nil {
+			return nil, err
+		}
+		// A fake guest answers within milliseconds of its start.
+		drv, info, bootTimeout = fd, worker.VMMInfo{Kind: VMMFake, Version: fake.Version, Accel: fake.Accel}, 10*time.Second
+	default:
+		return nil, checkVMM(wc.VMM)
 	}
-	accel, err := drv.Accel(ctx, wc.Images.Kernel.Vmlinux)
-	if err != nil {
-		return nil, err
-	}
-	wc.Log.Info("accelerator chosen", "accel", accel)
-	version, err := qemuVersion(ctx, qemuBinary)
-	if err != nil {
-		wc.Log.Warn("qemu version unknown", "err", err) // only reported, in the worker's capabilities
+	if wc.BootTimeout > 0 {
+		bootTimeout = wc.BootTimeout
 	}
 	cg, err := cgroup.Detect()
 	if err != nil {
 		wc.Log.Warn("running VMMs without cgroup limits", "err", err)
 		cg = nil
-	}
-	// Waits scale with the accelerator: a TCG guest boots in seconds, a
-	// KVM one in well under one.
-	bootTimeout := 2 * time.Minute
-	if accel == "kvm" {
-		bootTimeout = 30 * time.Second
 	}
 	// The worker's directory reflinks where it can: a loop-mounted XFS
 	// image on file systems that do not (ext4), when root.
@@ -456,7 +534,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		Cgroups:   cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
 		EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
-		VMM: worker.VMMInfo{Kind: "qemu", Version: version, Accel: accel},
+		VMM: info,
 	})
 	if err != nil {
 		return nil, err

@@ -49,8 +49,11 @@ type WorkerConfig struct {
 	// Token is the control plane's worker token (its data dir's
 	// worker.token). Required.
 	Token string
-	// CacheBase and AgentPath are as in Config. Required.
+	// CacheBase and AgentPath are as in Config. Required (AgentPath
+	// except with VMM "fake").
 	CacheBase, AgentPath string
+	// VMM is as in Config.
+	VMM string
 	// VCPUs and MemoryMiB are the capacity offered; 0 = the worker's
 	// defaults.
 	VCPUs     int
@@ -73,8 +76,11 @@ type WorkerConfig struct {
 // registration as its heartbeat, until ctx ends. VMs keep running after it
 // returns.
 func RunWorker(ctx context.Context, cfg WorkerConfig) error {
-	if cfg.DataDir == "" || cfg.ControlPlane == "" || cfg.Token == "" || cfg.CacheBase == "" || cfg.AgentPath == "" {
+	if cfg.DataDir == "" || cfg.ControlPlane == "" || cfg.Token == "" || cfg.CacheBase == "" || (cfg.AgentPath == "" && cfg.VMM != VMMFake) {
 		return fmt.Errorf("worker: data dir, control plane, token, cache and agent path are required: %w", errkind.InvalidArgument)
+	}
+	if err := checkVMM(cfg.VMM); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultWorkerListen
@@ -101,7 +107,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		return err
 	}
 	fmt.Fprintln(progress, "space: preparing the default template")
-	img, err := buildImages(ctx, cfg.CacheBase, cfg.AgentPath, cfg.Log)
+	img, err := templateImages(ctx, cfg.VMM, cfg.CacheBase, cfg.AgentPath, cfg.Log)
 	if err != nil {
 		return fmt.Errorf("default template: %w", err)
 	}
@@ -110,6 +116,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		return err
 	}
 	w, err := newWorker(ctx, workerConfig{
+		VMM: cfg.VMM, Progress: progress,
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
 		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, Egress: cfg.Egress,
 	})

@@ -39,6 +39,11 @@ type Options struct {
 	// on, and the caller closes it. nil = the scenarios that need the host
 	// to go away and come back don't run.
 	Reconnect func(ctx context.Context, old *client.Client) (*client.Client, error)
+	// Unprivileged is set when the agent runs as a user that cannot
+	// switch users (the fake vmm's guests): an exec as another user must
+	// then fail with errkind.PermissionDenied, and the rest of
+	// EnvCwdUser runs as the agent's own user.
+	Unprivileged bool
 }
 
 // Run runs every scenario against c.
@@ -257,14 +262,21 @@ func testBackground(t *testing.T, c *client.Client) {
 
 func testEnvCwdUser(t *testing.T, c *client.Client, opts Options) {
 	uid := uint32(65534)
+	req := proto.ExecRequest{Shell: `echo "$FOO" "$(pwd)" "$(id -u)"`, Env: []string{"FOO=bar baz"}, Cwd: "/", UID: &uid}
+	want := "bar baz / 65534\n"
+	if opts.Unprivileged {
+		if _, err := c.Exec(ctx(t, time.Minute), req, client.IO{}); !errors.Is(err, errkind.PermissionDenied) {
+			t.Errorf("Exec as uid %d by an unprivileged agent = %v, want PermissionDenied", uid, err)
+		}
+		req.UID = nil
+		want = "bar baz / " + strings.TrimSpace(Output(t, c, "id -u")) + "\n"
+	}
 	var out bytes.Buffer
-	exit, err := c.Exec(ctx(t, time.Minute), proto.ExecRequest{
-		Shell: `echo "$FOO" "$(pwd)" "$(id -u)"`, Env: []string{"FOO=bar baz"}, Cwd: "/", UID: &uid,
-	}, client.IO{Stdout: &out})
+	exit, err := c.Exec(ctx(t, time.Minute), req, client.IO{Stdout: &out})
 	if err != nil || exit.Code != 0 {
 		t.Fatalf("Exec = %+v, %v", exit, err)
 	}
-	if got, want := out.String(), "bar baz / 65534\n"; got != want {
+	if got := out.String(); got != want {
 		t.Errorf("env/cwd/uid output = %q, want %q", got, want)
 	}
 }
