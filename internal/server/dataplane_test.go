@@ -19,9 +19,11 @@ import (
 
 // lineWriter is an io.Writer that reports each line it gets.
 type lineWriter struct {
-	mu    sync.Mutex
-	buf   bytes.Buffer
-	lines chan string
+	lines chan string // each complete line, while there is room
+
+	mu sync.Mutex
+	// +checklocks:mu
+	buf bytes.Buffer // the last line, until it is complete
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
