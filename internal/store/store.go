@@ -1,7 +1,7 @@
 // Package store defines the control plane's durable state: teams, API keys,
 // sandboxes, snapshots, templates, the build cache, sealed secrets,
-// archived egress logs and workers, and the [Store] contract its backends
-// implement.
+// archived egress logs, workers and the leases replicas coordinate with,
+// and the [Store] contract its backends implement.
 //
 // Backends live in subpackages (sqlite for the embedded single-host setup,
 // postgres for scale-out); both pass the conformance suite in storetest.

@@ -268,3 +268,59 @@ func TestUpgradeAddsEgressLogs(t *testing.T) {
 		t.Errorf("EgressLogs(t1, %s) after upgrade (-want +got):\n%s", sb, diff)
 	}
 }
+
+// TestUpgradeBackfillsQuotaColumns opens a database written at schema
+// version 6 and expects Open to fill the sandboxes' vcpus and memory_mib
+// from their specs, whatever those hold.
+func TestUpgradeBackfillsQuotaColumns(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.Start(t)
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	old, err := open(ctx, dsn, ms[:6])
+	if err != nil {
+		t.Fatalf("setup: open at version 6: %v", err)
+	}
+	if _, err := old.CreateTeam(ctx, store.Team{ID: "t1"}); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	cases := []struct {
+		spec      string
+		vcpus     int
+		memoryMiB int64
+	}{
+		{`{"vcpus":2,"memory_mib":512}`, 2, 512},
+		{`{}`, 0, 0},
+		{`[1,2]`, 0, 0},
+		{`"x"`, 0, 0},
+		{`{"vcpus":"two","memory_mib":null}`, 0, 0},
+		{`{"vcpus":-3,"memory_mib":{"a":1}}`, 0, 0},
+		{`{"vcpus":64,"memory_mib":1048576,"other":true}`, 64, 1048576},
+	}
+	ids := make([]string, len(cases))
+	for i, c := range cases {
+		ids[i] = store.NewSandboxID()
+		if _, err := old.pool.Exec(ctx, `INSERT INTO sandboxes (id, team_id, template, state, worker_id, spec, labels, created, updated, version)
+			VALUES ($1, 't1', 'base', 'running', '', $2, '{}', now(), now(), 1)`, ids[i], []byte(c.spec)); err != nil {
+			t.Fatalf("setup: insert sandbox: %v", err)
+		}
+	}
+	old.Close()
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("Open() of a version 6 database = %v", err)
+	}
+	defer s.Close()
+	for i, c := range cases {
+		sb, err := s.Sandbox(ctx, "t1", ids[i])
+		if err != nil {
+			t.Fatalf("Sandbox() after upgrade = %v", err)
+		}
+		if sb.VCPUs != c.vcpus || sb.MemoryMiB != c.memoryMiB || string(sb.Spec) != c.spec {
+			t.Errorf("spec %s after upgrade: vcpus %d, memory %d, spec %s; want %d, %d, unchanged",
+				c.spec, sb.VCPUs, sb.MemoryMiB, sb.Spec, c.vcpus, c.memoryMiB)
+		}
+	}
+}

@@ -3,7 +3,11 @@
 // Several control plane replicas may share one database: writes are single
 // statements or short transactions, UpdateSandbox, UpdateSnapshot and
 // UpdateTemplate compare versions in the database, and schema migrations
-// serialize on an advisory lock.
+// serialize on an advisory lock. Replicas coordinate through the database
+// alone: leases expire by its clock (now()), a fenced write holds its
+// lease's row (FOR KEY SHARE) until it commits, so no takeover can slip in
+// between check and write, and CreateSandboxWithinQuota serializes on the
+// team's row (FOR NO KEY UPDATE), per team, not globally.
 package postgres
 
 import (

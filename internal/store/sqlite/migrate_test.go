@@ -326,3 +326,64 @@ func TestUpgradeAddsEgressLogs(t *testing.T) {
 		t.Errorf("EgressLogs(t1, %s) after upgrade (-want +got):\n%s", sb, diff)
 	}
 }
+
+// backfillCases are sandbox specs written before version 7 and what
+// version 7 reads from them into the quota columns.
+var backfillCases = []struct {
+	spec      string
+	vcpus     int
+	memoryMiB int64
+}{
+	{`{"vcpus":2,"memory_mib":512}`, 2, 512},
+	{`{}`, 0, 0},
+	{`[1,2]`, 0, 0},
+	{`"x"`, 0, 0},
+	{`{"vcpus":"two","memory_mib":null}`, 0, 0},
+	{`{"vcpus":-3,"memory_mib":{"a":1}}`, 0, 0},
+	{`{"vcpus":64,"memory_mib":1048576,"other":true}`, 64, 1048576},
+}
+
+// TestUpgradeBackfillsQuotaColumns opens a database written at schema
+// version 6 and expects Open to fill the sandboxes' vcpus and memory_mib
+// from their specs, whatever those hold.
+func TestUpgradeBackfillsQuotaColumns(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "state.db")
+	ms, err := migrate.Load(migrationFS, "migrations")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	old, err := open(ctx, path, ms[:6])
+	if err != nil {
+		t.Fatalf("setup: open at version 6: %v", err)
+	}
+	if _, err := old.CreateTeam(ctx, store.Team{ID: "t1"}); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	ids := make([]string, len(backfillCases))
+	for i, c := range backfillCases {
+		ids[i] = store.NewSandboxID()
+		if _, err := old.w.ExecContext(ctx, `INSERT INTO sandboxes (id, team_id, template, state, worker_id, spec, labels, created_us, updated_us, version)
+			VALUES (?, 't1', 'base', 'running', '', ?, '{}', 1, 1, 1)`, ids[i], []byte(c.spec)); err != nil {
+			t.Fatalf("setup: insert sandbox: %v", err)
+		}
+	}
+	if err := old.Close(); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open() of a version 6 database = %v", err)
+	}
+	defer s.Close()
+	for i, c := range backfillCases {
+		sb, err := s.Sandbox(ctx, "t1", ids[i])
+		if err != nil {
+			t.Fatalf("Sandbox() after upgrade = %v", err)
+		}
+		if sb.VCPUs != c.vcpus || sb.MemoryMiB != c.memoryMiB || string(sb.Spec) != c.spec {
+			t.Errorf("spec %s after upgrade: vcpus %d, memory %d, spec %s; want %d, %d, unchanged",
+				c.spec, sb.VCPUs, sb.MemoryMiB, sb.Spec, c.vcpus, c.memoryMiB)
+		}
+	}
+}
