@@ -255,9 +255,18 @@ type placement struct {
 
 // create records, places and boots (or restores) a sandbox.
 func (s *Server) create(ctx context.Context, team string, sp spec, labels map[string]string, pl placement) (store.Sandbox, error) {
+	// The store checks the quota and records the sandbox in one
+	// transaction, serialized per team across every replica; the check
+	// here fails early, before a placement, and keeps this process's
+	// cache in step.
 	lock := s.teamLock(team)
 	lock.Lock()
 	if err := s.checkQuota(ctx, team, sp); err != nil {
+		lock.Unlock()
+		return store.Sandbox{}, err
+	}
+	q, err := s.quota(ctx, team)
+	if err != nil {
 		lock.Unlock()
 		return store.Sandbox{}, err
 	}
@@ -276,11 +285,14 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 	}
 	id := store.NewSandboxID()
 	defer s.claim(id)()
-	rec, err := s.cfg.Store.CreateSandbox(ctx, store.Sandbox{
+	rec, err := s.cfg.Store.CreateSandboxWithinQuota(ctx, store.Sandbox{
 		ID: id, TeamID: team, Template: cmp.Or(sp.TemplateRef, sp.Template), State: sandbox.Creating,
-		WorkerID: wk.ID(), Spec: specJSON, Labels: labels,
+		WorkerID: wk.ID(), Spec: specJSON, Labels: labels, VCPUs: sp.VCPUs, MemoryMiB: sp.MemoryMiB,
 		Expires: s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second),
-	})
+	}, store.Quota{Sandboxes: q.Sandboxes, VCPUs: q.VCPUs, MemoryMiB: q.MemoryMiB})
+	if errors.Is(err, errkind.ResourceExhausted) {
+		s.forgetUsage(team) // another replica's creates: the cache is behind
+	}
 	if err == nil {
 		s.adjustUsage(team, sp, 1)
 	}
@@ -467,8 +479,9 @@ func (s *Server) quotaUsage(ctx context.Context, team string) (api.QuotaUsage, e
 	if err != nil {
 		return api.QuotaUsage{}, err
 	}
-	u, err := s.teamUsage(ctx, team)
-	return api.QuotaUsage{Limits: q, Used: u}, err
+	// From the store: every replica's sandboxes.
+	u, err := s.cfg.Store.TeamUsage(ctx, team)
+	return api.QuotaUsage{Limits: q, Used: api.Quota{Sandboxes: u.Sandboxes, VCPUs: u.VCPUs, MemoryMiB: u.MemoryMiB}}, err
 }
 
 func (s *Server) handleQuota(w http.ResponseWriter, r *http.Request) {
