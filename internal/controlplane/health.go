@@ -28,7 +28,12 @@ type probe struct {
 	err     error              // the last probe's failure, or nil
 	at      time.Time          // when the last probe ended; zero before one did
 	pending bool               // a probe is out
+	since   time.Time          // when the probe out began
 }
+
+// lateProbe is how long a probe may be out before placement stops
+// waiting for its worker.
+const lateProbe = time.Second
 
 // probeAll starts a probe of every worker that has none out, and returns
 // at once; the probes end within probeTimeout and are waited for by
@@ -42,7 +47,9 @@ func (s *Server) probeAll(ctx context.Context) {
 			s.probes[wk.ID()] = p
 		}
 		busy := p.pending
-		p.pending = true
+		if !busy {
+			p.pending, p.since = true, s.now()
+		}
 		s.mu.Unlock()
 		if busy {
 			continue // the last one hangs still: it fails on its own
@@ -111,10 +118,11 @@ func (s *Server) answering(wk Worker) bool {
 	return p.err == nil && s.now().Sub(p.at) < probeStale
 }
 
-// capacities returns the status of each of workers: the last probe's if
-// it is fresh, else a new probe's, all asked at once and each within
-// probeTimeout. A worker that cannot say is left out, as is one whose
-// probe is still out and late (it hangs) or recently failed.
+// capacities returns the status of each of workers, asked anew of each
+// at once (capacity moves with every create and delete), each within
+// probeTimeout. A worker whose probe is out for longer than lateProbe
+// (it hangs) or recently failed is not asked, and is left out, as is one
+// that cannot say.
 func (s *Server) capacities(ctx context.Context, workers []Worker) map[string]workerproto.Status {
 	out := make(map[string]workerproto.Status, len(workers))
 	var mu sync.Mutex
@@ -122,26 +130,18 @@ func (s *Server) capacities(ctx context.Context, workers []Worker) map[string]wo
 	for _, wk := range workers {
 		s.mu.Lock()
 		p := s.probes[wk.ID()]
-		fresh := p != nil && p.err == nil && !p.at.IsZero() && s.now().Sub(p.at) < probeInterval
-		// Its probe is out and late, or just failed: waiting would not
-		// help (the probe loop tries it again).
-		hung := p != nil && !fresh && (p.pending || (p.err != nil && s.now().Sub(p.at) < probeStale))
-		var st workerproto.Status
-		if fresh {
-			st = p.status
-		}
-		if !fresh && !hung {
+		// Waiting would not help: the probe loop tries it again.
+		hung := p != nil && ((p.pending && s.now().Sub(p.since) > lateProbe) || (!p.pending && p.err != nil && s.now().Sub(p.at) < probeStale))
+		if !hung {
 			if p == nil {
 				p = &probe{}
 				s.probes[wk.ID()] = p
 			}
-			p.pending = true
+			if !p.pending {
+				p.pending, p.since = true, s.now()
+			}
 		}
 		s.mu.Unlock()
-		if fresh {
-			out[wk.ID()] = st
-			continue
-		}
 		if hung {
 			continue
 		}
@@ -166,17 +166,6 @@ func (s *Server) capacities(ctx context.Context, workers []Worker) map[string]wo
 	return out
 }
 
-// reserve counts spec against wk's last known status, so placements
-// between two probes spread over the workers.
-func (s *Server) reserve(wk Worker, spec workerproto.Spec) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p := s.probes[wk.ID()]; p != nil && p.err == nil {
-		p.status.UsedVCPUs += spec.VCPUs
-		p.status.UsedMemoryMiB += spec.MemoryMiB
-	}
-}
-
 // place picks, among workers, the one with the most free memory that
 // fits spec, from what their probes say.
 func (s *Server) place(ctx context.Context, workers []Worker, spec workerproto.Spec) (Worker, error) {
@@ -196,6 +185,5 @@ func (s *Server) place(ctx context.Context, workers []Worker, spec workerproto.S
 		return nil, noRoom(spec)
 	}
 	sort.SliceStable(cands, func(i, j int) bool { return cands[i].free > cands[j].free })
-	s.reserve(cands[0].w, spec)
 	return cands[0].w, nil
 }
