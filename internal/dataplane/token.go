@@ -109,7 +109,7 @@ func (s *Sealer) Open(token string, now time.Time) (Grant, error) {
 	if !ok || len(token) > maxToken {
 		return Grant{}, ErrBadToken
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(body)
+	raw, err := base64.RawURLEncoding.Strict().DecodeString(body) // one encoding per token: no spare bits
 	if err != nil || len(raw) < s.aead.NonceSize()+s.aead.Overhead() {
 		return Grant{}, ErrBadToken
 	}
