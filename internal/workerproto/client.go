@@ -284,7 +284,10 @@ func call[Req, Resp any](ctx context.Context, c *Client, v *Verb[Req, Resp], id 
 		ctxErr := ctx.Err()
 		cancel()
 		switch {
-		case errors.Is(ctxErr, context.DeadlineExceeded) && (errors.Is(err, context.DeadlineExceeded) || errors.As(err, &te)):
+		case errors.Is(ctxErr, context.DeadlineExceeded):
+			// Whatever came back came too late: a transport error, or
+			// an answer the worker wrote after it saw our cancel (HTTP/2
+			// can still deliver that one).
 			return zero, fmt.Errorf("worker %s: %s: no answer within %v: %w", c.cfg.ID, v.Name, timeout, &deadlineError{err})
 		case errors.As(err, &te):
 			return zero, fmt.Errorf("worker %s: %s: %w", c.cfg.ID, v.Name, err)
