@@ -18,6 +18,11 @@ import (
 // under way is finished; a running sandbox its worker lost is failed. Run
 // it before serving.
 func (s *Server) Reconcile(ctx context.Context) error {
+	// What any replica works on is left alone (claims.go).
+	busy, err := s.claims.all(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
 	// Each worker on its own: one that hangs holds up only its own
 	// sandboxes (every call to it has a deadline), and one that does
 	// not answer is skipped until it does.
@@ -31,28 +36,40 @@ func (s *Server) Reconcile(ctx context.Context) error {
 			continue
 		}
 		wg.Go(func() {
-			err := s.reconcileWorker(ctx, wk)
+			err := s.reconcileWorker(ctx, wk, busy)
 			mu.Lock()
 			errs = append(errs, err)
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	return errors.Join(append(errs, s.reconcileSnapshots(ctx), s.reconcileTemplates(ctx))...)
+	return errors.Join(append(errs, s.reconcileSnapshots(ctx, busy), s.reconcileTemplates(ctx, busy))...)
 }
 
 // reconcileWorker settles the sandboxes placed on wk.
-func (s *Server) reconcileWorker(ctx context.Context, wk Worker) error {
+func (s *Server) reconcileWorker(ctx context.Context, wk Worker, busy claimed) error {
 	recs, err := s.cfg.Store.SandboxesByWorker(ctx, wk.ID())
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, rec := range recs {
-		if s.isBusy(rec.ID) {
-			continue // a create or delete is under way
+		if busy.busy(rec.ID) {
+			continue // a replica's operation is under way
 		}
-		if err := s.reconcile(ctx, wk, rec); err != nil {
+		err := s.settle(ctx, rec.ID, func(ctx context.Context) error {
+			// Read again under the claim: what the list said may be
+			// settled already.
+			rec, err := s.cfg.Store.Sandbox(ctx, rec.TeamID, rec.ID)
+			if errors.Is(err, store.ErrNotFound) || (err == nil && rec.WorkerID != wk.ID()) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			return s.reconcile(ctx, wk, rec)
+		})
+		if err != nil {
 			errs = append(errs, fmt.Errorf("reconcile %s on %s: %w", rec.ID, wk.ID(), err))
 		}
 		if ctx.Err() != nil {
@@ -71,27 +88,39 @@ func (s *Server) reconcileWorker(ctx context.Context, wk Worker) error {
 // fork snapshot means the fork never answered: the children it made go
 // first (a child that cannot go yet keeps the snapshot for the next
 // round).
-func (s *Server) reconcileSnapshots(ctx context.Context) error {
+func (s *Server) reconcileSnapshots(ctx context.Context, busy claimed) error {
 	pending, err := s.cfg.Store.UnsettledSnapshots(ctx)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, sn := range pending {
-		if s.isBusy(sn.ID) {
+		if busy.busy(sn.ID) {
 			continue
 		}
 		if _, err := s.worker(sn.WorkerID); err != nil {
 			continue
 		}
-		s.log.Info("settling interrupted snapshot", "snapshot_id", sn.ID, "state", sn.State)
-		if sn.State == store.SnapshotCreating {
-			if err := s.removeForkChildren(ctx, sn); err != nil {
-				errs = append(errs, fmt.Errorf("settle snapshot %s: %w", sn.ID, err))
-				continue
+		err := s.settle(ctx, sn.ID, func(ctx context.Context) error {
+			sn, err := s.cfg.Store.Snapshot(ctx, sn.TeamID, sn.ID)
+			if errors.Is(err, store.ErrNotFound) || (err == nil && sn.State != store.SnapshotCreating && sn.State != store.SnapshotDeleting) {
+				return nil
 			}
-		}
-		if err := s.deleteSnapshot(ctx, sn); err != nil && !errors.Is(err, store.ErrVersionConflict) && !errors.Is(err, store.ErrNotFound) {
+			if err != nil {
+				return err
+			}
+			s.log.Info("settling interrupted snapshot", "snapshot_id", sn.ID, "state", sn.State)
+			if sn.State == store.SnapshotCreating {
+				if err := s.removeForkChildren(ctx, sn); err != nil {
+					return err
+				}
+			}
+			if err := s.deleteSnapshot(ctx, sn); err != nil && !errors.Is(err, store.ErrVersionConflict) && !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+			return nil
+		})
+		if err != nil {
 			errs = append(errs, fmt.Errorf("settle snapshot %s: %w", sn.ID, err))
 		}
 	}
@@ -219,40 +248,63 @@ func (s *Server) reapExpired(ctx context.Context) {
 		s.log.Error("list expired sandboxes", "err", err)
 		return
 	}
+	busy, err := s.claims.all(ctx)
+	if err != nil {
+		s.log.Error("list claims", "err", err)
+		return
+	}
 	for _, sb := range expired {
+		if sb.State == sandbox.Creating || busy.busy(sb.ID) {
+			continue // an operation is under way: the next round looks again
+		}
+		if err := s.settle(ctx, sb.ID, s.expire(sb)); err != nil {
+			s.log.Error("expired sandbox", "sandbox_id", sb.ID, "err", err)
+		}
+	}
+}
+
+// expire returns what reapExpired does, under its claim, with a sandbox
+// whose expiry passed.
+func (s *Server) expire(listed store.Sandbox) func(context.Context) error {
+	return func(ctx context.Context) error {
+		// Read again under the claim: a replica may have changed it
+		// since the list.
+		sb, err := s.cfg.Store.Sandbox(ctx, listed.TeamID, listed.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
 		sb = loaded(sb)
-		if sb.State == sandbox.Creating {
-			continue // its create is still under way
+		if sb.Expires.IsZero() || sb.Expires.After(s.now()) || sb.State == sandbox.Creating {
+			return nil
 		}
 		sp, err := specOf(sb)
 		if err != nil {
 			// Its timeout cannot be told: neither deleted (it may be one
 			// to keep) nor suspended.
-			s.log.Error("expired sandbox", "sandbox_id", sb.ID, "err", err)
-			continue
+			return err
 		}
 		if sp.OnTimeout == onTimeoutSuspend && sb.State != sandbox.Failed {
 			s.idleTimeout(ctx, sb, time.Duration(sp.TimeoutSeconds)*time.Second)
-			continue
+			return nil
 		}
 		if err := s.delete(ctx, sb); err != nil {
-			s.log.Error("remove expired sandbox", "sandbox_id", sb.ID, "err", err)
-			continue
+			return err
 		}
 		s.log.Info("removed expired sandbox", "sandbox_id", sb.ID, "expired", sb.Expires.Format(time.RFC3339))
+		return nil
 	}
 }
 
-// idleTimeout handles a sandbox that suspends once idle for timeout and
-// whose expiry passed: if the data plane used it since, its expiry moves
-// to timeout after that use; otherwise it is suspended (and then does not
-// expire until a resume).
+// idleTimeout handles a sandbox, claimed by the caller, that suspends
+// once idle for timeout and whose expiry passed: if the data plane used
+// it since, its expiry moves to timeout after that use; otherwise it is
+// suspended (and then does not expire until a resume).
 func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time.Duration) {
 	if sb.State != sandbox.Running && sb.State != sandbox.Paused {
 		return // suspended already, or on its way somewhere
-	}
-	if s.isBusy(sb.ID) {
-		return // a create, delete or suspend of this process works on it
 	}
 	wk, err := s.worker(sb.WorkerID)
 	if err != nil {
@@ -272,12 +324,11 @@ func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time
 		if inUse {
 			sb.Expires = now.Add(timeout)
 		}
-		if _, err := s.cfg.Store.UpdateSandbox(ctx, sb); err != nil && !errors.Is(err, store.ErrVersionConflict) {
+		if _, err := s.writes(ctx).UpdateSandbox(ctx, sb); err != nil && !errors.Is(err, store.ErrVersionConflict) {
 			s.log.Error("extend idle sandbox", "sandbox_id", sb.ID, "err", err)
 		}
 		return
 	}
-	defer s.claim(sb.ID)()
 	if _, err = s.suspend(ctx, sb, wk); err != nil {
 		// It keeps running: deleting it would lose the work the caller
 		// asked to keep. The next round tries again.

@@ -68,7 +68,7 @@ func (s *Server) updateSpec(ctx context.Context, sb store.Sandbox, edit func(*sp
 		}
 		edit(&sp)
 		sb.Spec, _ = json.Marshal(sp)
-		updated, err := s.cfg.Store.UpdateSandbox(ctx, sb)
+		updated, err := s.writes(ctx).UpdateSandbox(ctx, sb)
 		if errors.Is(err, store.ErrVersionConflict) {
 			if sb, err = s.cfg.Store.Sandbox(ctx, sb.TeamID, sb.ID); err == nil {
 				continue
@@ -284,8 +284,13 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		return store.Sandbox{}, fmt.Errorf("encode spec: %w", err)
 	}
 	id := store.NewSandboxID()
-	defer s.claim(id)()
-	rec, err := s.cfg.Store.CreateSandboxWithinQuota(ctx, store.Sandbox{
+	ctx, release, err := s.claim(ctx, id)
+	if err != nil {
+		lock.Unlock()
+		return store.Sandbox{}, err
+	}
+	defer release()
+	rec, err := s.writes(ctx).CreateSandboxWithinQuota(ctx, store.Sandbox{
 		ID: id, TeamID: team, Template: cmp.Or(sp.TemplateRef, sp.Template), State: sandbox.Creating,
 		WorkerID: wk.ID(), Spec: specJSON, Labels: labels, VCPUs: sp.VCPUs, MemoryMiB: sp.MemoryMiB,
 		Expires: s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second),
@@ -333,7 +338,7 @@ func (s *Server) rollback(ctx context.Context, wk Worker, rec store.Sandbox) err
 	if err := wk.Delete(ctx, rec.ID); err != nil && !errors.Is(err, errkind.NotFound) {
 		errs = append(errs, fmt.Errorf("roll back on worker: %w", err))
 	}
-	if err := s.cfg.Store.DeleteSandbox(ctx, rec.TeamID, rec.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := s.writes(ctx).DeleteSandbox(ctx, rec.TeamID, rec.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		errs = append(errs, fmt.Errorf("roll back record: %w", err))
 		s.forgetUsage(rec.TeamID)
 	} else if err == nil {
@@ -352,7 +357,7 @@ func (s *Server) transition(ctx context.Context, rec store.Sandbox, to sandbox.S
 	if edit != nil {
 		edit(&rec)
 	}
-	return s.cfg.Store.UpdateSandbox(ctx, rec)
+	return s.writes(ctx).UpdateSandbox(ctx, rec)
 }
 
 // live reports whether a sandbox counts against quota.
@@ -666,7 +671,11 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 // delete records stopping, has the worker destroy the VM, then removes
 // the record.
 func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
-	defer s.claim(sb.ID)()
+	ctx, release, err := s.claim(ctx, sb.ID)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if sb.State == sandbox.Creating {
 		return fmt.Errorf("sandbox %s is still being created: %w", sb.ID, errkind.FailedPrecondition)
 	}
@@ -689,7 +698,7 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 				return err
 			}
 		}
-		if err := s.cfg.Store.DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		if err := s.writes(ctx).DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
 		s.log.Info("sandbox deleted", "sandbox_id", sb.ID)
@@ -713,7 +722,7 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 			return err
 		}
 	}
-	if err := s.cfg.Store.DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := s.writes(ctx).DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		s.forgetUsage(sb.TeamID)
 		return err
 	} else if err == nil {
@@ -788,8 +797,12 @@ func (s *Server) setRunning(w http.ResponseWriter, r *http.Request, run bool) {
 			return
 		}
 	}
-	ctx := context.WithoutCancel(r.Context())
-	defer s.claim(sb.ID)()
+	ctx, release, err := s.claim(context.WithoutCancel(r.Context()), sb.ID)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	defer release()
 	wk, err := s.worker(sb.WorkerID)
 	if err != nil {
 		httpapi.WriteError(w, err)

@@ -332,8 +332,12 @@ func (s *Server) handleSetSecrets(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, fmt.Errorf("sandbox %s has no network interface, so no gateway to add secrets: %w", sb.ID, errkind.FailedPrecondition))
 		return
 	}
-	ctx := context.WithoutCancel(r.Context())
-	defer s.claim(sb.ID)()
+	ctx, release, err := s.claim(context.WithoutCancel(r.Context()), sb.ID)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	defer release()
 	grants, added, err := s.regrant(ctx, sb.TeamID, sp.Secrets, b.Secrets)
 	if err != nil {
 		httpapi.WriteError(w, err)

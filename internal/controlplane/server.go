@@ -108,6 +108,11 @@ type Config struct {
 	CrashAt string
 	// Version is reported by /v1/health.
 	Version string
+	// ReplicaID names this control plane among the replicas sharing the
+	// store: unique, and the same across restarts (so a restarted
+	// replica knows its earlier life's claims for dead); "" = a random
+	// one.
+	ReplicaID string
 	// Log receives events; nil = discard.
 	Log *slog.Logger
 	// Now is the clock; nil = time.Now.
@@ -136,6 +141,8 @@ type Server struct {
 	sealer  *dataplane.Sealer
 	plane   *dataplane.Handler
 	remotes *Remotes
+	// claims are this replica's claims on records (see claims.go).
+	claims *claims
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -144,8 +151,6 @@ type Server struct {
 	teamLocks map[string]*sync.Mutex
 	// +checklocks:mu
 	seen map[string]time.Time // last registration of each standalone worker
-	// +checklocks:mu
-	busy map[string]bool // sandboxes a create or delete of this process is working on
 	// +checklocks:mu
 	usage map[string]api.Quota // per team: what its live sandboxes use; absent = load from the store
 	// +checklocks:mu
@@ -196,9 +201,15 @@ func New(cfg Config) (*Server, error) {
 		teamLocks: make(map[string]*sync.Mutex),
 		seen:      make(map[string]time.Time),
 		usage:     make(map[string]api.Quota),
-		busy:      make(map[string]bool),
 		probes:    make(map[string]*probe),
 	}
+	if cfg.ReplicaID == "" {
+		cfg.ReplicaID = store.NewID("cp-")
+	}
+	if err := store.ValidateLease("leader", holderOf(cfg.ReplicaID), time.Second); err != nil || strings.Contains(cfg.ReplicaID, "/") {
+		return nil, fmt.Errorf("controlplane: replica id %q: want printable ASCII without spaces or slashes: %w", cfg.ReplicaID, errkind.InvalidArgument)
+	}
+	s.claims = newClaims(cfg.Store, cfg.ReplicaID, s.log)
 	if cfg.WorkerToken != "" {
 		var err error
 		if s.sealer, err = dataplane.NewSealer(cfg.WorkerToken); err != nil {
@@ -441,33 +452,3 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, api.Health{Status: "ok", Version: s.cfg.Version})
 }
 
-// claim marks a sandbox as worked on by this process, so the periodic
-// reconcile leaves it alone; the returned func releases it.
-func (s *Server) claim(id string) func() {
-	s.mu.Lock()
-	s.busy[id] = true
-	s.mu.Unlock()
-	return func() {
-		s.mu.Lock()
-		delete(s.busy, id)
-		s.mu.Unlock()
-	}
-}
-
-// busyPrefix reports whether anything claimed starts with prefix.
-func (s *Server) busyPrefix(prefix string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for id := range s.busy {
-		if strings.HasPrefix(id, prefix) {
-			return true
-		}
-	}
-	return false
-}
-
-func (s *Server) isBusy(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.busy[id]
-}

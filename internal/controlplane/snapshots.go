@@ -90,7 +90,11 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 	// Claimed before it is recorded: Reconcile leaves a creating snapshot
 	// alone while this process works on it.
 	id := store.NewSnapshotID()
-	defer s.claim(id)()
+	ctx, release, err := s.claim(ctx, id)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	defer release()
 	return s.takeSnapshot(ctx, sb, wk, id, name, false, false)
 }
 
@@ -124,7 +128,7 @@ func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, 
 	}
 	info, err := wk.Snapshot(ctx, sb.ID, worker.SnapshotRequest{SnapshotID: sn.ID, Local: local, Ephemeral: local})
 	if err != nil {
-		return sn, errors.Join(err, s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID))
+		return sn, errors.Join(err, s.writes(ctx).DeleteSnapshot(ctx, sn.TeamID, sn.ID))
 	}
 	s.crash("api.snapshot.worker-done")
 	meta, err := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes})
@@ -136,7 +140,7 @@ func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, 
 		sn.NewBytes, sn.Manifest = info.NewBytes, sn.ID
 	}
 	if fork {
-		sn, err = s.cfg.Store.UpdateSnapshot(ctx, sn) // still creating
+		sn, err = s.writes(ctx).UpdateSnapshot(ctx, sn) // still creating
 	} else {
 		sn, err = s.setSnapshotState(ctx, sn, store.SnapshotReady)
 	}
@@ -245,7 +249,7 @@ func (s *Server) deleteSnapshot(ctx context.Context, sn store.Snapshot) error {
 			return err
 		}
 	}
-	if err := s.cfg.Store.DeleteSnapshot(ctx, sn.TeamID, sn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := s.writes(ctx).DeleteSnapshot(ctx, sn.TeamID, sn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
 	return nil
@@ -258,7 +262,7 @@ func (s *Server) setSnapshotState(ctx context.Context, sn store.Snapshot, to sto
 		return sn, fmt.Errorf("snapshot %s: %w", sn.ID, err)
 	}
 	sn.State = to
-	return s.cfg.Store.UpdateSnapshot(ctx, sn)
+	return s.writes(ctx).UpdateSnapshot(ctx, sn)
 }
 
 func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
@@ -292,7 +296,12 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
 			sn.ID, sn.WorkerID, sb.ID, sb.WorkerID, errkind.FailedPrecondition))
 		return
 	}
-	defer s.claim(sb.ID)()
+	ctx, release, err := s.claim(ctx, sb.ID)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	defer release()
 	if sb, err = s.transition(ctx, sb, sandbox.Creating, nil); err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -348,7 +357,12 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 	}
 	local := hasRoom(ctx, wk, sp, req.Count)
 	id := store.NewSnapshotID()
-	defer s.claim(id)() // until the snapshot is gone (deferred below)
+	ctx, release, err := s.claim(ctx, id)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	defer release() // until the snapshot is gone (deferred below)
 	sn, err := s.takeSnapshot(ctx, sb, wk, id, "", local, true)
 	if err != nil {
 		httpapi.WriteError(w, err)

@@ -25,8 +25,12 @@ func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	ctx := context.WithoutCancel(r.Context())
-	defer s.claim(sb.ID)()
+	ctx, release, err := s.claim(context.WithoutCancel(r.Context()), sb.ID)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	defer release()
 	if sb, err = s.suspend(ctx, sb, wk); err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -95,8 +99,12 @@ func (s *Server) finishSuspend(ctx context.Context, sb store.Sandbox) (store.San
 // resumeSuspended starts a suspended sandbox from its snapshot, on the
 // worker with the most room, with its ID, and then drops the snapshot.
 func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb store.Sandbox) {
-	ctx := context.WithoutCancel(r.Context())
-	defer s.claim(sb.ID)()
+	ctx, release, err := s.claim(context.WithoutCancel(r.Context()), sb.ID)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	defer release()
 	snap, err := suspendedFrom(sb)
 	if err != nil {
 		httpapi.WriteError(w, fmt.Errorf("resume: %w", err))

@@ -106,7 +106,7 @@ func (s *Server) setTemplateState(ctx context.Context, t store.Template, to stor
 	if edit != nil {
 		edit(&t)
 	}
-	return s.cfg.Store.UpdateTemplate(ctx, t)
+	return s.writes(ctx).UpdateTemplate(ctx, t)
 }
 
 // builtinViews are the server's own templates (the default first).
@@ -384,15 +384,24 @@ func (s *Server) handleBuildTemplate(w http.ResponseWriter, r *http.Request) {
 	// The version is the store's to number, so until it is known the
 	// build claims the name: reconcile must not take the new version for
 	// one a crash interrupted.
-	releaseName := s.claim(buildNameClaim(c.team, name) + store.NewID("b"))
+	_, releaseName, err := s.claim(ctx, buildNameClaim(c.team, name)+store.NewID("b"))
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
 	t, err := s.cfg.Store.CreateTemplate(ctx, store.Template{TeamID: c.team, Name: name, State: store.TemplateBuilding})
 	if err != nil {
 		releaseName()
 		httpapi.WriteError(w, err)
 		return
 	}
-	defer s.claim(buildClaim(t))()
+	ctx, release, err := s.claim(ctx, buildClaim(t))
 	releaseName()
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	defer release()
 
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
@@ -445,41 +454,50 @@ func (s *Server) handleBuildTemplate(w http.ResponseWriter, r *http.Request) {
 // reconcileTemplates settles the template versions a crash left being
 // built or deleted: an interrupted build fails (its build sandboxes go),
 // an interrupted delete finishes.
-func (s *Server) reconcileTemplates(ctx context.Context) error {
+func (s *Server) reconcileTemplates(ctx context.Context, busy claimed) error {
 	pending, err := s.cfg.Store.UnsettledTemplates(ctx)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, t := range pending {
-		if s.isBusy(buildClaim(t)) || s.busyPrefix(buildNameClaim(t.TeamID, t.Name)) {
+		if busy.busy(buildClaim(t)) || busy.busyPrefix(buildNameClaim(t.TeamID, t.Name)) {
 			continue
 		}
-		ref := templateRef(t.Name, t.Version)
-		s.log.Info("settling interrupted template", "template", ref, "team", t.TeamID, "state", t.State)
-		if t.State == store.TemplateDeleting {
-			if err := s.deleteTemplate(ctx, t); err != nil && !errors.Is(err, store.ErrVersionConflict) {
-				errs = append(errs, fmt.Errorf("settle template %s: %w", ref, err))
-			}
-			continue
+		if err := s.settle(ctx, buildClaim(t), func(ctx context.Context) error { return s.settleTemplate(ctx, t) }); err != nil {
+			errs = append(errs, fmt.Errorf("settle template %s: %w", templateRef(t.Name, t.Version), err))
 		}
-		sbs, err := s.cfg.Store.ListSandboxes(ctx, t.TeamID, store.Filter{Labels: map[string]string{buildLabel: ref}})
-		if err != nil {
-			errs = append(errs, err)
-			continue
+	}
+	return errors.Join(errs...)
+}
+
+// settleTemplate fails an interrupted build of t (its build sandboxes
+// go) or finishes an interrupted delete.
+func (s *Server) settleTemplate(ctx context.Context, t store.Template) error {
+	ref := templateRef(t.Name, t.Version)
+	s.log.Info("settling interrupted template", "template", ref, "team", t.TeamID, "state", t.State)
+	if t.State == store.TemplateDeleting {
+		if err := s.deleteTemplate(ctx, t); err != nil && !errors.Is(err, store.ErrVersionConflict) {
+			return err
 		}
-		for _, sb := range sbs {
-			if err := s.delete(ctx, sb); err != nil && !errors.Is(err, store.ErrNotFound) {
-				errs = append(errs, fmt.Errorf("settle template %s: build sandbox %s: %w", ref, sb.ID, err))
-			}
+		return nil
+	}
+	sbs, err := s.cfg.Store.ListSandboxes(ctx, t.TeamID, store.Filter{Labels: map[string]string{buildLabel: ref}})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, sb := range sbs {
+		if err := s.delete(ctx, sb); err != nil && !errors.Is(err, store.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("build sandbox %s: %w", sb.ID, err))
 		}
-		meta, err := json.Marshal(templateMeta{Error: "the build was interrupted (the server stopped); build again"})
-		if err == nil {
-			_, err = s.setTemplateState(ctx, t, store.TemplateFailed, func(t *store.Template) { t.Meta = meta })
-		}
-		if err != nil && !errors.Is(err, store.ErrVersionConflict) {
-			errs = append(errs, fmt.Errorf("settle template %s: %w", ref, err))
-		}
+	}
+	meta, err := json.Marshal(templateMeta{Error: "the build was interrupted (the server stopped); build again"})
+	if err == nil {
+		_, err = s.setTemplateState(ctx, t, store.TemplateFailed, func(t *store.Template) { t.Meta = meta })
+	}
+	if err != nil && !errors.Is(err, store.ErrVersionConflict) {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

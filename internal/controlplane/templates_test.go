@@ -25,19 +25,22 @@ func TestReconcileLeavesNewBuild(t *testing.T) {
 	if _, err := st.CreateTeam(ctx, store.Team{ID: "t1", Name: "t1"}); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	release := s.claim(buildNameClaim("t1", "web") + store.NewID("b"))
+	_, release, err := s.claim(ctx, buildNameClaim("t1", "web")+store.NewID("b"))
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
 	tpl, err := st.CreateTemplate(ctx, store.Template{TeamID: "t1", Name: "web", State: store.TemplateBuilding})
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	if err := s.reconcileTemplates(ctx); err != nil {
+	if err := s.Reconcile(ctx); err != nil {
 		t.Fatalf("reconcileTemplates = %v", err)
 	}
 	if got, err := st.Template(ctx, "t1", "web", tpl.Version); err != nil || got.State != store.TemplateBuilding {
 		t.Errorf("a version whose build holds its name = %+v, %v; want it still building", got, err)
 	}
 	release()
-	if err := s.reconcileTemplates(ctx); err != nil {
+	if err := s.Reconcile(ctx); err != nil {
 		t.Fatalf("reconcileTemplates = %v", err)
 	}
 	if got, err := st.Template(ctx, "t1", "web", tpl.Version); err != nil || got.State != store.TemplateFailed {

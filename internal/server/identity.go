@@ -74,3 +74,30 @@ func legacyWorkerID(dataDir string) string {
 	sum := sha256.Sum256([]byte(host + "\x00" + dataDir))
 	return "w-" + hex.EncodeToString(sum[:4])
 }
+
+// replicaIDFile holds a data dir's control-plane replica ID.
+const replicaIDFile = "replica.id"
+
+// replicaIdentity returns the ID of the control-plane replica whose data
+// dir is dataDir, made and recorded on its first start. A restarted
+// replica keeps it, so it knows the claims an earlier life left in the
+// store for dead (the data dir is locked while a replica runs).
+func replicaIdentity(dataDir string) (string, error) {
+	path := filepath.Join(dataDir, replicaIDFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		id := strings.TrimSpace(string(b))
+		if !store.ValidID(id) || len(id) > 32 {
+			return "", fmt.Errorf("%s: %.64q is not a replica id; fix or remove the file: %w", path, id, errkind.FailedPrecondition)
+		}
+		return id, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", err
+	}
+	id := "cp-" + strings.TrimPrefix(randomWorkerID(), "w-")
+	if err := writeFileAtomic(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("record replica id: %w", err)
+	}
+	return id, nil
+}

@@ -171,6 +171,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.WorkerID, err = workerIdentity(cfg.DataDir, cfg.WorkerID, "local"); err != nil {
 		return err
 	}
+	replica, err := replicaIdentity(cfg.DataDir)
+	if err != nil {
+		return err
+	}
 
 	st, err := openStore(ctx, cfg)
 	if err != nil {
@@ -232,7 +236,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		Store: st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
-		Secrets: secretBox,
+		Secrets: secretBox, ReplicaID: replica,
 	})
 	if err != nil {
 		return err
