@@ -308,9 +308,9 @@ type Leases interface {
 	ListLeases(ctx context.Context, prefix string) ([]Lease, error)
 }
 
-// Quotas create sandboxes within a team's quota and report what a team
-// uses. Both count the team's live sandboxes: those in a state not in
-// [NotLive].
+// Quotas create and resume sandboxes within a team's quota and report
+// what a team uses. All count the team's live sandboxes: those in a state
+// not in [NotLive].
 type Quotas interface {
 	// CreateSandboxWithinQuota is CreateSandbox that first counts the
 	// team's live sandboxes, and the sum of their VCPUs and MemoryMiB, and
@@ -321,6 +321,18 @@ type Quotas interface {
 	// never overshoot q. A refusal wraps errkind.ResourceExhausted and
 	// names the limit ("team t quota: 50 of 50 sandboxes in use").
 	CreateSandboxWithinQuota(ctx context.Context, sb Sandbox, q Quota) (Sandbox, error)
+	// UpdateSandboxWithinQuota is UpdateSandbox (the same compare-and-set
+	// on Version, the same errors) that, when it would make a sandbox live
+	// again (the stored state is not live and sb's is: a suspended sandbox
+	// resumed), first checks that the sandbox fits q beside the team's
+	// other live sandboxes, counting the VCPUs and MemoryMiB stored with
+	// it. The check and the update are one transaction that serializes with
+	// every CreateSandboxWithinQuota and UpdateSandboxWithinQuota of the
+	// same team, in every process sharing the database. A refusal wraps
+	// errkind.ResourceExhausted, names the limit as
+	// CreateSandboxWithinQuota does, and writes nothing. An update that
+	// leaves the sandbox live, or not live, is not checked.
+	UpdateSandboxWithinQuota(ctx context.Context, sb Sandbox, q Quota) (Sandbox, error)
 	// TeamUsage returns what the team's live sandboxes use: zero for a
 	// team without any (or that does not exist).
 	TeamUsage(ctx context.Context, teamID string) (Usage, error)
@@ -333,6 +345,7 @@ type FencedWrites interface {
 	CreateSandbox(ctx context.Context, sb Sandbox) (Sandbox, error)
 	CreateSandboxWithinQuota(ctx context.Context, sb Sandbox, q Quota) (Sandbox, error)
 	UpdateSandbox(ctx context.Context, sb Sandbox) (Sandbox, error)
+	UpdateSandboxWithinQuota(ctx context.Context, sb Sandbox, q Quota) (Sandbox, error)
 	DeleteSandbox(ctx context.Context, teamID, id string) error
 	UpdateSnapshot(ctx context.Context, sn Snapshot) (Snapshot, error)
 	DeleteSnapshot(ctx context.Context, teamID, id string) error

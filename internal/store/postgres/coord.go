@@ -59,10 +59,10 @@ func checkFence(ctx context.Context, tx pgx.Tx, l *store.Lease) error {
 	return nil
 }
 
-// admit locks sb's team row, so the team's quota-checked creates
-// serialize across every connection (FOR NO KEY UPDATE: inserts that
-// reference the team, which take FOR KEY SHARE, do not wait), and checks
-// that sb fits q.
+// admit locks sb's team row, so the team's quota-checked creates and
+// resumes serialize across every connection (FOR NO KEY UPDATE: inserts
+// that reference the team, which take FOR KEY SHARE, do not wait), and
+// checks that sb fits q.
 func admit(ctx context.Context, tx pgx.Tx, q store.Quota, sb *store.Sandbox) error {
 	var one int
 	err := tx.QueryRow(ctx, `SELECT 1 FROM teams WHERE id = $1 FOR NO KEY UPDATE`, sb.TeamID).Scan(&one)
@@ -72,13 +72,42 @@ func admit(ctx context.Context, tx pgx.Tx, q store.Quota, sb *store.Sandbox) err
 	if err != nil {
 		return fmt.Errorf("lock team %s: %w", sb.TeamID, err)
 	}
-	// A new statement: under READ COMMITTED it sees every create that
-	// held the lock before.
+	// A new statement: under READ COMMITTED it sees every create and
+	// resume that held the lock before.
 	u, err := teamUsage(ctx, tx, sb.TeamID)
 	if err != nil {
 		return err
 	}
 	return q.Admit(sb.TeamID, u, sb)
+}
+
+// admitResume checks, in tx, that sb fits q if writing it would make the
+// stored sandbox live again; sb counts with the VCPUs and MemoryMiB
+// stored with it, as an update keeps those. Otherwise it checks nothing
+// and leaves the outcome (not found, a version conflict, the write) to
+// the update. It locks the row as the update would, before the team row,
+// so the state it reads is the one the update replaces, and the sandbox,
+// not live while locked, is not among the team's usage.
+func admitResume(ctx context.Context, tx pgx.Tx, q store.Quota, sb *store.Sandbox) error {
+	if !store.Live(sb.State) {
+		return nil
+	}
+	var (
+		state string
+		cur   = store.Sandbox{ID: sb.ID, TeamID: sb.TeamID, State: sb.State}
+	)
+	err := tx.QueryRow(ctx, `SELECT state, version, vcpus, memory_mib FROM sandboxes WHERE team_id = $1 AND id = $2 FOR NO KEY UPDATE`,
+		sb.TeamID, sb.ID).Scan(&state, &cur.Version, &cur.VCPUs, &cur.MemoryMiB)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("lock sandbox: %w", err)
+	}
+	if cur.Version != sb.Version || store.Live(store.SandboxState(state)) {
+		return nil
+	}
+	return admit(ctx, tx, q, &cur)
 }
 
 func notLive() []string {
@@ -102,6 +131,11 @@ func teamUsage(ctx context.Context, q querier, teamID string) (store.Usage, erro
 // CreateSandboxWithinQuota implements [store.Quotas].
 func (s *Store) CreateSandboxWithinQuota(ctx context.Context, sb store.Sandbox, q store.Quota) (store.Sandbox, error) {
 	return s.createSandbox(ctx, nil, &q, sb)
+}
+
+// UpdateSandboxWithinQuota implements [store.Quotas].
+func (s *Store) UpdateSandboxWithinQuota(ctx context.Context, sb store.Sandbox, q store.Quota) (store.Sandbox, error) {
+	return s.updateSandbox(ctx, nil, &q, sb)
 }
 
 // TeamUsage implements [store.Quotas].
@@ -215,7 +249,11 @@ func (f fenced) CreateSandboxWithinQuota(ctx context.Context, sb store.Sandbox, 
 }
 
 func (f fenced) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
-	return f.s.updateSandbox(ctx, &f.l, sb)
+	return f.s.updateSandbox(ctx, &f.l, nil, sb)
+}
+
+func (f fenced) UpdateSandboxWithinQuota(ctx context.Context, sb store.Sandbox, q store.Quota) (store.Sandbox, error) {
+	return f.s.updateSandbox(ctx, &f.l, &q, sb)
 }
 
 func (f fenced) DeleteSandbox(ctx context.Context, teamID, id string) error {

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -123,5 +124,78 @@ func TestLeaseTakeoverAcrossReplicas(t *testing.T) {
 	got, err := b.Fenced(nl).UpdateSandbox(ctx, sb)
 	if err != nil || got.State != store.StateRunning || got.Version != 2 {
 		t.Errorf("replica b: Fenced(new).UpdateSandbox() = %+v, %v; want running at version 2", got, err)
+	}
+}
+
+func TestResumeQuotaAcrossReplicas(t *testing.T) {
+	ctx := t.Context()
+	rs := replicas(t, pgtest.Start(t), 4)
+	// Each team has room for one more sandbox, and four candidates start
+	// together for it, each through another replica: two resumes of
+	// suspended sandboxes and two creates.
+	const teams = 30
+	q := store.Quota{Sandboxes: 2}
+	newSandbox := func(team string, state store.SandboxState) store.Sandbox {
+		return store.Sandbox{ID: store.NewSandboxID(), TeamID: team, Template: "base", State: state,
+			Spec: json.RawMessage(`{}`), VCPUs: 1, MemoryMiB: 256}
+	}
+	var ops []func(r *postgres.Store) error
+	for i := range teams {
+		team := fmt.Sprintf("t%d", i)
+		if _, err := rs[0].CreateTeam(ctx, store.Team{ID: team}); err != nil {
+			t.Fatalf("setup: CreateTeam(%s): %v", team, err)
+		}
+		for _, st := range []store.SandboxState{store.StateRunning, store.StateSuspended, store.StateSuspended} {
+			sb, err := rs[0].CreateSandbox(ctx, newSandbox(team, st))
+			if err != nil {
+				t.Fatalf("setup: CreateSandbox() = %v", err)
+			}
+			if st == store.StateSuspended {
+				sb.State = store.StateCreating
+				ops = append(ops, func(r *postgres.Store) error { _, err := r.UpdateSandboxWithinQuota(ctx, sb, q); return err })
+			}
+		}
+		for range 2 {
+			ops = append(ops, func(r *postgres.Store) error {
+				_, err := r.CreateSandboxWithinQuota(ctx, newSandbox(team, store.StateCreating), q)
+				return err
+			})
+		}
+	}
+	var (
+		wg          sync.WaitGroup
+		begin       = make(chan struct{})
+		mu          sync.Mutex
+		ok, refused int
+		other       []error
+	)
+	for i, op := range ops {
+		wg.Go(func() {
+			<-begin
+			err := op(rs[i%len(rs)])
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, errkind.ResourceExhausted):
+				refused++
+			default:
+				other = append(other, err)
+			}
+		})
+	}
+	start := time.Now()
+	close(begin)
+	wg.Wait()
+	t.Logf("%d quota-checked resumes and creates over %d replicas in %v", len(ops), len(rs), time.Since(start))
+	if ok != teams || len(other) > 0 {
+		t.Errorf("resumes and creates: %d ok, %d refused, errors %v; want %d ok, one per team", ok, refused, other, teams)
+	}
+	for i := range teams {
+		team := fmt.Sprintf("t%d", i)
+		if u, err := rs[i%len(rs)].TeamUsage(ctx, team); err != nil || u.Sandboxes != 2 {
+			t.Errorf("TeamUsage(%s) = %+v, %v; want 2 sandboxes", team, u, err)
+		}
 	}
 }

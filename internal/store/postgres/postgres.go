@@ -421,13 +421,19 @@ func (s *Store) ListSandboxes(ctx context.Context, teamID string, f store.Filter
 
 // UpdateSandbox implements [store.Sandboxes].
 func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
-	return s.updateSandbox(ctx, nil, sb)
+	return s.updateSandbox(ctx, nil, nil, sb)
 }
 
-// updateSandbox is UpdateSandbox, fenced by fence unless it is nil.
-func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, sb store.Sandbox) (store.Sandbox, error) {
+// updateSandbox is UpdateSandbox, fenced by fence unless it is nil, and
+// admitting a resumed sandbox within q unless q is nil.
+func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, q *store.Quota, sb store.Sandbox) (store.Sandbox, error) {
 	if err := sb.Validate(); err != nil {
 		return store.Sandbox{}, fmt.Errorf("update sandbox: %w", err)
+	}
+	if q != nil {
+		if err := q.Validate(); err != nil {
+			return store.Sandbox{}, fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+		}
 	}
 	labels, err := encodeLabels(sb.Labels)
 	if err != nil {
@@ -436,32 +442,49 @@ func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, sb store.
 	sb = clean(sb)
 	sb.Updated = store.StoredTime(time.Now())
 	var out store.Sandbox
-	err = s.write(ctx, fence, func(q querier) error {
-		// One statement: the row lock makes a concurrent update with the
-		// same version re-check the WHERE clause and match nothing.
-		var err error
-		out, err = scanSandbox(q.QueryRow(ctx, `UPDATE sandboxes
-			SET state = $1, worker_id = $2, spec = $3, handle = $4, labels = $5::jsonb, updated = $6, expires = $7, version = version + 1
-			WHERE team_id = $8 AND id = $9 AND version = $10
-			RETURNING `+sandboxColumns,
-			string(sb.State), sb.WorkerID, []byte(sb.Spec), []byte(sb.Handle), labels, sb.Updated, nullTime(sb.Expires),
-			sb.TeamID, sb.ID, sb.Version))
-		if errors.Is(err, pgx.ErrNoRows) {
-			var exists bool
-			if err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE team_id = $1 AND id = $2)`,
-				sb.TeamID, sb.ID).Scan(&exists); err == nil {
-				err = store.ErrNotFound
-				if exists {
-					err = fmt.Errorf("at version %d: %w", sb.Version, store.ErrVersionConflict)
+	if fence != nil || q != nil {
+		err = s.tx(ctx, fence, func(tx pgx.Tx) error {
+			if q != nil {
+				if err := admitResume(ctx, tx, *q, &sb); err != nil {
+					return err
 				}
 			}
-		}
-		return err
-	})
+			var err error
+			out, err = casSandbox(ctx, tx, &sb, labels)
+			return err
+		})
+	} else {
+		out, err = casSandbox(ctx, s.pool, &sb, labels)
+	}
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("update sandbox %s: %w", sb.ID, err)
 	}
 	return out, nil
+}
+
+// casSandbox writes sb's mutable fields if the stored version is still
+// sb.Version.
+func casSandbox(ctx context.Context, q querier, sb *store.Sandbox, labels string) (store.Sandbox, error) {
+	// One statement: the row lock makes a concurrent update with the
+	// same version re-check the WHERE clause and match nothing.
+	out, err := scanSandbox(q.QueryRow(ctx, `UPDATE sandboxes
+		SET state = $1, worker_id = $2, spec = $3, handle = $4, labels = $5::jsonb, updated = $6, expires = $7, version = version + 1
+		WHERE team_id = $8 AND id = $9 AND version = $10
+		RETURNING `+sandboxColumns,
+		string(sb.State), sb.WorkerID, []byte(sb.Spec), []byte(sb.Handle), labels, sb.Updated, nullTime(sb.Expires),
+		sb.TeamID, sb.ID, sb.Version))
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return out, err
+	}
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE team_id = $1 AND id = $2)`,
+		sb.TeamID, sb.ID).Scan(&exists); err != nil {
+		return store.Sandbox{}, err
+	}
+	if !exists {
+		return store.Sandbox{}, store.ErrNotFound
+	}
+	return store.Sandbox{}, fmt.Errorf("at version %d: %w", sb.Version, store.ErrVersionConflict)
 }
 
 // DeleteSandbox implements [store.Sandboxes].

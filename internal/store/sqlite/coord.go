@@ -48,6 +48,33 @@ func admit(ctx context.Context, tx *sql.Tx, q store.Quota, sb *store.Sandbox) er
 	return q.Admit(sb.TeamID, u, sb)
 }
 
+// admitResume checks, in tx, that sb fits q if writing it would make the
+// stored sandbox live again; sb counts with the VCPUs and MemoryMiB
+// stored with it, as an update keeps those. Otherwise it checks nothing
+// and leaves the outcome (not found, a version conflict, the write) to
+// the update.
+func admitResume(ctx context.Context, tx *sql.Tx, q store.Quota, sb *store.Sandbox) error {
+	if !store.Live(sb.State) {
+		return nil
+	}
+	var (
+		state string
+		cur   = store.Sandbox{ID: sb.ID, TeamID: sb.TeamID, State: sb.State}
+	)
+	err := tx.QueryRowContext(ctx, `SELECT state, version, vcpus, memory_mib FROM sandboxes WHERE team_id = ? AND id = ?`,
+		sb.TeamID, sb.ID).Scan(&state, &cur.Version, &cur.VCPUs, &cur.MemoryMiB)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read sandbox: %w", err)
+	}
+	if cur.Version != sb.Version || store.Live(store.SandboxState(state)) {
+		return nil
+	}
+	return admit(ctx, tx, q, &cur)
+}
+
 type queryRower interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
@@ -70,6 +97,11 @@ func teamUsage(ctx context.Context, q queryRower, teamID string) (store.Usage, e
 // CreateSandboxWithinQuota implements [store.Quotas].
 func (s *Store) CreateSandboxWithinQuota(ctx context.Context, sb store.Sandbox, q store.Quota) (store.Sandbox, error) {
 	return s.createSandbox(ctx, nil, &q, sb)
+}
+
+// UpdateSandboxWithinQuota implements [store.Quotas].
+func (s *Store) UpdateSandboxWithinQuota(ctx context.Context, sb store.Sandbox, q store.Quota) (store.Sandbox, error) {
+	return s.updateSandbox(ctx, nil, &q, sb)
 }
 
 // TeamUsage implements [store.Quotas].
@@ -206,7 +238,11 @@ func (f fenced) CreateSandboxWithinQuota(ctx context.Context, sb store.Sandbox, 
 }
 
 func (f fenced) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
-	return f.s.updateSandbox(ctx, &f.l, sb)
+	return f.s.updateSandbox(ctx, &f.l, nil, sb)
+}
+
+func (f fenced) UpdateSandboxWithinQuota(ctx context.Context, sb store.Sandbox, q store.Quota) (store.Sandbox, error) {
+	return f.s.updateSandbox(ctx, &f.l, &q, sb)
 }
 
 func (f fenced) DeleteSandbox(ctx context.Context, teamID, id string) error {

@@ -547,13 +547,19 @@ func (s *Store) ListSandboxes(ctx context.Context, teamID string, f store.Filter
 
 // UpdateSandbox implements [store.Sandboxes].
 func (s *Store) UpdateSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
-	return s.updateSandbox(ctx, nil, sb)
+	return s.updateSandbox(ctx, nil, nil, sb)
 }
 
-// updateSandbox is UpdateSandbox, fenced by fence unless it is nil.
-func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, sb store.Sandbox) (store.Sandbox, error) {
+// updateSandbox is UpdateSandbox, fenced by fence unless it is nil, and
+// admitting a resumed sandbox within q unless q is nil.
+func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, q *store.Quota, sb store.Sandbox) (store.Sandbox, error) {
 	if err := sb.Validate(); err != nil {
 		return store.Sandbox{}, fmt.Errorf("update sandbox: %w", err)
+	}
+	if q != nil {
+		if err := q.Validate(); err != nil {
+			return store.Sandbox{}, fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+		}
 	}
 	labels, err := encodeLabels(sb.Labels)
 	if err != nil {
@@ -564,6 +570,13 @@ func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, sb store.
 	sb.Expires = expiry(sb.Expires)
 	var out store.Sandbox
 	err = s.writeFenced(ctx, fence, func(tx *sql.Tx) error {
+		if q != nil {
+			// As in createSandbox, the write connection makes the check
+			// and the update atomic.
+			if err := admitResume(ctx, tx, *q, &sb); err != nil {
+				return err
+			}
+		}
 		out, err = scanSandbox(tx.QueryRowContext(ctx, `UPDATE sandboxes
 			SET state = ?, worker_id = ?, spec = ?, handle = ?, labels = ?, updated_us = ?, expires_us = ?, version = version + 1
 			WHERE team_id = ? AND id = ? AND version = ?

@@ -203,8 +203,18 @@ func testFencing(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatalf("setup: CreateTemplate() = %v", err)
 	}
+	woken := mustSandbox(t, s, sandboxWith("t1", store.StateSuspended, 1, 256))
+	asleep := mustSandbox(t, s, sandboxWith("t1", store.StateSuspended, 1, 256))
 
-	// While the lease holds, fenced writes behave as the plain ones.
+	// While the lease holds, fenced writes behave as the plain ones. (A
+	// long lease here: the short one below must not expire before its
+	// checks are done.)
+	fl := s.Fenced(mustAcquire(t, s, "leader", "r1", time.Minute))
+	_, err = fl.UpdateSandboxWithinQuota(ctx, resumed(woken), store.Quota{Sandboxes: 1})
+	wantRefused(t, s, "Fenced(live).UpdateSandboxWithinQuota(resume over quota)", err, "team t1 quota: 1 of 1 sandboxes in use", woken)
+	if woken, err = fl.UpdateSandboxWithinQuota(ctx, resumed(woken), store.Quota{Sandboxes: 2}); err != nil || woken.Version != 2 {
+		t.Fatalf("Fenced(live).UpdateSandboxWithinQuota(resume) = %+v, %v; want version 2", woken, err)
+	}
 	old := mustAcquire(t, s, "sandbox/"+sb.ID, "r1", shortTTL)
 	f := s.Fenced(old)
 	sb.State = store.StateRunning
@@ -260,12 +270,20 @@ func testFencing(t *testing.T, h Harness) {
 	lost("CreateSandbox()", err)
 	_, err = f.CreateSandboxWithinQuota(ctx, newSandbox("t1"), store.Quota{})
 	lost("CreateSandboxWithinQuota()", err)
+	_, err = f.UpdateSandboxWithinQuota(ctx, resumed(asleep), store.Quota{})
+	lost("UpdateSandboxWithinQuota(resume)", err)
+	woken2 := woken
+	woken2.State = store.StateRunning
+	_, err = f.UpdateSandboxWithinQuota(ctx, woken2, store.Quota{})
+	lost("UpdateSandboxWithinQuota(live to live)", err)
 	lost("DeleteSandbox()", f.DeleteSandbox(ctx, "t1", sb.ID))
 	lost("DeleteSnapshot()", f.DeleteSnapshot(ctx, "t1", sn.ID))
 
 	// Nothing was written.
-	if got, err := s.Sandbox(ctx, "t1", sb.ID); err != nil || !cmp.Equal(got, sb) {
-		t.Errorf("Sandbox() after fenced-off writes = %+v, %v; want %+v", got, err, sb)
+	for _, want := range []store.Sandbox{sb, woken, asleep} {
+		if got, err := s.Sandbox(ctx, "t1", want.ID); err != nil || !cmp.Equal(got, want) {
+			t.Errorf("Sandbox(%s) after fenced-off writes = %+v, %v; want %+v", want.ID, got, err, want)
+		}
 	}
 	if got, err := s.Snapshot(ctx, "t1", sn.ID); err != nil || !cmp.Equal(got, sn) {
 		t.Errorf("Snapshot() after fenced-off writes = %+v, %v; want %+v", got, err, sn)
@@ -410,6 +428,197 @@ func testQuotaConcurrent(t *testing.T, h Harness) {
 	}
 	if u, err := s.TeamUsage(ctx, "t1"); err != nil || u != (store.Usage{Sandboxes: limit, VCPUs: limit, MemoryMiB: 256 * limit}) {
 		t.Errorf("TeamUsage(t1) = %+v, %v; want %d sandboxes", u, err, limit)
+	}
+}
+
+// resumed is sb being resumed: its state set to creating.
+func resumed(sb store.Sandbox) store.Sandbox {
+	sb.State = store.StateCreating
+	return sb
+}
+
+// wantRefused checks that err is a quota refusal mentioning want and that
+// the sandbox was left as before.
+func wantRefused(t *testing.T, s store.Store, op string, err error, want string, before store.Sandbox) {
+	t.Helper()
+	if !errors.Is(err, errkind.ResourceExhausted) || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s = %v, want resource exhausted: %q", op, err, want)
+	}
+	if got, err := s.Sandbox(t.Context(), before.TeamID, before.ID); err != nil || !cmp.Equal(got, before) {
+		t.Errorf("Sandbox() after %s = %+v, %v; want unchanged %+v", op, got, err, before)
+	}
+}
+
+func testQuotaResume(t *testing.T, h Harness) {
+	ctx := t.Context()
+	s := fresh(t, h)
+	mustTeam(t, s, "t1")
+	mustTeam(t, s, "t2")
+	live := mustSandbox(t, s, sandboxWith("t1", store.StateRunning, 2, 1024))
+	small := mustSandbox(t, s, sandboxWith("t1", store.StateSuspended, 2, 1024))
+	other := mustSandbox(t, s, sandboxWith("t1", store.StateSuspended, 1, 1024))
+	big := mustSandbox(t, s, sandboxWith("t1", store.StateSuspended, 3, 512))
+	mustSandbox(t, s, sandboxWith("t2", store.StateRunning, 8, 8192))
+	q := store.Quota{Sandboxes: 2, VCPUs: 4, MemoryMiB: 4096}
+
+	// The resources stored with the sandbox count, whatever sb says.
+	claim := resumed(big)
+	claim.VCPUs, claim.MemoryMiB = 0, 0
+	_, err := s.UpdateSandboxWithinQuota(ctx, claim, q)
+	wantRefused(t, s, "UpdateSandboxWithinQuota(resume, too many vcpus)", err, "team t1 quota: 2 of 4 vcpus in use, 3 more requested", big)
+
+	got, err := s.UpdateSandboxWithinQuota(ctx, resumed(small), q)
+	if err != nil {
+		t.Fatalf("UpdateSandboxWithinQuota(resume, fits exactly) = %v", err)
+	}
+	if got.State != store.StateCreating || got.Version != small.Version+1 || got.VCPUs != 2 || got.MemoryMiB != 1024 {
+		t.Errorf("UpdateSandboxWithinQuota(resume) = %+v, want creating at version %d with 2 vcpus, 1024 MiB", got, small.Version+1)
+	}
+	if stored, err := s.Sandbox(ctx, "t1", small.ID); err != nil || !cmp.Equal(stored, got) {
+		t.Errorf("Sandbox(resumed) = %+v, %v; want %+v", stored, err, got)
+	}
+	small = got
+	if u, err := s.TeamUsage(ctx, "t1"); err != nil || u != (store.Usage{Sandboxes: 2, VCPUs: 4, MemoryMiB: 2048}) {
+		t.Errorf("TeamUsage(t1) after resume = %+v, %v; want 2 sandboxes, 4 vcpus, 2048 MiB", u, err)
+	}
+	_, err = s.UpdateSandboxWithinQuota(ctx, resumed(other), q)
+	wantRefused(t, s, "UpdateSandboxWithinQuota(resume, too many sandboxes)", err, "team t1 quota: 2 of 2 sandboxes in use", other)
+
+	// A stale version is a conflict, whether or not the resume would fit.
+	stale := resumed(other)
+	other.Labels = map[string]string{"note": "still suspended"}
+	if other, err = s.UpdateSandbox(ctx, other); err != nil {
+		t.Fatalf("setup: UpdateSandbox(labels) = %v", err)
+	}
+	for _, sq := range []store.Quota{q, {}} {
+		_, err = s.UpdateSandboxWithinQuota(ctx, stale, sq)
+		wantKind(t, fmt.Sprintf("UpdateSandboxWithinQuota(stale version, quota %+v)", sq), err, store.ErrVersionConflict, errkind.Conflict)
+	}
+	missing := resumed(sandboxWith("t1", store.StateSuspended, 0, 0))
+	_, err = s.UpdateSandboxWithinQuota(ctx, missing, q)
+	wantKind(t, "UpdateSandboxWithinQuota(unknown sandbox)", err, store.ErrNotFound, errkind.NotFound)
+	theirs := resumed(other)
+	theirs.TeamID = "t2"
+	_, err = s.UpdateSandboxWithinQuota(ctx, theirs, store.Quota{})
+	wantKind(t, "UpdateSandboxWithinQuota(another team's sandbox)", err, store.ErrNotFound, errkind.NotFound)
+	_, err = s.UpdateSandboxWithinQuota(ctx, resumed(other), store.Quota{Sandboxes: -1})
+	wantKind(t, "UpdateSandboxWithinQuota(negative quota)", err, store.ErrInvalid, errkind.InvalidArgument)
+
+	// Updates that do not make a sandbox live again are not checked, even
+	// with the team over its quota.
+	full := store.Quota{Sandboxes: 1, VCPUs: 1, MemoryMiB: 1}
+	for _, tt := range []struct {
+		name string
+		sb   store.Sandbox
+		to   store.SandboxState
+	}{
+		{"live to live", small, store.StateRunning},
+		{"live to not live", live, store.StateSuspended},
+		{"not live to not live", other, store.StateDeleted},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			up := tt.sb
+			up.State = tt.to
+			got, err := s.UpdateSandboxWithinQuota(ctx, up, full)
+			if err != nil || got.State != tt.to || got.Version != tt.sb.Version+1 {
+				t.Errorf("UpdateSandboxWithinQuota(%s -> %s) = %+v, %v; want %s at version %d",
+					tt.sb.State, tt.to, got, err, tt.to, tt.sb.Version+1)
+			}
+		})
+	}
+	if u, err := s.TeamUsage(ctx, "t1"); err != nil || u != (store.Usage{Sandboxes: 1, VCPUs: 2, MemoryMiB: 1024}) {
+		t.Errorf("TeamUsage(t1) at the end = %+v, %v; want 1 sandbox, 2 vcpus, 1024 MiB", u, err)
+	}
+}
+
+func testQuotaResumeConcurrent(t *testing.T, h Harness) {
+	ctx := t.Context()
+	s := fresh(t, h)
+	// Each team has room for one more sandbox, and six candidates start
+	// together for it: two resumes of each of two suspended sandboxes,
+	// and two creates.
+	const teams = 10
+	q := store.Quota{Sandboxes: 2}
+	type op struct {
+		team, id string // id is "" for a create
+		run      func() error
+	}
+	var (
+		ops       []op
+		suspended []store.Sandbox
+	)
+	for i := range teams {
+		team := fmt.Sprintf("t%d", i)
+		mustTeam(t, s, team)
+		mustSandbox(t, s, sandboxWith(team, store.StateRunning, 1, 256))
+		for range 2 {
+			sb := mustSandbox(t, s, sandboxWith(team, store.StateSuspended, 1, 256))
+			suspended = append(suspended, sb)
+			for range 2 {
+				ops = append(ops, op{team, sb.ID, func() error {
+					_, err := s.UpdateSandboxWithinQuota(ctx, resumed(sb), q)
+					return err
+				}})
+			}
+		}
+		for range 2 {
+			ops = append(ops, op{team, "", func() error {
+				_, err := s.CreateSandboxWithinQuota(ctx, sandboxWith(team, store.StateCreating, 1, 256), q)
+				return err
+			}})
+		}
+	}
+	var (
+		wg        sync.WaitGroup
+		begin     = make(chan struct{})
+		mu        sync.Mutex
+		ok        = map[string]int{} // by team, and by sandbox ID for resumes
+		conflicts = map[string]int{} // by sandbox ID
+		other     []error
+	)
+	for _, o := range ops {
+		wg.Go(func() {
+			<-begin
+			err := o.run()
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok[o.team]++
+				if o.id != "" {
+					ok[o.id]++
+				}
+			case errors.Is(err, errkind.ResourceExhausted):
+			case errors.Is(err, store.ErrVersionConflict) && o.id != "":
+				conflicts[o.id]++
+			default:
+				other = append(other, err)
+			}
+		})
+	}
+	close(begin)
+	wg.Wait()
+	if len(other) > 0 {
+		t.Errorf("concurrent resumes and creates: errors %v, want none but refusals and version conflicts", other)
+	}
+	for i := range teams {
+		team := fmt.Sprintf("t%d", i)
+		if ok[team] != 1 {
+			t.Errorf("team %s: %d of 6 concurrent resumes and creates ok, want 1 (room for one)", team, ok[team])
+		}
+		if u, err := s.TeamUsage(ctx, team); err != nil || u != (store.Usage{Sandboxes: 2, VCPUs: 2, MemoryMiB: 512}) {
+			t.Errorf("TeamUsage(%s) = %+v, %v; want 2 sandboxes", team, u, err)
+		}
+	}
+	// A sandbox resumes once; its other resume conflicts only with that.
+	for _, sb := range suspended {
+		if ok[sb.ID] > 1 || conflicts[sb.ID] > 0 && ok[sb.ID] != 1 {
+			t.Errorf("resumes of %s: %d ok, %d conflicts; want at most one ok, conflicts only after it", sb.ID, ok[sb.ID], conflicts[sb.ID])
+		}
+		got, err := s.Sandbox(ctx, sb.TeamID, sb.ID)
+		if err != nil || store.Live(got.State) != (ok[sb.ID] == 1) {
+			t.Errorf("Sandbox(%s) = %+v, %v; want live only if resumed", sb.ID, got, err)
+		}
 	}
 }
 

@@ -81,6 +81,8 @@ func Run(t *testing.T, h Harness) {
 		{"Fencing", testFencing},
 		{"Quota", testQuota},
 		{"QuotaConcurrent", testQuotaConcurrent},
+		{"QuotaResume", testQuotaResume},
+		{"QuotaResumeConcurrent", testQuotaResumeConcurrent},
 		{"Persistence", testPersistence},
 		{"BadInput", testBadInput},
 	}
