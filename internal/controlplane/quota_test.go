@@ -64,7 +64,7 @@ func TestTeamQuota(t *testing.T) {
 		msg    string
 	}{
 		{`{"vcpus":2}`, 201, ""},
-		{`{"vcpus":2}`, 429, "2 of 3 vcpus in use, 2 asked"},
+		{`{"vcpus":2}`, 429, "2 of 3 vcpus in use, 2 more requested"},
 		{`{"vcpus":1}`, 201, ""},
 		{`{"vcpus":1}`, 429, "2 of 2 sandboxes in use"},
 	}

@@ -166,7 +166,6 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 	}
 	log := s.log.With("sandbox_id", rec.ID, "worker_id", wk.ID())
 	if snap != "" {
-		defer s.forgetUsage(rec.TeamID)
 		switch rec.State {
 		case sandbox.Stopping: // a suspend: its snapshot is safe; finish it
 			log.Info("finishing interrupted suspend")
@@ -201,7 +200,6 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 		if missing || inf.State == sandbox.Failed {
 			log.Warn("worker lost the sandbox", "error", inf.Error)
 			_, err := s.transition(ctx, rec, sandbox.Failed, nil)
-			s.forgetUsage(rec.TeamID)
 			return err
 		}
 		if inf.State != rec.State && (inf.State == sandbox.Running || inf.State == sandbox.Paused) {

@@ -256,37 +256,24 @@ type placement struct {
 // create records, places and boots (or restores) a sandbox.
 func (s *Server) create(ctx context.Context, team string, sp spec, labels map[string]string, pl placement) (store.Sandbox, error) {
 	// The store checks the quota and records the sandbox in one
-	// transaction, serialized per team across every replica; the check
-	// here fails early, before a placement, and keeps this process's
-	// cache in step.
-	lock := s.teamLock(team)
-	lock.Lock()
-	if err := s.checkQuota(ctx, team, sp); err != nil {
-		lock.Unlock()
-		return store.Sandbox{}, err
-	}
+	// transaction, serialized per team across every replica.
 	q, err := s.quota(ctx, team)
 	if err != nil {
-		lock.Unlock()
 		return store.Sandbox{}, err
 	}
 	wk := pl.worker
 	if wk == nil {
-		var err error
 		if wk, err = s.place(ctx, s.healthyWorkers(), sp.Spec); err != nil {
-			lock.Unlock()
 			return store.Sandbox{}, err
 		}
 	}
 	specJSON, err := json.Marshal(sp)
 	if err != nil {
-		lock.Unlock()
 		return store.Sandbox{}, fmt.Errorf("encode spec: %w", err)
 	}
 	id := store.NewSandboxID()
 	ctx, release, err := s.claim(ctx, id)
 	if err != nil {
-		lock.Unlock()
 		return store.Sandbox{}, err
 	}
 	defer release()
@@ -294,14 +281,7 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		ID: id, TeamID: team, Template: cmp.Or(sp.TemplateRef, sp.Template), State: sandbox.Creating,
 		WorkerID: wk.ID(), Spec: specJSON, Labels: labels, VCPUs: sp.VCPUs, MemoryMiB: sp.MemoryMiB,
 		Expires: s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second),
-	}, store.Quota{Sandboxes: q.Sandboxes, VCPUs: q.VCPUs, MemoryMiB: q.MemoryMiB})
-	if errors.Is(err, errkind.ResourceExhausted) {
-		s.forgetUsage(team) // another replica's creates: the cache is behind
-	}
-	if err == nil {
-		s.adjustUsage(team, sp, 1)
-	}
-	lock.Unlock()
+	}, storeQuota(q))
 	if err != nil {
 		if errors.Is(err, store.ErrInvalid) {
 			return store.Sandbox{}, &httpapi.FieldError{Field: "labels", Err: err}
@@ -340,9 +320,6 @@ func (s *Server) rollback(ctx context.Context, wk Worker, rec store.Sandbox) err
 	}
 	if err := s.writes(ctx).DeleteSandbox(ctx, rec.TeamID, rec.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		errs = append(errs, fmt.Errorf("roll back record: %w", err))
-		s.forgetUsage(rec.TeamID)
-	} else if err == nil {
-		s.adjustRecordUsage(rec, -1)
 	}
 	return errors.Join(errs...)
 }
@@ -358,86 +335,6 @@ func (s *Server) transition(ctx context.Context, rec store.Sandbox, to sandbox.S
 		edit(&rec)
 	}
 	return s.writes(ctx).UpdateSandbox(ctx, rec)
-}
-
-// live reports whether a sandbox counts against quota.
-func live(st sandbox.State) bool {
-	return st != sandbox.Deleted && st != sandbox.Failed && st != sandbox.Stopped && st != sandbox.Suspended
-}
-
-func (s *Server) storedUsage(ctx context.Context, team string) (api.Quota, error) {
-	all, err := s.cfg.Store.ListSandboxes(ctx, team, store.Filter{})
-	if err != nil {
-		return api.Quota{}, err
-	}
-	var u api.Quota
-	for _, sb := range all {
-		if !live(loaded(sb).State) {
-			continue
-		}
-		sp, err := specOf(sb)
-		if err != nil {
-			return api.Quota{}, fmt.Errorf("team %s usage: %w", team, err)
-		}
-		u.Sandboxes++
-		u.VCPUs += sp.VCPUs
-		u.MemoryMiB += sp.MemoryMiB
-	}
-	return u, nil
-}
-
-// teamUsage returns what the team's live sandboxes use, from the cache
-// this process keeps (every change of a team's sandboxes goes through it),
-// loading it from the store once.
-func (s *Server) teamUsage(ctx context.Context, team string) (api.Quota, error) {
-	s.mu.Lock()
-	u, ok := s.usage[team]
-	s.mu.Unlock()
-	if ok {
-		return u, nil
-	}
-	u, err := s.storedUsage(ctx, team)
-	if err != nil {
-		return u, err
-	}
-	s.mu.Lock()
-	s.usage[team] = u
-	s.mu.Unlock()
-	return u, nil
-}
-
-// adjustRecordUsage is adjustUsage for a stored sandbox; one whose spec
-// does not decode makes the cache forget the team (the next create
-// reloads it from the store, and reports the record).
-func (s *Server) adjustRecordUsage(sb store.Sandbox, sign int) {
-	sp, err := specOf(sb)
-	if err != nil {
-		s.forgetUsage(sb.TeamID)
-		return
-	}
-	s.adjustUsage(sb.TeamID, sp, sign)
-}
-
-// adjustUsage adds (sign 1) or removes (sign -1) a sandbox's resources
-// from its team's cached usage.
-func (s *Server) adjustUsage(team string, sp spec, sign int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	u, ok := s.usage[team]
-	if !ok {
-		return
-	}
-	u.Sandboxes += sign
-	u.VCPUs += sign * sp.VCPUs
-	u.MemoryMiB += int64(sign) * sp.MemoryMiB
-	s.usage[team] = u
-}
-
-// forgetUsage drops a team's cached usage; the next create reloads it.
-func (s *Server) forgetUsage(team string) {
-	s.mu.Lock()
-	delete(s.usage, team)
-	s.mu.Unlock()
 }
 
 // quota returns the team's quota: its own if an admin set one, else the
@@ -457,25 +354,14 @@ func (s *Server) quota(ctx context.Context, team string) (api.Quota, error) {
 	return q, nil
 }
 
-// checkQuota fails with ResourceExhausted if the team cannot take sp.
-func (s *Server) checkQuota(ctx context.Context, team string, sp spec) error {
-	q, err := s.quota(ctx, team)
-	if err != nil {
-		return err
-	}
-	u, err := s.teamUsage(ctx, team)
-	if err != nil {
-		return err
-	}
-	switch {
-	case q.Sandboxes > 0 && u.Sandboxes+1 > q.Sandboxes:
-		return fmt.Errorf("team %s quota: %d of %d sandboxes in use: %w", team, u.Sandboxes, q.Sandboxes, errkind.ResourceExhausted)
-	case q.VCPUs > 0 && u.VCPUs+sp.VCPUs > q.VCPUs:
-		return fmt.Errorf("team %s quota: %d of %d vcpus in use, %d asked: %w", team, u.VCPUs, q.VCPUs, sp.VCPUs, errkind.ResourceExhausted)
-	case q.MemoryMiB > 0 && u.MemoryMiB+sp.MemoryMiB > q.MemoryMiB:
-		return fmt.Errorf("team %s quota: %d of %d MiB memory in use, %d asked: %w", team, u.MemoryMiB, q.MemoryMiB, sp.MemoryMiB, errkind.ResourceExhausted)
-	}
-	return nil
+// live reports whether a sandbox counts against quota.
+func live(st sandbox.State) bool {
+	return st != sandbox.Deleted && st != sandbox.Failed && st != sandbox.Stopped && st != sandbox.Suspended
+}
+
+// storeQuota is q as the store checks it.
+func storeQuota(q api.Quota) store.Quota {
+	return store.Quota{Sandboxes: q.Sandboxes, VCPUs: q.VCPUs, MemoryMiB: q.MemoryMiB}
 }
 
 // quotaUsage is what the quota routes answer for a team.
@@ -723,10 +609,7 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 		}
 	}
 	if err := s.writes(ctx).DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-		s.forgetUsage(sb.TeamID)
 		return err
-	} else if err == nil {
-		s.adjustRecordUsage(sb, -1)
 	}
 	if snap != "" { // deleted mid-suspend
 		s.dropSuspendSnapshot(ctx, sb.TeamID, snap)

@@ -8,9 +8,10 @@
 // records stopping before the worker destroys the VM. Reconcile, run at
 // start, settles whatever a crash left between those steps.
 //
-// Lock order: Server.mu, then teamLocks' mutexes. Neither is held across
-// store or worker calls except a team's create lock, which serializes that
-// team's quota check and record creation.
+// Nothing another replica needs to see is kept in memory: claims on
+// records are leases in the store (claims.go), quotas are checked by the
+// store in the transaction that records a sandbox. Server.mu is never
+// held across store or worker calls.
 package controlplane
 
 import (
@@ -148,11 +149,7 @@ type Server struct {
 	// +checklocks:mu
 	workers map[string]Worker
 	// +checklocks:mu
-	teamLocks map[string]*sync.Mutex
-	// +checklocks:mu
 	seen map[string]time.Time // last registration of each standalone worker
-	// +checklocks:mu
-	usage map[string]api.Quota // per team: what its live sandboxes use; absent = load from the store
 	// +checklocks:mu
 	probes  map[string]*probe // per worker: what its last probe said
 	probing sync.WaitGroup    // probes out
@@ -194,14 +191,12 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s := &Server{
-		cfg:       cfg,
-		log:       cfg.Log.With("component", "controlplane"),
-		now:       now,
-		workers:   make(map[string]Worker),
-		teamLocks: make(map[string]*sync.Mutex),
-		seen:      make(map[string]time.Time),
-		usage:     make(map[string]api.Quota),
-		probes:    make(map[string]*probe),
+		cfg:     cfg,
+		log:     cfg.Log.With("component", "controlplane"),
+		now:     now,
+		workers: make(map[string]Worker),
+		seen:    make(map[string]time.Time),
+		probes:  make(map[string]*probe),
 	}
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = store.NewID("cp-")
@@ -250,17 +245,6 @@ func (s *Server) workerList() []Worker {
 	}
 	sort.Slice(ws, func(i, j int) bool { return ws[i].ID() < ws[j].ID() })
 	return ws
-}
-
-func (s *Server) teamLock(team string) *sync.Mutex {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m, ok := s.teamLocks[team]
-	if !ok {
-		m = new(sync.Mutex)
-		s.teamLocks[team] = m
-	}
-	return m
 }
 
 func (s *Server) crash(step string) {
@@ -451,4 +435,3 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, api.Health{Status: "ok", Version: s.cfg.Version})
 }
-

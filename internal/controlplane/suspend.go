@@ -90,9 +90,6 @@ func (s *Server) finishSuspend(ctx context.Context, sb store.Sandbox) (store.San
 			rec.Expires = time.Time{} // it waits, suspended, for a resume
 		}
 	})
-	if err == nil {
-		s.adjustUsage(sb.TeamID, sp, -1)
-	}
 	return sb, err
 }
 
@@ -115,25 +112,24 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 		httpapi.WriteError(w, fmt.Errorf("resume: %w", err))
 		return
 	}
-	lock := s.teamLock(sb.TeamID)
-	lock.Lock()
-	err = s.checkQuota(ctx, sb.TeamID, sp)
+	// The store admits the resumed sandbox within the team's quota in
+	// the transaction that records it creating.
+	q, err := s.quota(ctx, sb.TeamID)
 	var wk Worker
 	if err == nil {
 		wk, err = s.place(ctx, s.healthyWorkers(), sp.Spec)
 	}
 	if err == nil {
-		sb, err = s.transition(ctx, sb, sandbox.Creating, func(rec *store.Sandbox) {
-			rec.WorkerID = wk.ID()
-			if sp.OnTimeout == onTimeoutSuspend {
-				rec.Expires = s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second) // idle from now
-			}
-		})
+		err = sandbox.Check(sb.State, sandbox.Creating)
 	}
 	if err == nil {
-		s.adjustUsage(sb.TeamID, sp, 1)
+		sb.State = sandbox.Creating
+		sb.WorkerID = wk.ID()
+		if sp.OnTimeout == onTimeoutSuspend {
+			sb.Expires = s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second) // idle from now
+		}
+		sb, err = s.writes(ctx).UpdateSandboxWithinQuota(ctx, sb, storeQuota(q))
 	}
-	lock.Unlock()
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
