@@ -213,27 +213,80 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 	return nil
 }
 
-// Run removes expired sandboxes and reconciles the workers' sandboxes
-// with the store until ctx ends.
+// Run probes the workers until ctx ends and, while this replica leads
+// (package leader: one replica of those sharing the store at a time),
+// does the background work: it removes expired sandboxes, reconciles the
+// workers' sandboxes with the store, and prunes egress logs. A new term
+// starts with a reconcile, which settles what a dead leader (or any dead
+// replica) left half done once its claims expire.
 func (s *Server) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { s.runProbes(ctx) })
+	s.releaseEarlierLeadership(ctx)
+	wg.Go(func() {
+		if err := s.elector.Run(ctx); err != nil {
+			s.log.Error("leader election", "err", err)
+		}
+	})
+	for {
+		term, lease, err := s.elector.Await(ctx)
+		if err != nil {
+			return nil // ctx ended
+		}
+		s.log.Info("leading the background work", "token", lease.Token)
+		lctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(term, cancel)
+		s.lead(lctx)
+		stop()
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.log.Info("no longer leading the background work", "cause", context.Cause(term))
+	}
+}
+
+// lead does the leader's background work until ctx ends.
+func (s *Server) lead(ctx context.Context) {
 	reap := time.NewTicker(s.cfg.ReapInterval)
 	defer reap.Stop()
 	rec := time.NewTicker(s.cfg.ReconcileInterval)
 	defer rec.Stop()
+	round := func() {
+		if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("reconcile", "err", err)
+		}
+		s.pruneEgressLogs(ctx)
+	}
+	round()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-reap.C:
 			s.reapExpired(ctx)
 		case <-rec.C:
-			if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
-				s.log.Warn("reconcile", "err", err)
+			round()
+		}
+	}
+}
+
+// releaseEarlierLeadership ends the leader lease of an earlier life of
+// this replica, so that a replica restarted after a crash need not wait
+// for it to expire (that process is gone: the data dir is locked while
+// a replica runs).
+func (s *Server) releaseEarlierLeadership(ctx context.Context) {
+	ls, err := s.cfg.Store.ListLeases(ctx, leaderLease)
+	if err != nil {
+		s.log.Warn("look for an earlier life's leadership", "err", err)
+		return
+	}
+	for _, l := range ls {
+		if l.Name == leaderLease && l.Holder != s.claims.holder && sameReplica(l.Holder, s.cfg.ReplicaID) {
+			if err := s.cfg.Store.ReleaseLease(ctx, l); err != nil {
+				s.log.Warn("release an earlier life's leadership", "err", err)
 			}
-			s.pruneEgressLogs(ctx)
 		}
 	}
 }
@@ -334,4 +387,10 @@ func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time
 		return
 	}
 	s.log.Info("suspended idle sandbox", "sandbox_id", sb.ID, "idle_for", timeout)
+}
+
+// Leading reports whether this replica does the background work now.
+func (s *Server) Leading() bool {
+	_, ok := s.elector.Leading()
+	return ok
 }

@@ -34,6 +34,7 @@ import (
 	"space/internal/dataplane"
 	"space/internal/errkind"
 	"space/internal/httpapi"
+	"space/internal/leader"
 	"space/internal/secrets"
 	"space/internal/store"
 	"space/internal/templatebuild"
@@ -109,6 +110,9 @@ type Config struct {
 	CrashAt string
 	// Version is reported by /v1/health.
 	Version string
+	// LeaderTTL is how long the leader's lease lasts unrenewed: a dead
+	// leader's successor takes over within about 4/3 of it; 0 = 6s.
+	LeaderTTL time.Duration
 	// ReplicaID names this control plane among the replicas sharing the
 	// store: unique, and the same across restarts (so a restarted
 	// replica knows its earlier life's claims for dead); "" = a random
@@ -119,6 +123,10 @@ type Config struct {
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time
 }
+
+// leaderLease is the name of the lease of the replica that does the
+// background work.
+const leaderLease = "leader"
 
 // CrashPoints are the control plane's crash points.
 var CrashPoints = []string{
@@ -144,6 +152,8 @@ type Server struct {
 	remotes *Remotes
 	// claims are this replica's claims on records (see claims.go).
 	claims *claims
+	// elector decides which replica does the background work (Run).
+	elector leader.Elector
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -205,6 +215,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: replica id %q: want printable ASCII without spaces or slashes: %w", cfg.ReplicaID, errkind.InvalidArgument)
 	}
 	s.claims = newClaims(cfg.Store, cfg.ReplicaID, s.log)
+	e, err := leader.New(leader.Config{Holder: s.claims.holder, Name: leaderLease, TTL: cfg.LeaderTTL, Log: cfg.Log}, cfg.Store)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	s.elector = e
 	if cfg.WorkerToken != "" {
 		var err error
 		if s.sealer, err = dataplane.NewSealer(cfg.WorkerToken); err != nil {
