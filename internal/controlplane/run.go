@@ -260,6 +260,8 @@ func (s *Server) lead(ctx context.Context) {
 		s.pruneEgressLogs(ctx)
 	}
 	round()
+	watch := time.NewTicker(deadClaimsEvery)
+	defer watch.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -268,9 +270,22 @@ func (s *Server) lead(ctx context.Context) {
 			s.reapExpired(ctx)
 		case <-rec.C:
 			round()
+		case <-watch.C:
+			// A replica died with work claimed: settle it now rather
+			// than at the next round.
+			if dead, err := s.claims.anyDead(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("watch for dead claims", "err", err)
+			} else if dead {
+				round()
+				rec.Reset(s.cfg.ReconcileInterval)
+			}
 		}
 	}
 }
+
+// deadClaimsEvery is how often the leader looks for claims of dead
+// replicas.
+const deadClaimsEvery = time.Second
 
 // releaseEarlierLeadership ends the leader lease of an earlier life of
 // this replica, so that a replica restarted after a crash need not wait
