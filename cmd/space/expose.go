@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
@@ -21,16 +20,17 @@ func newSandboxExposeCmd(g *globals) *cobra.Command {
 answers, through the sandbox's egress gateway: a request there needs the
 API key (Authorization: Bearer KEY), which is not passed on.
 
-With --listen, serve that URL on a local address instead, adding the key
-to every request: http://ADDR/ then reaches http://SANDBOX:PORT/ until
-interrupted. Only a sandbox with a network can expose ports.`,
+With --listen, serve the port on a local address instead: http://ADDR/
+then reaches http://SANDBOX:PORT/ until interrupted, through the
+sandbox's data plane (with its token) when the server names one, else
+through the API with the key. Only a sandbox with a network can expose ports.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			port, err := strconv.Atoi(args[1])
 			if err != nil || port < 1 || port > 65535 {
 				return usagef("port %q: want a number from 1 to 65535", args[1])
 			}
-			base, key, err := g.apiEndpoint()
+			base, _, err := g.apiEndpoint()
 			if err != nil {
 				return err
 			}
@@ -39,7 +39,7 @@ interrupted. Only a sandbox with a network can expose ports.`,
 				fmt.Fprintln(g.stdout, target)
 				return nil
 			}
-			u, err := url.Parse(target)
+			c, err := g.client()
 			if err != nil {
 				return err
 			}
@@ -47,10 +47,7 @@ interrupted. Only a sandbox with a network can expose ports.`,
 			if err != nil {
 				return err
 			}
-			rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.SetURL(u)
-				pr.Out.Header.Set("Authorization", "Bearer "+key)
-			}}
+			rp := c.PortHandler(args[0], port)
 			fmt.Fprintf(g.stderr, "space: http://%s/ reaches port %d of %s (Ctrl-C ends it)\n", l.Addr(), port, args[0])
 			srv := &http.Server{Handler: rp}
 			go func() {
