@@ -125,9 +125,9 @@ type DataPlane struct {
 
 // VMInfo is how a sandbox's VM was started and runs.
 type VMInfo struct {
-	VMM        string `json:"vmm"`         // "qemu" or "firecracker"
+	VMM        string `json:"vmm"`         // "qemu", "firecracker" or "fake" (the test driver)
 	VMMVersion string `json:"vmm_version"` // e.g. "7.2.22"
-	Accel      string `json:"accel"`       // "kvm" or "tcg"
+	Accel      string `json:"accel"`       // "kvm" or "tcg"; "none" for the fake
 	StartedBy  string `json:"started_by"`  // "boot", "warm" (the template's warm snapshot) or "restore" (a snapshot)
 	BootMS     int64  `json:"boot_ms"`     // VMM start until the agent answered
 	PID        int    `json:"pid,omitempty"`
@@ -346,9 +346,9 @@ type RegisterWorker struct {
 
 // WorkerCapabilities is what a worker's host and VMM can do.
 type WorkerCapabilities struct {
-	VMM        string `json:"vmm"`                   // "qemu" or "firecracker"; "" = not said
+	VMM        string `json:"vmm"`                   // "qemu", "firecracker" or "fake" (the test driver); "" = not said
 	VMMVersion string `json:"vmm_version,omitempty"` // e.g. "7.2.19"
-	Accel      string `json:"accel,omitempty"`       // "kvm" or "tcg" (software emulation)
+	Accel      string `json:"accel,omitempty"`       // "kvm" or "tcg" (software emulation); "none" for the fake
 	// Snapshots: live snapshots and restores; DiffSnapshots: a snapshot
 	// writes only the memory dirtied since the previous one.
 	Snapshots     bool `json:"snapshots"`

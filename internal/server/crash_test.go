@@ -2,10 +2,12 @@ package server
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +38,13 @@ const (
 	// envDataPlane is its Config.DataPlaneURL.
 	envNoWorker  = "SPACE_TEST_SERVER_NO_WORKER"
 	envDataPlane = "SPACE_TEST_SERVER_DATA_PLANE"
+	// For replicas on PostgreSQL (replicas_test.go): Config.StoreURL,
+	// VMM, Listen ("" = any port), WorkerToken and SecretsKeyFile.
+	envStore      = "SPACE_TEST_SERVER_STORE"
+	envVMM        = "SPACE_TEST_SERVER_VMM"
+	envListen     = "SPACE_TEST_SERVER_LISTEN"
+	envToken      = "SPACE_TEST_SERVER_WORKER_TOKEN"
+	envSecretsKey = "SPACE_TEST_SERVER_SECRETS_KEY"
 )
 
 // TestMain runs this test binary as a server process when asked to, so
@@ -59,17 +68,28 @@ func childMain() int {
 		poolSize = 1
 	}
 	err := Run(ctx, Config{
-		DataDir: os.Getenv(envDataDir), Listen: "127.0.0.1:0", CacheBase: guesttest.CacheBase(),
+		DataDir: os.Getenv(envDataDir), Listen: cmp.Or(os.Getenv(envListen), "127.0.0.1:0"), CacheBase: guesttest.CacheBase(),
 		AgentPath: os.Getenv(envAgent), WorkerID: os.Getenv(envWorkerID), CrashAt: os.Getenv(envCrashAt),
-		Version: "test", Progress: os.Stderr, Prewarm: pool, Pool: poolSize,
+		Version: "test", Progress: os.Stderr, Log: childLog(), Prewarm: pool, Pool: poolSize,
 		NoWorker: os.Getenv(envNoWorker) == "1", DataPlaneURL: os.Getenv(envDataPlane),
-		Ready: func(url string) { fmt.Printf("READY %s\n", url) },
+		StoreURL: os.Getenv(envStore), VMM: os.Getenv(envVMM), WorkerToken: os.Getenv(envToken),
+		SecretsKeyFile: os.Getenv(envSecretsKey),
+		Ready:          func(url string) { fmt.Printf("READY %s\n", url) },
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "server:", err)
 		return 1
 	}
 	return 0
+}
+
+// childLog is a child process's event log: text on stderr (its log file)
+// when SPACE_TEST_LOG is set, else nil.
+func childLog() *slog.Logger {
+	if os.Getenv("SPACE_TEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, nil))
 }
 
 func signalContext() (context.Context, func()) {

@@ -25,15 +25,25 @@ const (
 	envWorkerCP      = "SPACE_TEST_WORKER_CONTROL_PLANE"
 	envWorkerToken   = "SPACE_TEST_WORKER_TOKEN"
 	envWorkerChunks  = "SPACE_TEST_WORKER_CHUNKS"
+	// envWorkerOwnID is WorkerConfig.ID ("" = the data dir's), envWorkerVMM
+	// its VMM.
+	envWorkerOwnID = "SPACE_TEST_WORKER_ID"
+	envWorkerVMM   = "SPACE_TEST_WORKER_VMM"
 )
 
 func workerChildMain() int {
 	ctx, stop := signalContext()
 	defer stop()
+	vmm := os.Getenv(envWorkerVMM)
+	vcpus, memoryMiB := 8, int64(2048)
+	if vmm == VMMFake {
+		// Fake guests use neither: room for hundreds of sandboxes.
+		vcpus, memoryMiB = 512, 512<<10
+	}
 	err := RunWorker(ctx, WorkerConfig{
-		DataDir: os.Getenv(envWorkerDataDir), Listen: "127.0.0.1:0", ControlPlane: os.Getenv(envWorkerCP),
-		Token: os.Getenv(envWorkerToken), CacheBase: guesttest.CacheBase(), AgentPath: os.Getenv(envAgent),
-		ChunkDir: os.Getenv(envWorkerChunks), VCPUs: 8, MemoryMiB: 2048, Progress: os.Stderr,
+		ID: os.Getenv(envWorkerOwnID), DataDir: os.Getenv(envWorkerDataDir), Listen: "127.0.0.1:0", ControlPlane: os.Getenv(envWorkerCP),
+		Token: os.Getenv(envWorkerToken), CacheBase: guesttest.CacheBase(), AgentPath: os.Getenv(envAgent), VMM: vmm,
+		ChunkDir: os.Getenv(envWorkerChunks), VCPUs: vcpus, MemoryMiB: memoryMiB, Progress: os.Stderr, Log: childLog(),
 		Ready: func(url string) { fmt.Printf("READY %s\n", url) },
 	})
 	if err != nil {

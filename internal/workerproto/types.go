@@ -175,12 +175,14 @@ const (
 // uses it to decide what to ask of the worker; the zero value claims
 // nothing.
 type Capabilities struct {
-	// VMM is the kind of VMM: "qemu" or "firecracker"; "" = not said.
+	// VMM is the kind of VMM: "qemu", "firecracker" or "fake" (the
+	// test driver, package vmm/fake); "" = not said.
 	VMM string `json:"vmm"`
 	// VMMVersion is the VMM's version ("7.2.19"); "" = not known.
 	VMMVersion string `json:"vmm_version,omitempty"`
 	// Accel is the accelerator guests run with: "kvm" or "tcg"
-	// (software emulation, far slower); "" = not known.
+	// (software emulation, far slower), or "none" for the fake VMM's
+	// guests, which are host processes; "" = not known.
 	Accel string `json:"accel,omitempty"`
 	// Snapshots says the worker takes live snapshots and restores them.
 	Snapshots bool `json:"snapshots"`
@@ -199,11 +201,13 @@ type Capabilities struct {
 // NIC kinds, bounded strings. Errors are InvalidArgument.
 func (c Capabilities) Validate() error {
 	switch {
-	case !slices.Contains([]string{"", "qemu", "firecracker"}, c.VMM):
-		return fmt.Errorf("capabilities: vmm %.32q, want qemu or firecracker: %w", c.VMM, errkind.InvalidArgument)
+	case !slices.Contains([]string{"", "qemu", "firecracker", "fake"}, c.VMM):
+		return fmt.Errorf("capabilities: vmm %.32q, want qemu, firecracker or fake: %w", c.VMM, errkind.InvalidArgument)
 	case len(c.VMMVersion) > 64:
 		return fmt.Errorf("capabilities: vmm_version longer than 64 bytes: %w", errkind.InvalidArgument)
-	case !slices.Contains([]string{"", "kvm", "tcg"}, c.Accel):
+	case c.VMM == "fake" && !slices.Contains([]string{"", "none"}, c.Accel):
+		return fmt.Errorf("capabilities: accel %.32q of the fake vmm, want none: %w", c.Accel, errkind.InvalidArgument)
+	case c.VMM != "fake" && !slices.Contains([]string{"", "kvm", "tcg"}, c.Accel):
 		return fmt.Errorf("capabilities: accel %.32q, want kvm or tcg: %w", c.Accel, errkind.InvalidArgument)
 	case len(c.NICs) > 2:
 		return fmt.Errorf("capabilities: %d nic kinds, want at most socket and tap: %w", len(c.NICs), errkind.InvalidArgument)

@@ -453,3 +453,32 @@ func TestCheckVersion(t *testing.T) {
 		}
 	}
 }
+
+func TestCapabilitiesValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		caps Capabilities
+		ok   bool
+	}{
+		{"zero", Capabilities{}, true},
+		{"qemu tcg", Capabilities{VMM: "qemu", Accel: "tcg", NICs: []string{NICSocket}}, true},
+		{"firecracker kvm", Capabilities{VMM: "firecracker", Accel: "kvm", NICs: []string{NICTap}}, true},
+		{"fake", Capabilities{VMM: "fake", Accel: "none", Snapshots: true, ChunkedSnapshots: true}, true},
+		{"unknown vmm", Capabilities{VMM: "bhyve"}, false},
+		{"unknown accel", Capabilities{VMM: "qemu", Accel: "hvf"}, false},
+		{"qemu without an accelerator", Capabilities{VMM: "qemu", Accel: "none"}, false},
+		{"fake on kvm", Capabilities{VMM: "fake", Accel: "kvm"}, false},
+		{"unknown nic", Capabilities{VMM: "qemu", NICs: []string{"vhost"}}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.caps.Validate()
+			if tt.ok && err != nil {
+				t.Errorf("Validate(%+v) = %v, want nil", tt.caps, err)
+			}
+			if !tt.ok && !errors.Is(err, errkind.InvalidArgument) {
+				t.Errorf("Validate(%+v) = %v, want invalid argument", tt.caps, err)
+			}
+		})
+	}
+}
