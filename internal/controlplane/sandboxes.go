@@ -299,12 +299,18 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
 	}
 	s.crash("api.create.worker-done")
-	rec, err = s.transition(ctx, rec, sandbox.Running, func(sb *store.Sandbox) { setVM(sb, inf.VM) })
+	running, err := s.transition(ctx, rec, sandbox.Running, func(sb *store.Sandbox) { setVM(sb, inf.VM) })
+	if errors.Is(err, store.ErrLeaseLost) {
+		// This replica stalled past its claim: the record is a
+		// reconcile's to settle now (the VM runs; it may complete it),
+		// and nothing here may undo what that decides.
+		return store.Sandbox{}, fmt.Errorf("create %s: interrupted; the control plane settles it: %w", rec.ID, err)
+	}
 	if err != nil {
 		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
 	}
-	s.log.Info("sandbox created", "sandbox_id", rec.ID, "team", team, "worker_id", wk.ID())
-	return rec, nil
+	s.log.Info("sandbox created", "sandbox_id", running.ID, "team", team, "worker_id", wk.ID())
+	return running, nil
 }
 
 func setVM(sb *store.Sandbox, vm *api.VMInfo) {

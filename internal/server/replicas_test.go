@@ -18,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -369,9 +368,7 @@ func (c *cluster) clearWorkers(tb testing.TB) {
 }
 
 // leader returns the replica that holds the leader lease and the lease;
-// ok is false while no replica holds it. The lease's holder is the
-// replica's ID as the leader's wiring names it: its data dir's identity,
-// its address or its process ID are each taken to name it.
+// ok is false while no replica holds it.
 func (c *cluster) leader(ctx context.Context) (r *replica, l store.Lease, ok bool, err error) {
 	ls, err := c.store.ListLeases(ctx, leaderLease)
 	if err != nil {
@@ -391,14 +388,12 @@ func (c *cluster) leader(ctx context.Context) (r *replica, l store.Lease, ok boo
 	return nil, store.Lease{}, false, nil
 }
 
-// holds reports whether lease l's holder names r.
+// holds reports whether lease l's holder is r: holders are
+// "REPLICA/LIFE", REPLICA being the ID in the data dir's replica.id.
 func (r *replica) holds(l store.Lease) bool {
-	if r.p == nil {
-		return false
-	}
-	pid := strconv.Itoa(r.p.cmd.Process.Pid)
-	numbers := strings.FieldsFunc(l.Holder, func(c rune) bool { return c < '0' || c > '9' })
-	return strings.Contains(l.Holder, r.id) || strings.Contains(l.Holder, r.addr) || slices.Contains(numbers, pid)
+	b, err := os.ReadFile(filepath.Join(r.dataDir, "replica.id"))
+	id := strings.TrimSpace(string(b))
+	return err == nil && id != "" && strings.HasPrefix(l.Holder, id+"/")
 }
 
 // logEvents counts, in replica r's log, the lines of each reconcile
@@ -568,8 +563,9 @@ func (m *monitor) highs() (used, guests, polls int) {
 // TestThreeReplicas runs three control-plane replicas on one PostgreSQL
 // database (no embedded workers) and two standalone workers on the fake
 // VMM, and sends 200 concurrent creates round-robin over the replicas
-// against a team quota of 50, killing the leader (SIGKILL) while they
-// run and restarting it; then kills a replica in the middle of a batch
+// against a team quota of 50: exactly 50 succeed, the rest get 429. After
+// deleting those, it sends 200 more, killing the leader (SIGKILL) while
+// they run and restarting it; then kills a replica in the middle of a batch
 // of deletes and another in the middle of snapshots (their crash
 // points), restarting each. Clients whose replica dies retry on another.
 // Throughout, the team never holds more than 50 sandboxes (quota route,
@@ -596,7 +592,20 @@ func TestThreeReplicas(t *testing.T) {
 	defer mon.stop()
 	spec := api.CreateSandbox{VCPUs: 1, MemoryMiB: 128, DiskMiB: 512}
 
-	// Creates, and the leader's death.
+	// First with every replica up: exactly the quota's worth succeed.
+	ok, refusedFirst, failed := createAll(ctx, clients, spec, creates, inFlight)
+	t.Logf("%d creates over 3 replicas, quota %d, nobody killed: %d ok, %d refused (429), %d failed", creates, quota, len(ok), refusedFirst, len(failed))
+	if len(ok) != quota || refusedFirst != creates-quota || len(failed) != 0 {
+		t.Errorf("%d creates against a quota of %d: %d × 201, %d × 429, failures %q; want exactly %d × 201 and the rest 429",
+			creates, quota, len(ok), refusedFirst, failed, quota)
+	}
+	for _, id := range ok {
+		if _, err := onReplicas(ctx, len(clients), 0, func(ctx context.Context, j int) error { return clients[j].DeleteSandbox(ctx, id) }); err != nil {
+			t.Fatalf("delete %s: %v", id, err)
+		}
+	}
+
+	// Creates again, and the leader's death.
 	var (
 		mu       sync.Mutex
 		created  = map[string]string{} // sandbox → the worker its 201 named
@@ -1076,4 +1085,38 @@ func benchCreates(b *testing.B, clients []*client.Client) {
 	b.ReportMetric(ms(boot[b.N/2]), "boot-p50-ms")
 	b.ReportMetric(ms(over[b.N/2]), "beyond-boot-p50-ms")
 	b.ReportMetric(ms(over[b.N*99/100]), "beyond-boot-p99-ms")
+}
+
+// createAll sends n creates of spec, inFlight at once, round-robin over
+// clients, and returns the sandboxes answered 201, how many were refused
+// with 429, and every other failure.
+func createAll(ctx context.Context, clients []*client.Client, spec api.CreateSandbox, n, inFlight int) (ok []string, refused int, failures []string) {
+	var mu sync.Mutex
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(jobs)
+		for i := range n {
+			jobs <- i
+		}
+	})
+	for range inFlight {
+		wg.Go(func() {
+			for i := range jobs {
+				sb, err := clients[i%len(clients)].CreateSandbox(ctx, spec)
+				mu.Lock()
+				switch {
+				case err == nil:
+					ok = append(ok, sb.ID)
+				case hasStatus(err, http.StatusTooManyRequests):
+					refused++
+				default:
+					failures = append(failures, err.Error())
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return ok, refused, failures
 }
