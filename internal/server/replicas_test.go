@@ -29,6 +29,7 @@ import (
 	"space/client"
 	"space/internal/controlplane"
 	"space/internal/secrets"
+	"space/internal/sandbox"
 	"space/internal/store"
 	"space/internal/store/postgres"
 	"space/internal/testenv"
@@ -57,6 +58,8 @@ type proc struct {
 	url  string        // what it printed on READY
 	log  string        // its stderr (kept across restarts)
 	done chan struct{} // closed once it has exited and been waited for
+	// exited is when it was waited for; read it once done is closed.
+	exited time.Time
 }
 
 // startProc runs this test binary as a child with env (which selects
@@ -95,7 +98,7 @@ func startProc(tb testing.TB, name, logDir string, env ...string) *proc {
 		}
 		io.Copy(io.Discard, out)
 	}()
-	go func() { cmd.Wait(); close(p.done) }()
+	go func() { cmd.Wait(); p.exited = time.Now(); close(p.done) }()
 	tb.Cleanup(p.stop)
 	select {
 	case p.url = <-urlc:
@@ -677,12 +680,15 @@ func TestThreeReplicas(t *testing.T) {
 	}
 	victim.p.kill(t, syscall.SIGKILL)
 	killed := time.Now()
+	claimed := c.claimsOf(ctx, t, victim)
 	if found {
 		moved := c.awaitNewLeader(ctx, t, victim, lease)
 		if moved > 0 {
 			t.Logf("the leader moved %v after the kill", moved.Round(time.Millisecond))
 		}
 	}
+	took := c.awaitSettled(ctx, t, team, claimed, killed)
+	t.Logf("the other replicas settled the %d records the killed leader claimed (%v) %v after its death", len(claimed), claimed, took.Round(time.Millisecond))
 	c.start(t, victim, "")
 	t.Logf("replica %d killed and restarted in %v", victim.i, time.Since(killed).Round(time.Millisecond))
 	<-allDone
@@ -726,6 +732,10 @@ func TestThreeReplicas(t *testing.T) {
 		t.Errorf("replica %d never reached its crash point api.delete.stopping-saved (exit %v)", d.i, d.p.cmd.ProcessState)
 		d.p.kill(t, syscall.SIGKILL)
 	}
+	died := d.p.exited
+	claimed = c.claimsOf(ctx, t, d)
+	took = c.awaitSettled(ctx, t, team, claimed, died)
+	t.Logf("the other replicas settled the %d records replica %d claimed when it died mid-delete, %v after", len(claimed), d.i, took.Round(time.Millisecond))
 	c.start(t, d, "")
 	t.Logf("%d deletes while replica %d died at api.delete.stopping-saved: %d calls retried, %d failed", deletes, d.i, delRetried, len(delFailures))
 	for _, f := range delFailures {
@@ -767,6 +777,10 @@ func TestThreeReplicas(t *testing.T) {
 		t.Errorf("replica %d never reached its crash point api.snapshot.worker-done (exit %v)", s.i, s.p.cmd.ProcessState)
 		s.p.kill(t, syscall.SIGKILL)
 	}
+	died = s.p.exited
+	claimed = c.claimsOf(ctx, t, s)
+	took = c.awaitSettled(ctx, t, team, claimed, died)
+	t.Logf("the other replicas settled the %d records replica %d claimed when it died mid-snapshot, %v after", len(claimed), s.i, took.Round(time.Millisecond))
 	c.start(t, s, "")
 	t.Logf("%d snapshots while replica %d died at api.snapshot.worker-done: %d ok, %d calls retried, %d failed",
 		snaps, s.i, len(snapped), snapRetried, len(snapFailures))
@@ -1119,4 +1133,59 @@ func createAll(ctx context.Context, clients []*client.Client, spec api.CreateSan
 	}
 	wg.Wait()
 	return ok, refused, failures
+}
+
+// claimsOf returns the keys of the claims replica r's processes hold in
+// the store (the sandboxes and snapshots it was working on).
+func (c *cluster) claimsOf(ctx context.Context, tb testing.TB, r *replica) []string {
+	tb.Helper()
+	ls, err := c.store.ListLeases(ctx, "claim/")
+	if err != nil {
+		tb.Fatalf("list claims: %v", err)
+	}
+	var keys []string
+	for _, l := range ls {
+		if r.holds(l) {
+			key, _ := strings.CutSuffix(strings.TrimPrefix(l.Name, "claim/"), "/"+l.Holder)
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
+// settledBy bounds how long the other replicas may take to settle what a
+// dead one was doing: its claims expire (5 s), and the leader, which
+// watches for dead claims every second (or a new leader, within its
+// lease's 8 s), settles them; with room for a loaded machine.
+const settledBy = 15 * time.Second
+
+// awaitSettled waits, while the replica that claimed them is down, until
+// the other replicas have settled the records with keys: no sandbox
+// among them is creating or stopping and no snapshot creating or
+// deleting. It fails the test past settledBy and returns the time taken.
+func (c *cluster) awaitSettled(ctx context.Context, tb testing.TB, team string, keys []string, died time.Time) time.Duration {
+	tb.Helper()
+	var left []string
+	done := poll(ctx, 100*time.Millisecond, time.Until(died.Add(settledBy)), func() bool {
+		left = left[:0]
+		for _, key := range keys {
+			if strings.HasPrefix(key, "sbx_") {
+				sb, err := c.store.Sandbox(ctx, team, key)
+				if err == nil && (sb.State == sandbox.Creating || sb.State == sandbox.Stopping) {
+					left = append(left, key+" "+string(sb.State))
+				}
+			}
+			if strings.HasPrefix(key, "snp_") {
+				sn, err := c.store.Snapshot(ctx, team, key)
+				if err == nil && (sn.State == store.SnapshotCreating || sn.State == store.SnapshotDeleting) {
+					left = append(left, key+" "+string(sn.State))
+				}
+			}
+		}
+		return len(left) == 0
+	})
+	if !done {
+		tb.Errorf("%d records a dead replica claimed are not settled by the others %v after its death: %v", len(keys), settledBy, left)
+	}
+	return time.Since(died)
 }
