@@ -71,8 +71,15 @@ func (w *instantWorker) Status(context.Context) (worker.Status, error) {
 }
 func (w *instantWorker) ServeHTTP(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(204) }
 
-// AddWorker's Local check needs the concrete type; instantWorker counts
-// as standalone, so give it a fresh heartbeat.
+// addInstantWorker adds an instant worker to s. It counts as standalone,
+// so it gets a heartbeat that stays fresh.
+func addInstantWorker(s *Server) {
+	s.AddWorker(&instantWorker{})
+	s.mu.Lock()
+	s.seen["instant"] = time.Now().Add(time.Hour)
+	s.mu.Unlock()
+}
+
 func benchServer(b *testing.B) (*Server, http.Handler, string) {
 	b.Helper()
 	st, err := sqlite.Open(b.Context(), b.TempDir()+"/space.db")
@@ -84,10 +91,7 @@ func benchServer(b *testing.B) (*Server, http.Handler, string) {
 	if err != nil {
 		b.Fatalf("setup: %v", err)
 	}
-	s.AddWorker(&instantWorker{})
-	s.mu.Lock()
-	s.seen["instant"] = time.Now().Add(time.Hour)
-	s.mu.Unlock()
+	addInstantWorker(s)
 	secret, err := s.Bootstrap(b.Context(), false)
 	if err != nil {
 		b.Fatalf("setup: %v", err)

@@ -5,7 +5,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -25,10 +24,7 @@ func TestTeamQuota(t *testing.T) {
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	s.AddWorker(&instantWorker{})
-	s.mu.Lock()
-	s.seen["instant"] = time.Now().Add(time.Hour)
-	s.mu.Unlock()
+	addInstantWorker(s)
 	admin, err := s.Bootstrap(t.Context(), false)
 	if err != nil {
 		t.Fatalf("setup: %v", err)

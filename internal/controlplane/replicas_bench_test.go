@@ -49,10 +49,7 @@ func benchReplicaCreates(b *testing.B, dsn string, n, inFlight int) {
 		if err != nil {
 			b.Fatalf("setup: %v", err)
 		}
-		s.AddWorker(&instantWorker{})
-		s.mu.Lock()
-		s.seen["instant"] = time.Now().Add(time.Hour)
-		s.mu.Unlock()
+		addInstantWorker(s)
 		if i == 0 {
 			for team := range 4 {
 				if _, err := st.CreateTeam(b.Context(), store.Team{ID: fmt.Sprintf("bench%d", team), Name: "bench"}); err != nil && !errors.Is(err, store.ErrAlreadyExists) {

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"space/internal/store/postgres"
 	"space/internal/testenv/pgtest"
@@ -31,10 +30,7 @@ func TestReplicasKeepTheQuota(t *testing.T) {
 		if err != nil {
 			t.Fatalf("setup: %v", err)
 		}
-		s.AddWorker(&instantWorker{})
-		s.mu.Lock()
-		s.seen["instant"] = time.Now().Add(time.Hour)
-		s.mu.Unlock()
+		addInstantWorker(s)
 		k, err := s.Bootstrap(context.Background(), i > 0)
 		if err != nil {
 			t.Fatalf("setup: %v", err)
