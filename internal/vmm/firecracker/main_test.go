@@ -56,6 +56,7 @@ func fakeFirecrackerMain(args []string) int {
 		}
 	}
 	cfg := fcapitest.Config{
+		Serial:  os.Getenv("FCFAKE_SERIAL"),
 		Version: os.Getenv("FCFAKE_VERSION"),
 		Exit:    os.Exit, // the response has been flushed
 	}
@@ -176,6 +177,7 @@ type fakeOptions struct {
 	version    string // "" = 1.16.1
 	ignoreTerm bool
 	crash      string
+	serial     string // what the "guest" prints once started
 }
 
 // fakeBinary is a fake firecracker (or jailer) executable for one test.
@@ -220,7 +222,7 @@ func newFakeFirecracker(t *testing.T, opts fakeOptions) *fakeBinary {
 	t.Helper()
 	dir := shortTempDir(t, "fcbin")
 	b := &fakeBinary{path: filepath.Join(dir, "firecracker"), requests: filepath.Join(dir, "requests.jsonl"), argv: filepath.Join(dir, "argv.json")}
-	env := map[string]string{"FCFAKE_MODE": "firecracker", "FCFAKE_REQUESTS": b.requests, "FCFAKE_ARGV": b.argv, "FCFAKE_VERSION": opts.version}
+	env := map[string]string{"FCFAKE_MODE": "firecracker", "FCFAKE_REQUESTS": b.requests, "FCFAKE_ARGV": b.argv, "FCFAKE_VERSION": opts.version, "FCFAKE_SERIAL": opts.serial}
 	if opts.ignoreTerm {
 		env["FCFAKE_IGNORE_TERM"] = "1"
 	}

@@ -1,6 +1,7 @@
 package fcapitest
 
 import (
+	"io"
 	"errors"
 	"fmt"
 	"net"
@@ -269,6 +270,9 @@ func (f *FakeFirecracker) actionLocked(body []byte) result {
 			return rejectf("Cannot start microvm without kernel configuration.")
 		}
 		f.st.phase = running
+		if f.cfg.Serial != "" && f.cfg.Console != nil {
+			io.WriteString(f.cfg.Console, f.cfg.Serial)
+		}
 		return done()
 	case "FlushMetrics":
 		if f.st.phase == notStarted {

@@ -42,6 +42,11 @@ type Config struct {
 	CtrlAltDelReboots bool
 	// Record, if set, receives every request before it is handled.
 	Record func(Request)
+	// Serial is what the guest writes to its console (Firecracker's
+	// stdout, Console) once InstanceStart succeeds: "" = nothing.
+	Serial string
+	// Console receives Serial; RunProcess sets it to its stdout.
+	Console io.Writer
 }
 
 // Request is one request the fake received.

@@ -52,6 +52,9 @@ func RunProcess(args []string, cfg Config, stdout, stderr io.Writer) int {
 			cfg.ID = value
 		}
 	}
+	if cfg.Console == nil {
+		cfg.Console = stdout
+	}
 	f, err := New(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
