@@ -17,7 +17,8 @@ import (
 func newServerCmd(g *globals) *cobra.Command {
 	var (
 		listen, agent, storeURL, workerID, chunkDir string
-		tokenFile, secretsKey, dataPlaneURL, vmm    string
+		tokenFile, secretsKey, dataPlaneURL         string
+		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
 		memory                                      int64
@@ -37,7 +38,7 @@ server stops, and the next start re-adopts them.`,
 			if err := checkVMMFlag(vmm); err != nil {
 				return err
 			}
-			if !noWorker && vmm != server.VMMFake {
+			if !noWorker && vmm.kind != server.VMMFake {
 				if err := checkAgent(agent); err != nil {
 					return err
 				}
@@ -61,7 +62,7 @@ server stops, and the next start re-adopts them.`,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
 				NoWorker: noWorker, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
-				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm,
+				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc,
 			})
 		},
 	}
@@ -83,27 +84,43 @@ server stops, and the next start re-adopts them.`,
 	return c
 }
 
-// vmmFlag binds --vmm, the worker's hypervisor driver.
-func vmmFlag(fs *pflag.FlagSet, p *string) {
-	fs.StringVar(p, "vmm", server.VMMQEMU, "hypervisor `driver`: qemu, or fake (sandboxes are jailed host processes, NOT VMs: for tests and load tests only)")
+// vmmFlags are the flags that choose and configure the worker's
+// hypervisor driver.
+type vmmFlags struct {
+	kind string
+	fc   server.Firecracker
 }
 
-func checkVMMFlag(v string) error {
-	switch v {
-	case server.VMMQEMU, server.VMMFake:
-		return nil
+// vmmFlag binds --vmm and the Firecracker driver's flags.
+func vmmFlag(fs *pflag.FlagSet, p *vmmFlags) {
+	fs.StringVar(&p.kind, "vmm", server.VMMAuto, "hypervisor `driver`: auto (Firecracker where its binary is found and KVM boots a guest under it, else QEMU), qemu, firecracker, or fake (sandboxes are jailed host processes, NOT VMs: for tests and load tests only)")
+	fs.StringVar(&p.fc.Binary, "firecracker", "", "the firecracker `binary` (default: firecracker on PATH)")
+	fs.StringVar(&p.fc.Jailer, "firecracker-jailer", "", "run every Firecracker through this jailer `binary` (of the same release), chrooted, as an unprivileged uid/gid (default: no jailer)")
+	fs.IntVar(&p.fc.UID, "firecracker-uid", 0, "`uid` jailed Firecrackers run as (default 2000000001)")
+	fs.IntVar(&p.fc.GID, "firecracker-gid", 0, "`gid` jailed Firecrackers run as (default 2000000001)")
+}
+
+func checkVMMFlag(v vmmFlags) error {
+	switch v.kind {
+	case server.VMMAuto, server.VMMQEMU, server.VMMFirecracker, server.VMMFake:
+	default:
+		return usagef("--vmm %q: want %s, %s, %s or %s", v.kind, server.VMMAuto, server.VMMQEMU, server.VMMFirecracker, server.VMMFake)
 	}
-	return usagef("--vmm %q: want %s or %s", v, server.VMMQEMU, server.VMMFake)
+	if v.fc.UID < 0 || v.fc.GID < 0 {
+		return usagef("--firecracker-uid %d, --firecracker-gid %d: want unprivileged ids", v.fc.UID, v.fc.GID)
+	}
+	return nil
 }
 
 // newWorkerCmd returns `space worker`: a standalone worker that registers
 // with a control plane.
 func newWorkerCmd(g *globals) *cobra.Command {
 	var (
-		controlPlane, token, tokenFile, listen, advertise, agent, id, chunkDir, vmm string
-		vcpus                                                                       int
-		memory                                                                      int64
-		egress                                                                      server.Egress
+		controlPlane, token, tokenFile, listen, advertise, agent, id, chunkDir string
+		vmm                                                                    vmmFlags
+		vcpus                                                                  int
+		memory                                                                 int64
+		egress                                                                 server.Egress
 	)
 	c := &cobra.Command{
 		Use:   "worker --control-plane URL --token T",
@@ -117,7 +134,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 			if err := checkVMMFlag(vmm); err != nil {
 				return err
 			}
-			if vmm != server.VMMFake {
+			if vmm.kind != server.VMMFake {
 				if err := checkAgent(agent); err != nil {
 					return err
 				}
@@ -145,7 +162,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
 				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
 				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
-				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm,
+				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc,
 			})
 		},
 	}

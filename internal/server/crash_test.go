@@ -50,6 +50,9 @@ const (
 // TestMain runs this test binary as a server process when asked to, so
 // crash tests can kill -9 a real server at a named step.
 func TestMain(m *testing.M) {
+	if os.Getenv(envFakeFirecracker) == "1" {
+		os.Exit(fakeFirecrackerMain())
+	}
 	if os.Getenv(envWorkerChild) == "1" {
 		os.Exit(workerChildMain())
 	}

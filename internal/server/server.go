@@ -43,9 +43,7 @@ import (
 	"space/internal/store/postgres"
 	"space/internal/store/sqlite"
 	"space/internal/templatebuild"
-	"space/internal/vmm"
 	"space/internal/vmm/fake"
-	"space/internal/vmm/qemu"
 	"space/internal/worker"
 )
 
@@ -82,10 +80,13 @@ type Config struct {
 	// AgentPath is the static space-agent binary put in the initramfs.
 	// Required, except with VMM "fake".
 	AgentPath string
-	// VMM selects the embedded worker's hypervisor driver: VMMQEMU ("" =
-	// it) or VMMFake, whose guests are jailed host processes: for tests
-	// and load tests only, never for untrusted code.
+	// VMM selects the embedded worker's hypervisor driver: VMMAuto (""
+	// = it), VMMQEMU, VMMFirecracker, or VMMFake, whose guests are
+	// jailed host processes: for tests and load tests only, never for
+	// untrusted code.
 	VMM string
+	// Firecracker configures the Firecracker driver, when VMM chooses it.
+	Firecracker Firecracker
 	// StoreURL selects PostgreSQL (postgres://...); "" = SQLite in DataDir.
 	StoreURL string
 	// WorkerID names the embedded worker; "" = the one recorded in
@@ -200,7 +201,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			fmt.Fprintf(progress, "space: default template ready in %s\n", time.Since(t0).Round(time.Millisecond))
 		}
 		w, err = newWorker(ctx, workerConfig{
-			VMM: cfg.VMM, Progress: progress,
+			VMM: cfg.VMM, Firecracker: cfg.Firecracker, Progress: progress,
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB,
 			Chunks: chunks, Egress: cfg.Egress,
@@ -348,22 +349,6 @@ func openStore(ctx context.Context, cfg Config) (store.Store, error) {
 	return sqlite.Open(ctx, filepath.Join(cfg.DataDir, dbFile))
 }
 
-// The hypervisor drivers a worker can run (Config.VMM).
-const (
-	VMMQEMU = "qemu"
-	// VMMFake runs guests as jailed host processes (package vmm/fake):
-	// for control-plane tests and load tests, not a sandbox.
-	VMMFake = "fake"
-)
-
-func checkVMM(kind string) error {
-	switch kind {
-	case "", VMMQEMU, VMMFake:
-		return nil
-	}
-	return fmt.Errorf("vmm %q, want %q or %q: %w", kind, VMMQEMU, VMMFake, errkind.InvalidArgument)
-}
-
 // templateImages returns the default template's images for the driver
 // kind: built (or cached) for a real VMM, placeholders for the fake, which
 // boots no kernel and mounts no image.
@@ -423,7 +408,8 @@ func (e Egress) dial(ctx context.Context, network, addr string) (c net.Conn, err
 
 // workerConfig is what newWorker needs.
 type workerConfig struct {
-	VMM      string    // Config.VMM
+	VMM         string      // Config.VMM
+	Firecracker Firecracker // Config.Firecracker
 	Progress io.Writer // or nil
 	// FakeFaults are failures the fake driver injects from the start;
 	// for tests.
@@ -469,47 +455,16 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	var (
-		drv  vmm.Driver
-		info worker.VMMInfo
-		// Waits scale with the accelerator: a TCG guest boots in
-		// seconds, a KVM one in well under one.
-		bootTimeout = 2 * time.Minute
-	)
-	switch wc.VMM {
-	case "", VMMQEMU:
-		qcfg := qemu.Config{Binary: qemuBinary, Log: wc.Log, AccelCache: filepath.Join(cache.Root(), "accel-probe.json")}
-		// As root, QEMU runs jailed as qemu.DefaultUID and DefaultGID.
-		qd, err := qemu.New(qcfg)
-		if err != nil {
-			return nil, err
-		}
-		accel, err := qd.Accel(ctx, wc.Images.Kernel.Vmlinux)
-		if err != nil {
-			return nil, err
-		}
-		wc.Log.Info("accelerator chosen", "accel", accel)
-		version, err := qemuVersion(ctx, qemuBinary)
-		if err != nil {
-			wc.Log.Warn("qemu version unknown", "err", err) // only reported, in the worker's capabilities
-		}
-		if accel == "kvm" {
-			bootTimeout = 30 * time.Second
-		}
-		drv, info = qd, worker.VMMInfo{Kind: VMMQEMU, Version: version, Accel: accel}
-	case VMMFake:
-		wc.Log.Warn("vmm fake: guests are jailed host processes, not virtual machines; for tests and load tests only, never for untrusted code")
-		if wc.Progress != nil {
-			fmt.Fprintln(wc.Progress, "space: WARNING: --vmm fake: sandboxes are jailed host processes, NOT virtual machines (tests and load tests only)")
-		}
-		fd, err := fake.New(fake.Config{Log: wc.Log, Faults: wc.FakeFaults})
-		if err != nil {
-			return nil, err
-		}
-		// A fake guest answers within milliseconds of its start.
-		drv, info, bootTimeout = fd, worker.VMMInfo{Kind: VMMFake, Version: fake.Version, Accel: fake.Accel}, 10*time.Second
-	default:
-		return nil, checkVMM(wc.VMM)
+	// The worker's directory reflinks where it can: a loop-mounted XFS
+	// image on file systems that do not (ext4), when root.
+	st, err := storage.Prepare(ctx, storage.Config{DataDir: filepath.Dir(wc.DataDir), Dir: wc.DataDir, Log: wc.Log})
+	if err != nil {
+		return nil, err
+	}
+	wc.Log.Info("worker storage", "dir", st.Dir, "mode", st.Mode, "direct_io", st.DirectIO)
+	drv, info, bootTimeout, err := openDriver(ctx, wc, cache, st.Dir)
+	if err != nil {
+		return nil, err
 	}
 	if wc.BootTimeout > 0 {
 		bootTimeout = wc.BootTimeout
@@ -519,13 +474,6 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		wc.Log.Warn("running VMMs without cgroup limits", "err", err)
 		cg = nil
 	}
-	// The worker's directory reflinks where it can: a loop-mounted XFS
-	// image on file systems that do not (ext4), when root.
-	st, err := storage.Prepare(ctx, storage.Config{DataDir: filepath.Dir(wc.DataDir), Dir: wc.DataDir, Log: wc.Log})
-	if err != nil {
-		return nil, err
-	}
-	wc.Log.Info("worker storage", "dir", st.Dir, "mode", st.Mode, "direct_io", st.DirectIO)
 	// The worker's own key seals what it keeps of secrets; it lives next
 	// to its data, outside the database.
 	box, err := secrets.LoadOrCreateKey(filepath.Join(filepath.Dir(wc.DataDir), "worker-secrets.key"))
