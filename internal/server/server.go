@@ -410,7 +410,7 @@ func (e Egress) dial(ctx context.Context, network, addr string) (c net.Conn, err
 type workerConfig struct {
 	VMM         string      // Config.VMM
 	Firecracker Firecracker // Config.Firecracker
-	Progress io.Writer // or nil
+	Progress    io.Writer   // or nil
 	// FakeFaults are failures the fake driver injects from the start;
 	// for tests.
 	FakeFaults map[fake.Point]fake.Fault

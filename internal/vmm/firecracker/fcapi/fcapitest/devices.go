@@ -1,9 +1,9 @@
 package fcapitest
 
 import (
-	"io"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
