@@ -62,7 +62,7 @@ server stops, and the next start re-adopts them.`,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
 				NoWorker: noWorker, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
-				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc,
+				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
 	}
@@ -89,6 +89,7 @@ server stops, and the next start re-adopts them.`,
 type vmmFlags struct {
 	kind string
 	fc   server.Firecracker
+	host server.HostPaths
 }
 
 // vmmFlag binds --vmm and the Firecracker driver's flags.
@@ -98,6 +99,8 @@ func vmmFlag(fs *pflag.FlagSet, p *vmmFlags) {
 	fs.StringVar(&p.fc.Jailer, "firecracker-jailer", "", "run every Firecracker through this jailer `binary` (of the same release), chrooted, as an unprivileged uid/gid (default: no jailer)")
 	fs.IntVar(&p.fc.UID, "firecracker-uid", 0, "`uid` jailed Firecrackers run as (default 2000000001)")
 	fs.IntVar(&p.fc.GID, "firecracker-gid", 0, "`gid` jailed Firecrackers run as (default 2000000001)")
+	fs.StringVar(&p.host.CgroupRoot, "cgroup-root", "", "the cgroup hierarchy to put VMs in, a `dir` (default: this process's /sys/fs/cgroup); in a container, the host's mounted in, so VMs outlive it")
+	fs.StringVar(&p.host.RunRoot, "run-root", "", "tmpfs `dir` for the VMs' run files (default /dev/shm/space-ID); in a container, one of the host's mounted in")
 }
 
 func checkVMMFlag(v vmmFlags) error {
@@ -162,7 +165,7 @@ on one host, each with its own --data-dir, --listen and --id.`,
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
 				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
 				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
-				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc,
+				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
 	}

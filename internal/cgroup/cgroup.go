@@ -380,3 +380,45 @@ func exists(name string) bool {
 	_, err := os.Stat(name)
 	return err == nil
 }
+
+// At returns the hierarchy mounted at root, a path that need not be
+// /sys/fs/cgroup: a cgroup2 file system (or a delegated subtree of one),
+// or a directory holding cgroup v1 controller mounts as /sys/fs/cgroup
+// does on a v1 host (cpu,cpuacct, memory, pids, ...). A worker in a
+// container passes the host's hierarchy, mounted into it, so that its
+// VMs live outside the container's own cgroup and outlive it. The error
+// wraps errkind.InvalidArgument when root is neither, [ErrUnavailable]
+// when it is not writable.
+func At(root string) (*Hierarchy, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return nil, fmt.Errorf("cgroup root: %w", &fs.PathError{Op: "statfs", Path: root, Err: err})
+	}
+	if int64(st.Type) == unix.CGROUP2_SUPER_MAGIC {
+		return NewV2(root)
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup root: %w", err)
+	}
+	mounts := map[Controller]string{}
+	for _, e := range entries {
+		if !e.IsDir() { // symlinks (cpu -> cpu,cpuacct) name a mount listed anyway
+			continue
+		}
+		dir := filepath.Join(root, e.Name())
+		var est unix.Statfs_t
+		if unix.Statfs(dir, &est) != nil || int64(est.Type) != unix.CGROUP_SUPER_MAGIC {
+			continue
+		}
+		for _, name := range strings.Split(e.Name(), ",") {
+			if c := Controller(name); slices.Contains(v1Controllers, c) {
+				mounts[c] = dir
+			}
+		}
+	}
+	if len(mounts) == 0 {
+		return nil, fmt.Errorf("cgroup root %s: neither a cgroup2 file system nor a directory of cgroup v1 controller mounts: %w", root, errkind.InvalidArgument)
+	}
+	return NewV1(mounts)
+}

@@ -87,6 +87,8 @@ type Config struct {
 	VMM string
 	// Firecracker configures the Firecracker driver, when VMM chooses it.
 	Firecracker Firecracker
+	// Host places the embedded worker's VMs on the host.
+	Host HostPaths
 	// StoreURL selects PostgreSQL (postgres://...); "" = SQLite in DataDir.
 	StoreURL string
 	// WorkerID names the embedded worker; "" = the one recorded in
@@ -201,7 +203,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			fmt.Fprintf(progress, "space: default template ready in %s\n", time.Since(t0).Round(time.Millisecond))
 		}
 		w, err = newWorker(ctx, workerConfig{
-			VMM: cfg.VMM, Firecracker: cfg.Firecracker, Progress: progress,
+			VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB,
 			Chunks: chunks, Egress: cfg.Egress,
@@ -410,6 +412,7 @@ func (e Egress) dial(ctx context.Context, network, addr string) (c net.Conn, err
 type workerConfig struct {
 	VMM         string      // Config.VMM
 	Firecracker Firecracker // Config.Firecracker
+	Host        HostPaths   // Config.Host
 	Progress    io.Writer   // or nil
 	// FakeFaults are failures the fake driver injects from the start;
 	// for tests.
@@ -469,8 +472,13 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	if wc.BootTimeout > 0 {
 		bootTimeout = wc.BootTimeout
 	}
-	cg, err := cgroup.Detect()
-	if err != nil {
+	var cg *cgroup.Hierarchy
+	if wc.Host.CgroupRoot != "" {
+		// Asked for: a worker in a container whose VMs must outlive it.
+		if cg, err = cgroup.At(wc.Host.CgroupRoot); err != nil {
+			return nil, fmt.Errorf("--cgroup-root: %w", err)
+		}
+	} else if cg, err = cgroup.Detect(); err != nil {
 		wc.Log.Warn("running VMMs without cgroup limits", "err", err)
 		cg = nil
 	}
@@ -483,7 +491,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	w, err := worker.New(worker.Config{
 		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, BootTimeout: bootTimeout,
 		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
-		Cgroups:   cg, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
+		Cgroups:   cg, RunRoot: wc.Host.RunRoot, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
 		EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
 		VMM: info,

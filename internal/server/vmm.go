@@ -53,6 +53,20 @@ type Firecracker struct {
 	UID, GID int
 }
 
+// HostPaths say where on the host a worker keeps what its VMs need while
+// they run. A worker in a container (a Kubernetes pod) points them at the
+// host's, mounted into it, so that its VMs outlive the container and the
+// next one re-adopts them.
+type HostPaths struct {
+	// CgroupRoot is the cgroup hierarchy the VMs' groups are made in (the
+	// host's /sys/fs/cgroup, mounted into the container); "" = this
+	// process's own /sys/fs/cgroup.
+	CgroupRoot string
+	// RunRoot holds the VMs' run directories (sockets, memory files): a
+	// tmpfs that outlives the worker; "" = /dev/shm/space-<worker id>.
+	RunRoot string
+}
+
 // DefaultFirecrackerUID and GID are what jailed Firecrackers run as by
 // default: like QEMU's (qemu.DefaultUID), an ID no account uses.
 const (

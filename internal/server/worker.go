@@ -52,9 +52,10 @@ type WorkerConfig struct {
 	// CacheBase and AgentPath are as in Config. Required (AgentPath
 	// except with VMM "fake").
 	CacheBase, AgentPath string
-	// VMM and Firecracker are as in Config.
+	// VMM, Firecracker and Host are as in Config.
 	VMM         string
 	Firecracker Firecracker
+	Host        HostPaths
 	// VCPUs and MemoryMiB are the capacity offered; 0 = the worker's
 	// defaults.
 	VCPUs     int
@@ -117,7 +118,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		return err
 	}
 	w, err := newWorker(ctx, workerConfig{
-		VMM: cfg.VMM, Firecracker: cfg.Firecracker, Progress: progress,
+		VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
 		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, Egress: cfg.Egress,
 	})
