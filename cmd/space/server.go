@@ -182,6 +182,50 @@ on one host, each with its own --data-dir, --listen and --id.`,
 	egressFlags(f, &egress)
 	agentFlag(f, &agent)
 	vmmFlag(f, &vmm)
+	c.AddCommand(newWorkerPurgeCmd(g))
+	return c
+}
+
+// newWorkerPurgeCmd returns `space worker purge`: remove everything a
+// worker made on this host.
+func newWorkerPurgeCmd(g *globals) *cobra.Command {
+	var (
+		chunkDir string
+		vmm      vmmFlags
+	)
+	c := &cobra.Command{
+		Use:   "purge",
+		Short: "Remove everything a stopped worker made on this host",
+		Long: `Remove every sandbox the worker whose data dir is DATA_DIR made on this
+host, with its VM, tap, network namespace and control group, the worker's
+run files and storage mount, and then the data dir itself: what
+uninstalling runs on each node. The worker must be stopped (its data dir is
+locked while it runs). Pass the --vmm, --cgroup-root and --run-root it ran
+with. A chunk store given with --chunks (outside the data dir) is left.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkVMMFlag(vmm); err != nil {
+				return err
+			}
+			dataDir, err := g.serverDataDir()
+			if err != nil {
+				return err
+			}
+			if g.dataDir == "" {
+				dataDir = filepath.Join(dataDir, "workers", "default")
+			}
+			if err := server.PurgeWorker(cmd.Context(), server.WorkerConfig{
+				DataDir: dataDir, ChunkDir: chunkDir, CacheBase: g.cacheBase, Log: g.logger(),
+				VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
+			}); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stderr, "space: purged %s\n", dataDir)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&chunkDir, "chunks", "", "the worker's chunk store `directory`, if outside the data dir (left in place)")
+	vmmFlag(c.Flags(), &vmm)
 	return c
 }
 

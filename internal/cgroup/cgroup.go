@@ -422,3 +422,7 @@ func At(root string) (*Hierarchy, error) {
 	}
 	return NewV1(mounts)
 }
+
+// Roots returns the directories groups are made under: the v2 root, or
+// each distinct v1 controller mount.
+func (h *Hierarchy) Roots() []string { return slices.Clone(h.roots) }

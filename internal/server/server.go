@@ -413,6 +413,9 @@ type workerConfig struct {
 	VMM         string      // Config.VMM
 	Firecracker Firecracker // Config.Firecracker
 	Host        HostPaths   // Config.Host
+	// Purge opens the worker only to remove what it made (PurgeWorker):
+	// no accelerator probe, no images.
+	Purge bool
 	Progress    io.Writer   // or nil
 	// FakeFaults are failures the fake driver injects from the start;
 	// for tests.

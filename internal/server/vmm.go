@@ -141,9 +141,11 @@ func openQEMU(ctx context.Context, wc workerConfig, cache *cachedir.Dir) (vmm.Dr
 	if err != nil {
 		return nil, worker.VMMInfo{}, 0, err
 	}
-	accel, err := qd.Accel(ctx, wc.Images.Kernel.Vmlinux)
-	if err != nil {
-		return nil, worker.VMMInfo{}, 0, err
+	accel := "unknown" // a purge boots nothing
+	if !wc.Purge {
+		if accel, err = qd.Accel(ctx, wc.Images.Kernel.Vmlinux); err != nil {
+			return nil, worker.VMMInfo{}, 0, err
+		}
 	}
 	wc.Log.Info("accelerator chosen", "accel", accel)
 	version, err := qemuVersion(ctx, qemuBinary)
@@ -198,11 +200,13 @@ func openFirecracker(ctx context.Context, wc workerConfig, chroots string) (open
 	if err != nil {
 		return openedFirecracker{}, fmt.Errorf("version %q: %w", version, errors.Join(err, errkind.FailedPrecondition))
 	}
-	t0 := time.Now()
-	if err := d.ProbeKVM(ctx, wc.Images.Kernel.Vmlinux, fcProbeTimeout); err != nil {
-		return openedFirecracker{}, err
+	if !wc.Purge { // a purge boots nothing
+		t0 := time.Now()
+		if err := d.ProbeKVM(ctx, wc.Images.Kernel.Vmlinux, fcProbeTimeout); err != nil {
+			return openedFirecracker{}, err
+		}
+		wc.Log.Info("firecracker kvm probe boot", "ok", true, "took", time.Since(t0).Round(time.Millisecond), "version", version, "jailer", cfg.Jailer != nil)
 	}
-	wc.Log.Info("firecracker kvm probe boot", "ok", true, "took", time.Since(t0).Round(time.Millisecond), "version", version, "jailer", cfg.Jailer != nil)
 	// Without KVM dirty tracking, diffs need Firecracker 1.13's mincore.
 	return openedFirecracker{drv: d, info: worker.VMMInfo{Kind: VMMFirecracker, Version: version, Accel: "kvm", DiffSnapshots: v.AtLeast(1, 13)}}, nil
 }
