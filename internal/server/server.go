@@ -415,8 +415,8 @@ type workerConfig struct {
 	Host        HostPaths   // Config.Host
 	// Purge opens the worker only to remove what it made (PurgeWorker):
 	// no accelerator probe, no images.
-	Purge bool
-	Progress    io.Writer   // or nil
+	Purge    bool
+	Progress io.Writer // or nil
 	// FakeFaults are failures the fake driver injects from the start;
 	// for tests.
 	FakeFaults map[fake.Point]fake.Fault
