@@ -184,15 +184,15 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 	if !known || !wasSeen {
 		s.log.Info("worker registered", "worker_id", req.ID, "address", req.Address, "protocol", req.Protocol,
 			"vmm", caps.VMM, "accel", caps.Accel)
-		// Settle what happened on it while it was away. Its sandboxes'
-		// records are ours; errors are retried at its next registration.
-		recs, err := s.cfg.Store.SandboxesByWorker(r.Context(), req.ID)
+		// Settle what happened on it while it was away, leaving alone
+		// what any replica works on (claims.go); errors are retried at
+		// its next registration, or by the leader's reconcile.
+		busy, err := s.claims.all(r.Context())
 		if err == nil {
-			for _, rec := range recs {
-				if err := s.reconcile(r.Context(), wk, rec); err != nil {
-					s.log.Warn("reconcile", "sandbox_id", rec.ID, "err", err)
-				}
-			}
+			err = s.reconcileWorker(r.Context(), wk, busy)
+		}
+		if err != nil {
+			s.log.Warn("reconcile a worker that registered", "worker_id", req.ID, "err", err)
 		}
 	}
 	httpapi.WriteJSON(w, http.StatusOK, s.workerView(r.Context(), wk))
