@@ -410,6 +410,11 @@ type Snapshot struct {
 	// reflink storage, after an earlier stored snapshot of the same
 	// sandbox, only what changed since (its dirty log).
 	ReadBytes int64 `json:"read_bytes,omitempty"`
+	// VMM and VMMVersion name the VMM that took it ("qemu", "7.2.19"):
+	// sandboxes start from it only on workers that run the same. Absent
+	// from snapshots taken before they were recorded, which start on any.
+	VMM        string `json:"vmm,omitempty"`
+	VMMVersion string `json:"vmm_version,omitempty"`
 }
 
 // SnapshotList is the reply of GET /v1/snapshots.

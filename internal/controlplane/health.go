@@ -24,11 +24,12 @@ const (
 
 // probe is what this process last learned of a worker by asking it.
 type probe struct {
-	status  workerproto.Status // the last answer
-	err     error              // the last probe's failure, or nil
-	at      time.Time          // when the last probe ended; zero before one did
-	pending bool               // a probe is out
-	since   time.Time          // when the probe out began
+	status   workerproto.Status // the last answer
+	answered bool               // some probe succeeded: status holds its answer
+	err      error              // the last probe's failure, or nil
+	at       time.Time          // when the last probe ended; zero before one did
+	pending  bool               // a probe is out
+	since    time.Time          // when the probe out began
 }
 
 // lateProbe is how long a probe may be out before placement stops
@@ -73,7 +74,7 @@ func (s *Server) probeOne(ctx context.Context, wk Worker) {
 	was := p.err
 	p.pending, p.at, p.err = false, s.now(), err
 	if err == nil {
-		p.status = st
+		p.status, p.answered = st, true
 	}
 	switch {
 	case err != nil && was == nil && ctx.Err() == nil:
@@ -167,23 +168,48 @@ func (s *Server) capacities(ctx context.Context, workers []Worker) map[string]wo
 }
 
 // place picks, among workers, the one with the most free memory that
-// fits spec, from what their probes say.
-func (s *Server) place(ctx context.Context, workers []Worker, spec workerproto.Spec) (Worker, error) {
+// fits spec, from what their probes say. A sandbox from a snapshot
+// (pl.snapshot) goes only to a worker whose VMM matches the one that
+// took it (pl.vmm; see compat.go), one whose match is certain first.
+func (s *Server) place(ctx context.Context, workers []Worker, spec workerproto.Spec, pl placement) (Worker, error) {
 	caps := s.capacities(ctx, workers)
 	type cand struct {
-		w    Worker
-		free int64
+		w     Worker
+		exact bool
+		free  int64
 	}
-	var cands []cand
+	var (
+		cands   []cand
+		matched int
+	)
 	for _, w := range workers {
 		st, ok := caps[w.ID()]
-		if ok && st.VCPUs-st.UsedVCPUs >= spec.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= spec.MemoryMiB {
-			cands = append(cands, cand{w, st.MemoryMiB - st.UsedMemoryMiB})
+		if !ok {
+			continue
+		}
+		match, exact := pl.vmm.match(st.Capabilities)
+		if !match {
+			continue
+		}
+		matched++
+		if st.VCPUs-st.UsedVCPUs >= spec.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= spec.MemoryMiB {
+			cands = append(cands, cand{w, exact, st.MemoryMiB - st.UsedMemoryMiB})
 		}
 	}
 	if len(cands) == 0 {
-		return nil, noRoom(spec)
+		switch {
+		case pl.vmm.Kind == "":
+			return nil, noRoom(spec)
+		case matched == 0:
+			return nil, s.noVMM(pl.snapshot, pl.vmm, caps)
+		}
+		return nil, noRoomRunning(spec, pl.snapshot, pl.vmm)
 	}
-	sort.SliceStable(cands, func(i, j int) bool { return cands[i].free > cands[j].free })
+	sort.SliceStable(cands, func(i, j int) bool {
+		if cands[i].exact != cands[j].exact {
+			return cands[i].exact
+		}
+		return cands[i].free > cands[j].free
+	})
 	return cands[0].w, nil
 }

@@ -245,10 +245,13 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 }
 
 // placement says where a sandbox starts from: the zero value boots it on
-// the worker with the most room; otherwise it restores snapshot on worker.
+// the worker with the most room; otherwise it restores snapshot on
+// worker, or, with no worker, on the worker with the most room among
+// those whose VMM matches vmm, the one that took the snapshot.
 type placement struct {
 	worker   Worker
 	snapshot string
+	vmm      vmmID // the zero value: any worker's
 	// take spends the snapshot on this sandbox (worker.CreateRequest.TakeSnapshot).
 	take bool
 }
@@ -263,9 +266,11 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 	}
 	wk := pl.worker
 	if wk == nil {
-		if wk, err = s.place(ctx, s.healthyWorkers(), sp.Spec); err != nil {
+		if wk, err = s.place(ctx, s.healthyWorkers(), sp.Spec, pl); err != nil {
 			return store.Sandbox{}, err
 		}
+	} else if err := s.checkWorkerVMM(ctx, wk, pl.snapshot, pl.vmm); err != nil {
+		return store.Sandbox{}, err
 	}
 	specJSON, err := json.Marshal(sp)
 	if err != nil {

@@ -25,6 +25,10 @@ type snapshotMeta struct {
 	Chunked bool `json:"chunked,omitempty"`
 	// ReadBytes is what storing it in the chunk store read.
 	ReadBytes int64 `json:"read_bytes,omitempty"`
+	// VMM is the VMM that took it, which alone restores it (see
+	// compat.go); zero in snapshots from before it was recorded, which
+	// start anywhere.
+	VMM vmmID `json:"vmm,omitzero"`
 }
 
 // snapshotView is the API's picture of a snapshot. One whose metadata
@@ -36,7 +40,7 @@ func (s *Server) snapshotView(sn store.Snapshot) (api.Snapshot, error) {
 	return api.Snapshot{
 		ID: sn.ID, Name: sn.Name, Team: sn.TeamID, SandboxID: sn.SandboxID, State: sn.State.String(),
 		Worker: sn.WorkerID, CreatedAt: sn.Created, LogicalBytes: sn.LogicalBytes, NewBytes: sn.NewBytes,
-		PausedMS: m.PausedMS, ReadBytes: m.ReadBytes,
+		PausedMS: m.PausedMS, ReadBytes: m.ReadBytes, VMM: m.VMM.Kind, VMMVersion: m.VMM.Version,
 	}, err
 }
 
@@ -131,7 +135,8 @@ func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, 
 		return sn, errors.Join(err, s.writes(ctx).DeleteSnapshot(ctx, sn.TeamID, sn.ID))
 	}
 	s.crash("api.snapshot.worker-done")
-	meta, err := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes})
+	vmm := s.snapshotVMM(ctx, sb, wk)
+	meta, err := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes, VMM: vmm})
 	if err != nil {
 		return sn, fmt.Errorf("snapshot %s: encode metadata: %w", sn.ID, err)
 	}
@@ -147,7 +152,7 @@ func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, 
 	if err != nil {
 		return sn, err
 	}
-	s.log.Info("snapshot taken", "snapshot_id", sn.ID, "sandbox_id", sb.ID, "paused_ms", info.PausedMS)
+	s.log.Info("snapshot taken", "snapshot_id", sn.ID, "sandbox_id", sb.ID, "paused_ms", info.PausedMS, "vmm", vmm.Kind, "vmm_version", vmm.Version)
 	return sn, nil
 }
 
@@ -296,6 +301,15 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
 			sn.ID, sn.WorkerID, sb.ID, sb.WorkerID, errkind.FailedPrecondition))
 		return
 	}
+	// The sandbox's worker restores it in place: its VMM must be the
+	// snapshot's.
+	if c, ok := s.capsOf(ctx, wk); ok {
+		if match, _ := m.VMM.match(c); !match {
+			httpapi.WriteError(w, fmt.Errorf("snapshot %s was taken by %s; sandbox %s runs on worker %s, which runs %s: %w",
+				sn.ID, m.VMM, sb.ID, wk.ID(), capsString(c), errkind.FailedPrecondition))
+			return
+		}
+	}
 	ctx, release, err := s.claim(ctx, sb.ID)
 	if err != nil {
 		httpapi.WriteError(w, err)
@@ -355,7 +369,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, fmt.Errorf("fork: %w", err))
 		return
 	}
-	local := hasRoom(ctx, wk, sp, req.Count)
+	local := hasRoom(ctx, wk, sp, req.Count, s.snapshotVMM(ctx, sb, wk))
 	id := store.NewSnapshotID()
 	ctx, release, err := s.claim(ctx, id)
 	if err != nil {
@@ -460,26 +474,30 @@ func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot,
 
 // snapshotPlacement says where a sandbox from sn may start: on the worker
 // that took it, or, for a chunked snapshot, wherever there is room (the
-// worker fetches it from the chunk store).
+// worker fetches it from the chunk store); either way on a worker whose
+// VMM is the one that took it.
 func (s *Server) snapshotPlacement(sn store.Snapshot) (placement, error) {
 	m, err := metaOf(sn)
 	if err != nil {
 		return placement{}, err
 	}
 	if m.Chunked {
-		return placement{snapshot: sn.ID}, nil
+		return placement{snapshot: sn.ID, vmm: m.VMM}, nil
 	}
 	wk, err := s.worker(sn.WorkerID)
 	if err != nil {
 		return placement{}, err
 	}
-	return placement{worker: wk, snapshot: sn.ID}, nil
+	return placement{worker: wk, snapshot: sn.ID, vmm: m.VMM}, nil
 }
 
-// hasRoom reports whether wk can take n more sandboxes of sp now.
-func hasRoom(ctx context.Context, wk Worker, sp spec, n int) bool {
+// hasRoom reports whether wk can take n more sandboxes of sp now, from a
+// snapshot taken by vmm (which a worker upgraded since its VM started
+// may not restore).
+func hasRoom(ctx context.Context, wk Worker, sp spec, n int, vmm vmmID) bool {
 	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	st, err := wk.Status(sctx)
-	return err == nil && st.VCPUs-st.UsedVCPUs >= n*sp.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= int64(n)*sp.MemoryMiB
+	match, _ := vmm.match(st.Capabilities)
+	return err == nil && match && st.VCPUs-st.UsedVCPUs >= n*sp.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= int64(n)*sp.MemoryMiB
 }

@@ -112,12 +112,18 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 		httpapi.WriteError(w, fmt.Errorf("resume: %w", err))
 		return
 	}
+	// It resumes on a worker whose VMM took the snapshot.
+	pl, err := s.suspendPlacement(ctx, sb.TeamID, snap)
+	if err != nil {
+		httpapi.WriteError(w, fmt.Errorf("resume: %w", err))
+		return
+	}
 	// The store admits the resumed sandbox within the team's quota in
 	// the transaction that records it creating.
 	q, err := s.quota(ctx, sb.TeamID)
 	var wk Worker
 	if err == nil {
-		wk, err = s.place(ctx, s.healthyWorkers(), sp.Spec)
+		wk, err = s.place(ctx, s.healthyWorkers(), sp.Spec, pl)
 	}
 	if err == nil {
 		err = sandbox.Check(sb.State, sandbox.Creating)
@@ -153,6 +159,23 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 	s.dropSuspendSnapshot(ctx, sb.TeamID, snap)
 	s.log.Info("sandbox resumed", "sandbox_id", sb.ID, "worker_id", wk.ID())
 	s.writeView(w, http.StatusOK, sb)
+}
+
+// suspendPlacement is where a suspended sandbox of team resumes from its
+// snapshot snap: any worker whose VMM took it.
+func (s *Server) suspendPlacement(ctx context.Context, team, snap string) (placement, error) {
+	sn, err := s.cfg.Store.Snapshot(ctx, team, snap)
+	if errors.Is(err, store.ErrNotFound) {
+		return placement{}, fmt.Errorf("its suspend snapshot %s is gone: %w", snap, errkind.FailedPrecondition)
+	}
+	if err != nil {
+		return placement{}, err
+	}
+	m, err := metaOf(sn)
+	if err != nil {
+		return placement{}, err
+	}
+	return placement{snapshot: snap, vmm: m.VMM}, nil
 }
 
 // unresume puts a sandbox whose resume failed back to suspended.
