@@ -254,3 +254,43 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
 	}
 	httpapi.WriteJSON(w, http.StatusOK, api.WorkerList{Workers: s.workerViews(r.Context(), s.workerList())})
 }
+
+// AdvertiseLocal records this process's embedded worker id in the store
+// as reachable at address (https://host:port, where it serves the worker
+// API with the worker token), and renews the record every
+// HeartbeatInterval until ctx ends: the other replicas sharing the store
+// then reach it as they reach a standalone worker, so any of them serves
+// its sandboxes. This process keeps calling it in process.
+func (s *Server) AdvertiseLocal(ctx context.Context, id, address string) error {
+	if u, err := url.Parse(address); err != nil || u.Scheme != "https" || u.Host == "" {
+		return fmt.Errorf("advertise worker %s at %.100q: want https://host:port: %w", id, address, errkind.InvalidArgument)
+	}
+	wk, err := s.worker(id)
+	if err != nil || !s.isLocal(id) {
+		return fmt.Errorf("advertise worker %s: not this process's embedded worker: %w", id, errkind.FailedPrecondition)
+	}
+	beat := func() {
+		st, err := wk.Status(ctx)
+		if err != nil {
+			s.log.Warn("advertise the embedded worker: status", "worker_id", id, "err", err)
+			return
+		}
+		if err := s.cfg.Store.UpsertWorker(ctx, store.Worker{
+			ID: id, Address: address, VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB, LastHeartbeat: s.now(),
+		}); err != nil && ctx.Err() == nil {
+			s.log.Warn("advertise the embedded worker", "worker_id", id, "err", err)
+		}
+	}
+	beat()
+	s.log.Info("embedded worker reachable by other replicas", "worker_id", id, "address", address)
+	t := time.NewTicker(HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			beat()
+		}
+	}
+}

@@ -95,6 +95,15 @@ type Config struct {
 	// DataDir, or on the first start a new random one (recorded there).
 	// A data dir from before IDs were recorded keeps "local".
 	WorkerID string
+	// WorkerListen is where the embedded worker serves the worker API
+	// (TLS, the worker token) to the other replicas sharing a
+	// PostgreSQL store, so that any of them serves its sandboxes; "" =
+	// 127.0.0.1:0 on PostgreSQL (replicas on this host only), not served
+	// on SQLite (one control plane).
+	WorkerListen string
+	// WorkerAdvertise is the URL the other replicas reach the embedded
+	// worker at; "" = https://WORKER_LISTEN's address.
+	WorkerAdvertise string
 	// NoWorker runs the control plane alone, with no embedded worker:
 	// sandboxes run on standalone workers only (`space worker`). For
 	// replicas of one control plane on PostgreSQL.
@@ -244,12 +253,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
+	var workerAPI *embeddedWorkerAPI // the embedded worker served to other replicas, or nil
 	if w != nil {
 		local, err := controlplane.NewLocal(w)
 		if err != nil {
 			return err
 		}
 		cp.AddWorker(local)
+		if workerAPI, err = listenWorkerAPI(cfg, token); err != nil {
+			return err
+		}
+		if workerAPI != nil {
+			defer workerAPI.ln.Close()
+		}
 	}
 	if err := cp.LoadWorkers(ctx); err != nil {
 		return err
@@ -302,6 +318,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			})
 		}
 		wg.Go(func() { collectChunks(ctx, chunks, cfg.Log) })
+		if workerAPI != nil {
+			wg.Go(func() { workerAPI.serve(ctx, w.Handler(token), cfg.Log) })
+			wg.Go(func() {
+				if err := cp.AdvertiseLocal(ctx, w.ID(), workerAPI.url); err != nil {
+					cfg.Log.Error("advertise the embedded worker", "err", err)
+				}
+			})
+		}
 		err := cp.Run(ctx)
 		wg.Wait()
 		return err
