@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -164,18 +163,7 @@ func compatServer(t *testing.T, workers ...Worker) (*Server, store.Store, func(m
 	for _, wk := range workers {
 		connect(s, wk)
 	}
-	admin, err := s.Bootstrap(t.Context(), false)
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
-	h := s.Handler()
-	return s, st, func(method, path, body string) (int, []byte) {
-		req := httptest.NewRequest(method, path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+admin)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec.Code, rec.Body.Bytes()
-	}
+	return s, st, adminCaller(t, s)
 }
 
 // connect adds wk to s with a heartbeat that stays fresh.

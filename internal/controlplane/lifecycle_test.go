@@ -86,18 +86,7 @@ func lifecycleServer(t *testing.T, wk Worker) (*Server, store.Store, func(method
 	s.mu.Lock()
 	s.seen[wk.ID()] = time.Now().Add(time.Hour)
 	s.mu.Unlock()
-	admin, err := s.Bootstrap(t.Context(), false)
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
-	h := s.Handler()
-	return s, st, func(method, path, body string) (int, []byte) {
-		req := httptest.NewRequest(method, path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+admin)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec.Code, rec.Body.Bytes()
-	}
+	return s, st, adminCaller(t, s)
 }
 
 // mustCreate creates a sandbox through the API.
@@ -358,5 +347,23 @@ func TestCorruptBlobs(t *testing.T) {
 	}
 	if l := listIDs(t, do, ""); len(l) != 2 {
 		t.Errorf("list = %q, want both listed", l)
+	}
+}
+
+// adminCaller bootstraps s and returns a func that calls its API with
+// the admin key, answering the status and body.
+func adminCaller(t *testing.T, s *Server) func(method, path, body string) (int, []byte) {
+	t.Helper()
+	admin, err := s.Bootstrap(t.Context(), false)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	h := s.Handler()
+	return func(method, path, body string) (int, []byte) {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+admin)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.Bytes()
 	}
 }
