@@ -193,8 +193,9 @@ on one host, each with its own --data-dir, --listen and --id.`,
 // worker made on this host.
 func newWorkerPurgeCmd(g *globals) *cobra.Command {
 	var (
-		chunkDir string
-		vmm      vmmFlags
+		chunkDir     string
+		removeChunks bool
+		vmm          vmmFlags
 	)
 	c := &cobra.Command{
 		Use:   "purge",
@@ -204,7 +205,8 @@ host, with its VM, tap, network namespace and control group, the worker's
 run files and storage mount, and then the data dir itself: what
 uninstalling runs on each node. The worker must be stopped (its data dir is
 locked while it runs). Pass the --vmm, --cgroup-root and --run-root it ran
-with. A chunk store given with --chunks (outside the data dir) is left.`,
+with. A chunk store given with --chunks (outside the data dir) is left,
+unless --remove-chunks.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkVMMFlag(vmm); err != nil {
@@ -218,7 +220,7 @@ with. A chunk store given with --chunks (outside the data dir) is left.`,
 				dataDir = filepath.Join(dataDir, "workers", "default")
 			}
 			if err := server.PurgeWorker(cmd.Context(), server.WorkerConfig{
-				DataDir: dataDir, ChunkDir: chunkDir, CacheBase: g.cacheBase, Log: g.logger(),
+				DataDir: dataDir, ChunkDir: chunkDir, RemoveChunks: removeChunks, CacheBase: g.cacheBase, Log: g.logger(),
 				VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			}); err != nil {
 				return err
@@ -227,7 +229,8 @@ with. A chunk store given with --chunks (outside the data dir) is left.`,
 			return nil
 		},
 	}
-	c.Flags().StringVar(&chunkDir, "chunks", "", "the worker's chunk store `directory`, if outside the data dir (left in place)")
+	c.Flags().StringVar(&chunkDir, "chunks", "", "the worker's chunk store `directory`, if outside the data dir (left in place unless --remove-chunks)")
+	c.Flags().BoolVar(&removeChunks, "remove-chunks", false, "remove the --chunks directory too (it is the worker's own, not shared)")
 	vmmFlag(c.Flags(), &vmm)
 	return c
 }

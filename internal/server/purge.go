@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
+
 	"space/internal/errkind"
 	"space/internal/storage"
 )
@@ -20,7 +22,7 @@ import (
 // and control group, the worker's control group parent and run root,
 // the storage image it mounted, and then the data dir itself (with the
 // chunk store in it; a chunk store elsewhere, cfg.ChunkDir, may be
-// shared with a server and is left). It is what uninstalling runs on each node. The worker must not
+// shared with a server and is left unless cfg.RemoveChunks). It is what uninstalling runs on each node. The worker must not
 // be running: its data dir is locked while it runs, and the error says
 // so (an uninstall retries until the worker's pod is gone). A data dir
 // that does not exist is nothing to purge. cfg's VMM, Firecracker and
@@ -79,12 +81,38 @@ func PurgeWorker(ctx context.Context, cfg WorkerConfig) error {
 		// Keep the data dir: it holds what a retry needs to find the rest.
 		return fmt.Errorf("purge: %w", errors.Join(errs...))
 	}
-	if err := os.RemoveAll(cfg.DataDir); err != nil {
+	if err := removeTree(cfg.DataDir); err != nil {
 		return fmt.Errorf("purge: %w", err)
 	}
-	if cfg.ChunkDir != "" {
+	switch {
+	case cfg.ChunkDir != "" && cfg.RemoveChunks:
+		if err := removeTree(cfg.ChunkDir); err != nil {
+			return fmt.Errorf("purge: %w", err)
+		}
+	case cfg.ChunkDir != "":
 		cfg.Log.Info("purge: the chunk store outside the data dir is left (it may be shared)", "chunk_dir", cfg.ChunkDir)
 	}
 	cfg.Log.Info("purged worker", "worker_id", id, "data_dir", cfg.DataDir)
+	return nil
+}
+
+// removeTree removes dir and everything in it. A dir that is a mount
+// point (a container's volume) cannot go: it is left empty.
+func removeTree(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, unix.EBUSY) && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	return nil
 }

@@ -63,6 +63,9 @@ type WorkerConfig struct {
 	// ChunkDir is the chunk store's directory; "" = DataDir/chunks. Give
 	// it the server's (same host) to share snapshots with it.
 	ChunkDir string
+	// RemoveChunks has PurgeWorker remove ChunkDir too (it is the
+	// worker's own, not shared with a server).
+	RemoveChunks bool
 	// Egress is as in Config.
 	Egress Egress
 	// CrashAt names a worker crash point; for tests.

@@ -280,12 +280,13 @@ func TestDefaultsWorker(t *testing.T) {
 		"control-plane": "http://prod-space-server.sandboxes.svc:7070",
 		"advertise":     "https://$(POD_IP):7071",
 		"token-file":    "/etc/space/secrets/worker-token",
-		"vmm":           "qemu",
 		"id":            "$(NODE_NAME)",
 		"data-dir":      "/var/lib/space",
 		"chunks":        "/var/lib/space-chunks",
 		"cache":         "/var/cache/space",
 		"listen":        ":7071",
+		"vmm":           "auto",
+		"cgroup-root":   "/host/sys/fs/cgroup",
 	}
 	if c.Args[0] != "worker" {
 		t.Errorf("worker args = %q, want the worker verb first", c.Args)
