@@ -28,14 +28,15 @@ import (
 // keeps what it was asked to create and restore.
 type vmmWorker struct {
 	instantWorker
-	id     string
-	caps   workerproto.Capabilities
-	memMiB int64
+	id   string
+	caps workerproto.Capabilities
 	// vmVMM overrides the VMM its VMs say they run (an older worker's VM
 	// that names none: "none"); "" = caps'.
 	vmVMM string
 
 	mu sync.Mutex
+	// +checklocks:mu
+	memMiB int64
 	// +checklocks:mu
 	specs map[string]worker.Spec // running sandboxes
 	// +checklocks:mu
