@@ -19,6 +19,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		listen, agent, storeURL, workerID, chunkDir string
 		tokenFile, secretsKey, dataPlaneURL         string
 		workerListen, workerAdvertise               string
+		leaderElection, kubeNamespace               string
 		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
@@ -61,7 +62,7 @@ server stops, and the next start re-adopts them.`,
 			return server.Run(cmd.Context(), server.Config{
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
-				NoWorker: noWorker, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL,
+				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
@@ -74,6 +75,8 @@ server stops, and the next start re-adopts them.`,
 	f.StringVar(&tokenFile, "worker-token-file", "", "read the worker token from `FILE` (default DATA_DIR/worker.token, made on the first start; replicas share one; env SPACE_WORKER_TOKEN)")
 	f.StringVar(&secretsKey, "secrets-key", "", "`FILE` of the key secrets are sealed with (default DATA_DIR/secrets.key, made on the first start; replicas share one)")
 	f.StringVar(&dataPlaneURL, "data-plane-url", "", "`URL` clients send data-plane requests (exec, files) of standalone workers' sandboxes to: a space proxy (default: this server)")
+	f.StringVar(&leaderElection, "leader-election", server.LeaderStore, "where replicas elect the one that does the background work: store (the store's leader lease) or kubernetes (a coordination Lease in the pod's namespace; needs RBAC on leases)")
+	f.StringVar(&kubeNamespace, "kube-namespace", "", "`namespace` of the leader Lease with --leader-election kubernetes (default: the pod's)")
 	f.StringVar(&workerListen, "worker-listen", "", "`address` where the embedded worker serves other replicas (TLS, the worker token) (default on PostgreSQL 127.0.0.1:0: this host's replicas only; none on SQLite)")
 	f.StringVar(&workerAdvertise, "worker-advertise", "", "`URL` other replicas reach the embedded worker at (default https://WORKER_LISTEN)")
 	f.StringVar(&workerID, "worker-id", "", "`ID` of the embedded worker (default: the one recorded in the data dir, or a new random one on the first start)")

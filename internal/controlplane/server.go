@@ -110,6 +110,10 @@ type Config struct {
 	CrashAt string
 	// Version is reported by /v1/health.
 	Version string
+	// Elector, if set, makes the elector of the leader for background
+	// work, campaigning as holder (a Kubernetes Lease's, package
+	// leader/kube); nil = the store's leader lease.
+	Elector func(holder string) (leader.Elector, error)
 	// LeaderTTL is how long the leader's lease lasts unrenewed: a dead
 	// leader's successor takes over within about 4/3 of it; 0 = 6s.
 	LeaderTTL time.Duration
@@ -215,7 +219,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: replica id %q: want printable ASCII without spaces or slashes: %w", cfg.ReplicaID, errkind.InvalidArgument)
 	}
 	s.claims = newClaims(cfg.Store, cfg.ReplicaID, s.log)
-	e, err := leader.New(leader.Config{Holder: s.claims.holder, Name: leaderLease, TTL: cfg.LeaderTTL, Log: cfg.Log}, cfg.Store)
+	var e leader.Elector
+	var err error
+	if cfg.Elector != nil {
+		e, err = cfg.Elector(s.claims.holder)
+	} else {
+		e, err = leader.New(leader.Config{Holder: s.claims.holder, Name: leaderLease, TTL: cfg.LeaderTTL, Log: cfg.Log}, cfg.Store)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}

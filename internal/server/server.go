@@ -104,6 +104,12 @@ type Config struct {
 	// WorkerAdvertise is the URL the other replicas reach the embedded
 	// worker at; "" = https://WORKER_LISTEN's address.
 	WorkerAdvertise string
+	// LeaderElection is where replicas elect the one that does the
+	// background work: LeaderStore ("" = it) or LeaderKubernetes.
+	LeaderElection string
+	// KubeNamespace and KubeLease name the Lease of LeaderKubernetes; ""
+	// = the pod's namespace and "space-leader".
+	KubeNamespace, KubeLease string
 	// NoWorker runs the control plane alone, with no embedded worker:
 	// sandboxes run on standalone workers only (`space worker`). For
 	// replicas of one control plane on PostgreSQL.
@@ -187,6 +193,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
+	elector, err := electorFor(cfg, cfg.Log)
+	if err != nil {
+		return err
+	}
 
 	st, err := openStore(ctx, cfg)
 	if err != nil {
@@ -245,7 +255,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	cp, err := controlplane.New(controlplane.Config{
-		Store: st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
+		Elector: elector,
+		Store:   st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox, ReplicaID: replica,
