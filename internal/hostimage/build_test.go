@@ -85,7 +85,7 @@ func TestBuildInvalidConfig(t *testing.T) {
 // and that the second build gives the same archives.
 func TestBuild(t *testing.T) {
 	testenv.RequireSlow(t)
-	testenv.RequireRoot(t, testenv.TierUnit)
+	testenv.RequireRoot(t, testenv.TierNetns) // debootstrap
 	testenv.RequireTool(t, testenv.TierUnit, "debootstrap", "debootstrap")
 	testenv.RequireTool(t, testenv.TierUnit, "apt-cache", "apt")
 	cache, err := cachedir.Open(testenv.CacheDir(t))

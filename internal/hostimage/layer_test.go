@@ -146,7 +146,7 @@ func TestAddTreeReproducible(t *testing.T) {
 }
 
 func TestAddTreeCapability(t *testing.T) {
-	testenv.RequireRoot(t, testenv.TierUnit) // setting file capabilities needs CAP_SETFCAP
+	testenv.RequireRoot(t, testenv.TierNetns) // setting file capabilities needs CAP_SETFCAP
 	root := t.TempDir()
 	p := filepath.Join(root, "ping")
 	if err := os.WriteFile(p, []byte("x"), 0o755); err != nil {
