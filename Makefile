@@ -14,7 +14,7 @@ GO ?= go
 # The lock-annotation checker (// +checklocks:mu), run through go vet.
 CHECKLOCKS := gvisor.dev/gvisor/tools/checklocks/cmd/checklocks@v0.0.0-20260905035102-160fafc42237
 
-.PHONY: deps build test run clean
+.PHONY: deps build images test run clean
 
 deps:
 	scripts/install-deps.sh
@@ -22,6 +22,22 @@ deps:
 build:
 	$(GO) build -o bin/space ./cmd/space
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/space-agent ./cmd/space-agent
+
+# images writes the OCI image archives of the control plane and the worker
+# to dist/images (docs/images.md). They ship a static, path-independent
+# build of space; the base layers are cached in SPACE_CACHE_DIR (the first
+# worker base is a debootstrap: minutes, as root).
+# The labels and time stamps come from git: the commit, its time
+# (SOURCE_DATE_EPOCH) and the origin remote.
+IMAGE_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+IMAGE_VERSION ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo +dirty)
+IMAGE_SOURCE ?= $(shell git remote get-url origin 2>/dev/null)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
+images: build
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/images/space ./cmd/space
+	$(GO) build -o bin/space-images ./cmd/space-images
+	SOURCE_DATE_EPOCH='$(SOURCE_DATE_EPOCH)' bin/space-images --space bin/images/space --agent bin/space-agent \
+		--out dist/images --version '$(IMAGE_VERSION)' --revision '$(IMAGE_REVISION)' --source '$(IMAGE_SOURCE)'
 
 # testsummary prints failures, skips and a summary, and fails the run when a
 # test fails or a required tier (SPACE_TEST_TIERS) skips.
@@ -36,4 +52,4 @@ run: deps build
 	bin/space server
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

@@ -58,6 +58,41 @@ func Extract(ctx context.Context, deb, dir string, prefixes ...string) error {
 	return nil
 }
 
+// ReadData calls fn with each entry of the data archive of the .deb file
+// deb, in archive order; r reads the entry's content. Names come as the
+// archive has them (usually "./usr/..."), and nothing is checked or
+// written: the caller decides what an entry means. An error from fn stops
+// the walk and is returned as is. A data member compressed with an
+// unsupported method (zstd) yields [errkind.InvalidArgument].
+func ReadData(ctx context.Context, deb string, fn func(hdr *tar.Header, r io.Reader) error) error {
+	f, err := os.Open(deb)
+	if err != nil {
+		return fmt.Errorf("read deb: %w", err)
+	}
+	defer f.Close()
+	data, err := openData(bufio.NewReaderSize(f, 1<<20))
+	if err != nil {
+		return fmt.Errorf("read %s: %w", filepath.Base(deb), err)
+	}
+	defer data.Close()
+	tr := tar.NewReader(data)
+	for {
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: data.tar: %w", filepath.Base(deb), err)
+		}
+		if err := fn(hdr, tr); err != nil {
+			return err
+		}
+	}
+}
+
 // openData walks the ar archive r and returns its decompressed data.tar
 // member.
 func openData(r io.Reader) (io.ReadCloser, error) {

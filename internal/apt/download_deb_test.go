@@ -275,3 +275,40 @@ func TestArReaderOddSizes(t *testing.T) {
 		t.Errorf("ar members mismatch (-want +got):\n%s", diff)
 	}
 }
+
+func TestReadData(t *testing.T) {
+	deb := makeDeb(t, ".xz", []tarEntry{
+		{name: "./", typ: tar.TypeDir},
+		{name: "./etc/", typ: tar.TypeDir},
+		{name: "./etc/services", body: "http 80/tcp\n", typ: tar.TypeReg},
+		{name: "./usr/share/zoneinfo/localtime", link: "/etc/localtime", typ: tar.TypeSymlink},
+	})
+	var got []string
+	err := ReadData(t.Context(), deb, func(hdr *tar.Header, r io.Reader) error {
+		b, err := io.ReadAll(r)
+		if err != nil {
+			return err
+		}
+		got = append(got, fmt.Sprintf("%c %s %q %s", hdr.Typeflag, hdr.Name, b, hdr.Linkname))
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("ReadData() error = %v", err)
+	}
+	want := []string{
+		`5 ./ "" `,
+		`5 ./etc/ "" `,
+		`0 ./etc/services "http 80/tcp\n" `,
+		`2 ./usr/share/zoneinfo/localtime "" /etc/localtime`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ReadData() entries mismatch (-want +got):\n%s", diff)
+	}
+
+	stop := errors.New("stop")
+	calls := 0
+	err = ReadData(t.Context(), deb, func(*tar.Header, io.Reader) error { calls++; return stop })
+	if !errors.Is(err, stop) || calls != 1 {
+		t.Errorf("ReadData(fn failing) = %v after %d calls, want %v after 1", err, calls, stop)
+	}
+}

@@ -28,6 +28,14 @@ type BootstrapConfig struct {
 	Packages []string
 	// Variant is debootstrap's variant. Empty means "minbase".
 	Variant string
+	// KeepLists keeps the package lists debootstrap fetched, so that apt
+	// can look packages up in the new system (about 50 MB for Debian main).
+	// False deletes them with the downloaded packages.
+	KeepLists bool
+	// Env is added to the environment of debootstrap and the package
+	// scripts it runs (KEY=value), for example SOURCE_DATE_EPOCH. Nil adds
+	// nothing.
+	Env []string
 }
 
 // withDefaults fills in cfg's empty fields from the host.
@@ -50,8 +58,8 @@ func (cfg BootstrapConfig) withDefaults() (BootstrapConfig, error) {
 }
 
 // Debootstrap installs a Debian system into cfg.Dir with debootstrap, then
-// deletes the downloaded packages and apt's package lists, which only make
-// the image bigger. It needs root; debootstrap runs in its own mount
+// deletes the downloaded packages and (unless cfg.KeepLists) apt's package
+// lists, which only make the image bigger. It needs root; debootstrap runs in its own mount
 // namespace, so the file systems it mounts inside cfg.Dir vanish with it even
 // when it is killed.
 //
@@ -89,19 +97,23 @@ func Debootstrap(ctx context.Context, cfg BootstrapConfig) error {
 		args = append(args, "--include="+strings.Join(cfg.Packages, ","))
 	}
 	args = append(args, cfg.Suite, cfg.Dir, cfg.Mirror)
-	if _, err := run(ctx, unshare, args...); err != nil {
+	if _, err := runEnv(ctx, cfg.Env, unshare, args...); err != nil {
 		return fmt.Errorf("debootstrap %s into %s: %w", cfg.Suite, cfg.Dir, err)
 	}
-	if err := shrink(cfg.Dir); err != nil {
+	if err := shrink(cfg.Dir, cfg.KeepLists); err != nil {
 		return fmt.Errorf("debootstrap %s into %s: %w", cfg.Suite, cfg.Dir, err)
 	}
 	return nil
 }
 
-// shrink removes downloaded packages and package lists from the system at
-// root, which debootstrap just made.
-func shrink(root string) error {
-	for _, pattern := range []string{"var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*"} {
+// shrink removes downloaded packages and, unless keepLists, package lists
+// from the system at root, which debootstrap just made.
+func shrink(root string, keepLists bool) error {
+	patterns := []string{"var/cache/apt/archives/*.deb", "var/cache/apt/*.bin"}
+	if !keepLists {
+		patterns = append(patterns, "var/lib/apt/lists/*")
+	}
+	for _, pattern := range patterns {
 		matches, err := filepath.Glob(filepath.Join(root, pattern))
 		if err != nil {
 			return err

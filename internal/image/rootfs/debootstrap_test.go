@@ -2,6 +2,7 @@ package rootfs
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -78,42 +79,57 @@ func TestDefaultKey(t *testing.T) {
 }
 
 func TestShrink(t *testing.T) {
-	root := t.TempDir()
-	for _, name := range []string{
-		"var/cache/apt/archives/curl_7.88_amd64.deb",
-		"var/cache/apt/archives/lock",
-		"var/cache/apt/pkgcache.bin",
-		"var/lib/apt/lists/deb_dists_bookworm_InRelease",
-		"var/lib/apt/lists/partial/x",
-		"var/lib/dpkg/status",
-	} {
-		p := filepath.Join(root, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatalf("setup: %v", err)
-		}
-		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
-			t.Fatalf("setup: %v", err)
-		}
+	tests := []struct {
+		keepLists bool
+		want      []string
+	}{
+		{false, []string{"var/cache/apt/archives/lock", "var/lib/dpkg/status"}},
+		{true, []string{
+			"var/cache/apt/archives/lock",
+			"var/lib/apt/lists/deb_dists_bookworm_InRelease",
+			"var/lib/apt/lists/partial/x",
+			"var/lib/dpkg/status",
+		}},
 	}
-	if err := shrink(root); err != nil {
-		t.Fatalf("shrink() error = %v", err)
-	}
-	var got []string
-	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			rel, _ := filepath.Rel(root, p)
-			got = append(got, rel)
-		}
-		return err
-	})
-	want := []string{"var/cache/apt/archives/lock", "var/lib/dpkg/status"}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("shrink() left files mismatch (-want +got):\n%s", diff)
-	}
-	for _, dir := range []string{"var/cache/apt/archives", "var/lib/apt/lists"} {
-		if fi, err := os.Stat(filepath.Join(root, dir)); err != nil || !fi.IsDir() {
-			t.Errorf("shrink() removed %s (%v), want it kept", dir, err)
-		}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("keepLists=%v", tt.keepLists), func(t *testing.T) {
+			root := t.TempDir()
+			for _, name := range []string{
+				"var/cache/apt/archives/curl_7.88_amd64.deb",
+				"var/cache/apt/archives/lock",
+				"var/cache/apt/pkgcache.bin",
+				"var/lib/apt/lists/deb_dists_bookworm_InRelease",
+				"var/lib/apt/lists/partial/x",
+				"var/lib/dpkg/status",
+			} {
+				p := filepath.Join(root, name)
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatalf("setup: %v", err)
+				}
+				if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+					t.Fatalf("setup: %v", err)
+				}
+			}
+			if err := shrink(root, tt.keepLists); err != nil {
+				t.Fatalf("shrink() error = %v", err)
+			}
+			var got []string
+			filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					rel, _ := filepath.Rel(root, p)
+					got = append(got, rel)
+				}
+				return err
+			})
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("shrink(keepLists=%v) left files mismatch (-want +got):\n%s", tt.keepLists, diff)
+			}
+			for _, dir := range []string{"var/cache/apt/archives", "var/lib/apt/lists"} {
+				if fi, err := os.Stat(filepath.Join(root, dir)); err != nil || !fi.IsDir() {
+					t.Errorf("shrink() removed %s (%v), want it kept", dir, err)
+				}
+			}
+		})
 	}
 }
 

@@ -36,7 +36,15 @@ func lookTool(name, aptPackage string, dirs ...string) (string, error) {
 // returns an error that includes that tail. ctx ending kills the whole
 // process group.
 func run(ctx context.Context, name string, args ...string) (string, error) {
+	return runEnv(ctx, nil, name, args...)
+}
+
+// runEnv is run with env (KEY=value) added to the process's environment.
+func runEnv(ctx context.Context, env []string, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var out tail
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
