@@ -259,13 +259,18 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 		VMM: h.Driver, VMMVersion: h.Version, Accel: h.Accel, StartedBy: startedBy,
 		BootMS: gv.BootTime.Milliseconds(), PID: h.PID,
 	}
-	err = s.setStateLocked(sandbox.Running)
 	s.mu.Unlock()
+	// Running only once nothing here can fail any more: a reconcile that
+	// asks meanwhile (its caller gone) must see a create that may still
+	// be rolled back as creating, not complete it.
+	err = w.attachGateway(ctx, s)
 	if err == nil {
-		err = s.save()
+		s.mu.Lock()
+		err = s.setStateLocked(sandbox.Running)
+		s.mu.Unlock()
 	}
 	if err == nil {
-		err = w.attachGateway(ctx, s)
+		err = s.save()
 	}
 	if err != nil {
 		s.closeGateway()

@@ -192,7 +192,7 @@ func (w *Worker) guestFrames(ctx context.Context, s *sbx) (egress.Frames, error)
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		var d net.Dialer
 		conn, err = d.DialContext(ctx, "unix", s.netSocket())
-		if err == nil || time.Now().After(deadline) {
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
