@@ -14,6 +14,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/image/kernel"
 	"space/internal/imagebuild"
+	"space/internal/testenv"
 	"space/internal/vmm/firecracker/fcapi/fcapitest"
 )
 
@@ -57,8 +58,9 @@ func fakeFirecrackerBinary(t *testing.T, serial string) string {
 // KVM boots a guest under it, and says why when it falls back to QEMU;
 // firecracker asked for and unusable is an error that says why.
 func TestChooseVMMWithFakeFirecracker(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns) // /dev/kvm is root's
 	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err != nil {
-		t.Skip("fake firecracker: /dev/kvm does not open for writing here; Firecracker's probe refuses before it boots")
+		testenv.Unavailable(t, testenv.TierKVM, "fake firecracker: /dev/kvm does not open for writing here; Firecracker's probe refuses before it boots")
 	} else {
 		f.Close()
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"space/internal/errkind"
+	"space/internal/testenv"
 )
 
 // kvmOpens reports whether /dev/kvm opens for writing, as ProbeKVM
@@ -37,8 +38,9 @@ func TestVersionOfBinary(t *testing.T) {
 // fails once the timeout passes, saying so; either way the probe's run
 // directory is gone and the fake has exited.
 func TestProbeKVMWithFakeFirecracker(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns) // /dev/kvm is root's
 	if !kvmOpens() {
-		t.Skip("fake firecracker: /dev/kvm does not open for writing here; the probe refuses before it boots")
+		testenv.Unavailable(t, testenv.TierKVM, "fake firecracker: /dev/kvm does not open for writing here; the probe refuses before it boots")
 	}
 	dir := shortTempDir(t, "fck")
 	kernel := filepath.Join(dir, "vmlinux")
