@@ -36,6 +36,9 @@ func TestAt(t *testing.T) {
 	if at.Version() != h.Version() || !slices.Equal(at.Controllers(), h.Controllers()) {
 		t.Errorf("At(%s) = v%d %v, want what Detect found: v%d %v", root, at.Version(), at.Controllers(), h.Version(), h.Controllers())
 	}
+	if got, want := sorted(at.Roots()), sorted(h.Roots()); !slices.Equal(got, want) {
+		t.Errorf("At(%s) roots = %v, want what Detect found: %v", root, got, want)
+	}
 
 	if _, err := At(t.TempDir()); !errors.Is(err, errkind.InvalidArgument) {
 		t.Errorf("At(a plain directory) = %v, want invalid argument", err)
@@ -65,4 +68,9 @@ func TestAt(t *testing.T) {
 		t.Errorf("Remove = %v", err)
 	}
 	os.Remove(filepath.Join(mnt, "space-at-test"))
+}
+
+func sorted(s []string) []string {
+	slices.Sort(s)
+	return s
 }

@@ -8,6 +8,15 @@
 // On v2 it is one directory; on v1 it is one directory in each controller's
 // mount, created, filled and removed together.
 //
+// On v1 a group is also made in every other hierarchy mounted beside those
+// (devices, cpuset, blkio, named ones such as name=systemd, and a hybrid
+// host's empty cgroup2 mount), without limits, and its processes are moved
+// there too. Software that finds its processes by cgroup reads one of those:
+// a container runtime lists a container's processes in its devices group,
+// and the kubelet kills whatever is left in any of a deleted pod's groups.
+// A process a worker in a pod moved into its own groups must be in none of
+// the pod's, or it dies with the pod.
+//
 // The caller owns its names: a worker prefixes them with its own ID and
 // finds its groups again by name ([Hierarchy.Open], [Hierarchy.List]),
 // never by looking at which processes run where.
@@ -74,8 +83,13 @@ type Hierarchy struct {
 	// v1 maps each available v1 controller to its mount; nil on v2.
 	v1 map[Controller]string
 	// roots are the distinct directories groups are made under: v2, or
-	// the v1 mounts (one for co-mounted controllers such as cpu,cpuacct).
+	// the v1 mounts (one for co-mounted controllers such as cpu,cpuacct)
+	// followed by the other hierarchies mounted beside them (members).
 	roots []string
+	// cpuset is the root of the v1 cpuset hierarchy when it is among
+	// roots: a new group there must be given its parent's CPUs and memory
+	// nodes before a process can join it.
+	cpuset string
 	// controllers are those available for limits and statistics.
 	controllers []Controller
 	// noKill makes Kill ignore cgroup.kill, for tests of the fallback.
@@ -103,7 +117,12 @@ func Detect() (*Hierarchy, error) {
 	case v2 != "":
 		return NewV2(v2)
 	case v1 != nil:
-		return NewV1(v1)
+		h, err := NewV1(v1)
+		if err != nil {
+			return nil, err
+		}
+		h.addMembers(m.besides(v1))
+		return h, nil
 	}
 	return nil, fmt.Errorf("detect cgroups: no cgroup file system mounted: %w", ErrUnavailable)
 }
@@ -227,11 +246,17 @@ func (h *Hierarchy) mkdir(name string) (created bool, err error) {
 					return created, err
 				}
 			}
+			parent := dir
 			dir = filepath.Join(dir, p)
 			err := os.Mkdir(dir, 0o755)
 			switch {
 			case err == nil:
 				created = true
+				if root == h.cpuset {
+					if err := inheritCpuset(parent, dir); err != nil {
+						return created, err
+					}
+				}
 				continue
 			case !errors.Is(err, fs.ErrExist):
 				return created, err
@@ -244,6 +269,29 @@ func (h *Hierarchy) mkdir(name string) (created bool, err error) {
 		}
 	}
 	return created, nil
+}
+
+// inheritCpuset gives the new v1 cpuset group dir its parent's CPUs and
+// memory nodes, unless the kernel did (cgroup.clone_children): a process
+// cannot join a cpuset group whose sets are empty.
+func inheritCpuset(parent, dir string) error {
+	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+		cur, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(cur)) != "" {
+			continue
+		}
+		v, err := os.ReadFile(filepath.Join(parent, f))
+		if err != nil {
+			return err
+		}
+		if err := writeFile(filepath.Join(dir, f), strings.TrimSpace(string(v))); err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(dir, f), err)
+		}
+	}
+	return nil
 }
 
 // enable makes the v2 controllers cs available to dir's children, writing
@@ -402,27 +450,67 @@ func At(root string) (*Hierarchy, error) {
 		return nil, fmt.Errorf("cgroup root: %w", err)
 	}
 	mounts := map[Controller]string{}
+	var others []string
 	for _, e := range entries {
 		if !e.IsDir() { // symlinks (cpu -> cpu,cpuacct) name a mount listed anyway
 			continue
 		}
 		dir := filepath.Join(root, e.Name())
 		var est unix.Statfs_t
-		if unix.Statfs(dir, &est) != nil || int64(est.Type) != unix.CGROUP_SUPER_MAGIC {
+		if unix.Statfs(dir, &est) != nil {
 			continue
 		}
+		switch int64(est.Type) {
+		case unix.CGROUP2_SUPER_MAGIC:
+			others = append(others, dir)
+			continue
+		case unix.CGROUP_SUPER_MAGIC:
+		default:
+			continue
+		}
+		limits := false
 		for _, name := range strings.Split(e.Name(), ",") {
 			if c := Controller(name); slices.Contains(v1Controllers, c) {
 				mounts[c] = dir
+				limits = true
 			}
+		}
+		if !limits {
+			others = append(others, dir)
 		}
 	}
 	if len(mounts) == 0 {
 		return nil, fmt.Errorf("cgroup root %s: neither a cgroup2 file system nor a directory of cgroup v1 controller mounts: %w", root, errkind.InvalidArgument)
 	}
-	return NewV1(mounts)
+	h, err := NewV1(mounts)
+	if err != nil {
+		return nil, err
+	}
+	h.addMembers(others)
+	return h, nil
+}
+
+// addMembers adds the v1 host's other hierarchies, dirs, to the roots
+// groups are made under, leaving out those not writable (a read-only
+// mount cannot hold our groups; a runtime that mounted it so does not
+// manage processes through it either).
+func (h *Hierarchy) addMembers(dirs []string) {
+	for _, dir := range dirs {
+		if slices.Contains(h.roots, dir) || unix.Access(dir, unix.W_OK) != nil {
+			continue
+		}
+		var st unix.Statfs_t
+		if unix.Statfs(dir, &st) != nil || (int64(st.Type) != unix.CGROUP_SUPER_MAGIC && int64(st.Type) != unix.CGROUP2_SUPER_MAGIC) {
+			continue
+		}
+		h.roots = append(h.roots, dir)
+		if exists(filepath.Join(dir, "cpuset.cpus")) && exists(filepath.Join(dir, "cpuset.mems")) {
+			h.cpuset = dir
+		}
+	}
 }
 
 // Roots returns the directories groups are made under: the v2 root, or
-// each distinct v1 controller mount.
+// each distinct v1 mount (the limiting controllers' and the others beside
+// them).
 func (h *Hierarchy) Roots() []string { return slices.Clone(h.roots) }

@@ -3,6 +3,7 @@ package cgroup
 import (
 	"bufio"
 	"io"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +13,9 @@ import (
 type mounts struct {
 	v2 []string              // cgroup2 mount points, in mount order
 	v1 map[Controller]string // first mount point of each v1 controller we use
+	// v1All are the mount points of every v1 hierarchy, named ones too,
+	// in mount order.
+	v1All []string
 }
 
 // parseMountinfo reads /proc/<pid>/mountinfo (proc(5)): "id parent
@@ -31,6 +35,7 @@ func parseMountinfo(r io.Reader) (mounts, error) {
 		case "cgroup2":
 			m.v2 = append(m.v2, point)
 		case "cgroup":
+			m.v1All = append(m.v1All, point)
 			for o := range strings.SplitSeq(f[sep+3], ",") {
 				c := Controller(o)
 				if _, seen := m.v1[c]; !seen && slices.Contains(v1Controllers, c) {
@@ -60,6 +65,27 @@ func (m mounts) pick() (v2 string, v1 map[Controller]string) {
 		return m.v2[0], nil
 	}
 	return "", nil
+}
+
+// besides returns the cgroup mounts other than those in used (the v1
+// controllers chosen) that sit in the same directory as one of them: on a
+// v1 host, the other hierarchies under /sys/fs/cgroup (devices, cpuset,
+// name=systemd, a hybrid host's unified cgroup2). Mounts elsewhere, such
+// as a private cgroup2 a program mounted for itself, are not the host's
+// layout and are left out.
+func (m mounts) besides(used map[Controller]string) []string {
+	var parents, taken []string
+	for _, dir := range used {
+		parents = append(parents, path.Dir(dir))
+		taken = append(taken, dir)
+	}
+	var out []string
+	for _, dir := range append(slices.Clone(m.v1All), m.v2...) {
+		if slices.Contains(parents, path.Dir(dir)) && !slices.Contains(taken, dir) && !slices.Contains(out, dir) {
+			out = append(out, dir)
+		}
+	}
+	return out
 }
 
 // unescapeOctal undoes mountinfo's \ooo escapes (space, tab, newline,

@@ -38,6 +38,8 @@ func TestParseMountinfo(t *testing.T) {
 		in     string
 		wantV2 string
 		wantV1 map[Controller]string
+		// wantBesides are the other hierarchies a v1 group is made in.
+		wantBesides []string
 	}{
 		{
 			name: "hybrid",
@@ -49,6 +51,7 @@ func TestParseMountinfo(t *testing.T) {
 				Pids:    "/sys/fs/cgroup/pids",
 				Freezer: "/sys/fs/cgroup/freezer",
 			},
+			wantBesides: []string{"/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"},
 		},
 		{name: "unified", in: unifiedMountinfo, wantV2: "/sys/fs/cgroup"},
 		{
@@ -79,6 +82,11 @@ func TestParseMountinfo(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.wantV1, v1); diff != "" {
 				t.Errorf("pick v1 mismatch (-want +got):\n%s", diff)
+			}
+			if v1 != nil {
+				if diff := cmp.Diff(tt.wantBesides, m.besides(v1)); diff != "" {
+					t.Errorf("besides mismatch (-want +got):\n%s", diff)
+				}
 			}
 		})
 	}

@@ -513,6 +513,13 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	var cg *cgroup.Hierarchy
 	if wc.Host.CgroupRoot != "" {
 		// Asked for: a worker in a container whose VMs must outlive it.
+		// The host's groups are reachable only from the host's cgroup
+		// namespace where the runtime gave the pod one of its own.
+		if joined, err := cgroup.JoinNamespaceOf(1); err != nil {
+			wc.Log.Warn("staying in this process's cgroup namespace", "err", err)
+		} else if joined {
+			wc.Log.Info("joined the host's cgroup namespace (of pid 1)")
+		}
 		if cg, err = cgroup.At(wc.Host.CgroupRoot); err != nil {
 			return nil, fmt.Errorf("--cgroup-root: %w", err)
 		}
