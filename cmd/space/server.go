@@ -18,7 +18,7 @@ func newServerCmd(g *globals) *cobra.Command {
 	var (
 		listen, agent, storeURL, workerID, chunkDir string
 		tokenFile, secretsKey, dataPlaneURL         string
-		workerListen, workerAdvertise               string
+		workerListen, workerAdvertise, adminKeyFile string
 		leaderElection, kubeNamespace               string
 		vmm                                         vmmFlags
 		noWorker                                    bool
@@ -49,6 +49,14 @@ server stops, and the next start re-adopts them.`,
 			if err != nil {
 				return err
 			}
+			var adminKey string
+			if adminKeyFile != "" {
+				b, err := os.ReadFile(adminKeyFile)
+				if err != nil {
+					return fmt.Errorf("--admin-key-file: %w", err)
+				}
+				adminKey = strings.TrimSpace(string(b))
+			}
 			dataDir, err := g.serverDataDir()
 			if err != nil {
 				return err
@@ -62,7 +70,7 @@ server stops, and the next start re-adopts them.`,
 			return server.Run(cmd.Context(), server.Config{
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
-				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL,
+				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
@@ -73,6 +81,7 @@ server stops, and the next start re-adopts them.`,
 	f.StringVar(&storeURL, "store", "", "PostgreSQL `URL` for the state (default: SQLite in the data dir; env SPACE_STORE_URL)")
 	f.BoolVar(&noWorker, "no-worker", false, "run no embedded worker: sandboxes run on standalone workers only (replicas on PostgreSQL)")
 	f.StringVar(&tokenFile, "worker-token-file", "", "read the worker token from `FILE` (default DATA_DIR/worker.token, made on the first start; replicas share one; env SPACE_WORKER_TOKEN)")
+	f.StringVar(&adminKeyFile, "admin-key-file", "", "make the secret in `FILE` an admin API key of the default team (replicas share one, e.g. from a Kubernetes Secret) instead of creating one in DATA_DIR/admin.key")
 	f.StringVar(&secretsKey, "secrets-key", "", "`FILE` of the key secrets are sealed with (default DATA_DIR/secrets.key, made on the first start; replicas share one)")
 	f.StringVar(&dataPlaneURL, "data-plane-url", "", "`URL` clients send data-plane requests (exec, files) of standalone workers' sandboxes to: a space proxy (default: this server)")
 	f.StringVar(&leaderElection, "leader-election", server.LeaderStore, "where replicas elect the one that does the background work: store (the store's leader lease) or kubernetes (a coordination Lease in the pod's namespace; needs RBAC on leases)")

@@ -302,6 +302,48 @@ func (s *Server) Bootstrap(ctx context.Context, hasKey bool) (secret string, err
 	return secret, nil
 }
 
+// MinAdminKeyLength is the shortest secret BootstrapKey accepts.
+const MinAdminKeyLength = 32
+
+// BootstrapKey makes sure secret is an admin key of the default team: the
+// key an operator provisioned (a Kubernetes Secret shared by every
+// replica), in place of one made at the first start and kept in a data
+// dir. It stores the key when no key has that secret, so replicas
+// starting together, or one restarting, make it once; a key with that
+// secret that is not an admin key is refused.
+func (s *Server) BootstrapKey(ctx context.Context, secret string) error {
+	if len(secret) < MinAdminKeyLength || strings.ContainsFunc(secret, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		return fmt.Errorf("admin key: want at least %d printable characters without spaces: %w", MinAdminKeyLength, errkind.InvalidArgument)
+	}
+	if _, err := s.Bootstrap(ctx, true); err != nil {
+		return err
+	}
+	hash := store.HashSecret(secret)
+	for attempt := 0; ; attempt++ {
+		k, err := s.cfg.Store.APIKeyByHash(ctx, hash)
+		switch {
+		case err == nil && !k.Admin:
+			return fmt.Errorf("admin key: the provisioned secret is that of key %s, which is not an admin key: %w", k.ID, errkind.FailedPrecondition)
+		case err == nil:
+			return nil
+		case !errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("admin key: %w", err)
+		}
+		k, err = s.cfg.Store.CreateAPIKey(ctx, store.APIKey{
+			ID: store.NewID("key_"), TeamID: DefaultTeam, Name: "admin (provisioned)", Admin: true, Hash: hash,
+		})
+		switch {
+		case err == nil:
+			s.log.Info("stored the provisioned admin key", "key_id", k.ID)
+			return nil
+		case errors.Is(err, store.ErrAlreadyExists) && attempt == 0:
+			continue // another replica stored it first: look again
+		default:
+			return fmt.Errorf("admin key: %w", err)
+		}
+	}
+}
+
 // newKey stores a new API key and returns it with its secret.
 func (s *Server) newKey(ctx context.Context, team, name string, admin bool) (store.APIKey, string, error) {
 	var b [32]byte

@@ -119,6 +119,10 @@ type Config struct {
 	// tokens; "" = the one in DataDir/worker.token, made on the first
 	// start. Replicas of one control plane share one.
 	WorkerToken string
+	// AdminKey is an admin API key's secret an operator provisioned for
+	// every replica (controlplane.Server.BootstrapKey); "" = the first
+	// start makes one and keeps it in DataDir/admin.key.
+	AdminKey string
 	// SecretsKeyFile is the key the teams' secrets are sealed with; "" =
 	// DataDir/secrets.key, made on the first start. Replicas share one.
 	SecretsKeyFile string
@@ -286,7 +290,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	keyPath := filepath.Join(cfg.DataDir, AdminKeyFile)
 	_, statErr := os.Stat(keyPath)
-	secret, err := cp.Bootstrap(ctx, statErr == nil)
+	var secret string
+	if cfg.AdminKey != "" {
+		err = cp.BootstrapKey(ctx, cfg.AdminKey)
+	} else {
+		secret, err = cp.Bootstrap(ctx, statErr == nil)
+	}
 	if err != nil {
 		return err
 	}

@@ -341,6 +341,7 @@ func TestDefaultsServer(t *testing.T) {
 	for f, v := range map[string]string{
 		"worker-token-file": "/etc/space/secrets/worker-token",
 		"secrets-key":       "/etc/space/secrets/secrets-key",
+		"admin-key-file":    "/etc/space/secrets/admin-key",
 		"listen":            ":7070",
 		"data-dir":          "/var/lib/space",
 	} {
@@ -412,8 +413,8 @@ func TestDefaultsServer(t *testing.T) {
 }
 
 // TestClusterSecretGenerated checks the Secret the chart makes: a token
-// the worker protocol takes and a secrets key of the size the server reads,
-// kept on uninstall.
+// the worker protocol takes, a secrets key of the size the server reads and
+// an admin key, kept on uninstall.
 func TestClusterSecretGenerated(t *testing.T) {
 	s := must[*corev1.Secret](t, render(t, nil), "prod-space-cluster")
 	if got := len(s.Data["worker-token"]); got != 64 {
@@ -421,6 +422,10 @@ func TestClusterSecretGenerated(t *testing.T) {
 	}
 	if got := len(s.Data["secrets-key"]); got != 32 {
 		t.Errorf("secrets-key has %d bytes, want 32", got)
+	}
+	// The admin key is one the server accepts (controlplane.BootstrapKey).
+	if k := string(s.Data["admin-key"]); len(k) != 51 || !strings.HasPrefix(k, "sk_") || strings.ToLower(k) != k {
+		t.Errorf("admin-key = %q, want sk_ and 48 lower-case characters", k)
 	}
 	if got := s.Annotations["helm.sh/resource-policy"]; got != "keep" {
 		t.Errorf("resource-policy = %q, want keep", got)
