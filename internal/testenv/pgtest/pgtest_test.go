@@ -48,3 +48,17 @@ func TestStart(t *testing.T) {
 		t.Errorf("after last cleanup: srv = %v, refs = %d; want nil, 0", srv, refs)
 	}
 }
+
+// TestListenTCP reaches a database through the TCP relay, as a pod would.
+func TestListenTCP(t *testing.T) {
+	url := ListenTCP(t, Start(t), "127.0.0.1")
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	defer conn.Close(t.Context())
+	var db string
+	if err := conn.QueryRow(t.Context(), "SELECT current_database()").Scan(&db); err != nil || db == "" {
+		t.Errorf("current_database() over TCP = %q, %v", db, err)
+	}
+}
