@@ -73,7 +73,9 @@ main() {
 	cd "$repo"
 	make images
 
-	if kind get clusters 2>/dev/null | grep -qx -- "$cluster"; then
+	local clusters
+	clusters=$(kind get clusters)
+	if grep -qx -- "$cluster" <<<"$clusters"; then
 		echo "kind-up: reusing Kind cluster $cluster"
 	else
 		kind create cluster --config deploy/kind/cluster.yaml --name "$cluster"

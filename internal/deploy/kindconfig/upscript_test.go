@@ -171,3 +171,94 @@ func TestUpScriptReadsIndex(t *testing.T) {
 		})
 	}
 }
+
+// fakeTools writes stand-ins for docker, kind, kubectl, helm and make
+// into a directory and returns it: each appends its name and arguments to
+// the file log, one call a line; `kind get clusters` prints clusters.
+func fakeTools(t *testing.T, log, clusters string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, tool := range []string{"docker", "kind", "kubectl", "helm", "make"} {
+		script := "#!/bin/sh\necho \"" + tool + " $*\" >>" + log + "\n"
+		if tool == "kind" {
+			script += "[ \"$1 $2\" = \"get clusters\" ] && printf '%s' '" + clusters + "'\nexit 0\n"
+		}
+		if err := os.WriteFile(filepath.Join(dir, tool), []byte(script), 0o755); err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+	}
+	return dir
+}
+
+// TestUpScriptStepsWithFakeTools runs up.sh's main with fake docker,
+// kind, kubectl, helm and make (this machine has no Docker daemon, kind
+// or helm) and the host check left out (it needs /dev/kvm), and checks
+// the commands it runs, in order: a new cluster is created, an existing
+// one reused, and the chart installed with the worker image's tag.
+func TestUpScriptStepsWithFakeTools(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		clusters string
+		create   bool
+	}{
+		{"new cluster", "other\n", true},
+		{"existing cluster", "other\nspace\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			images := filepath.Join(root, "dist", "images")
+			if err := os.MkdirAll(images, 0o755); err != nil {
+				t.Fatalf("setup: %v", err)
+			}
+			writeIndex(t, images, builtImages, builtImages[0].Archive, builtImages[1].Archive)
+			log := filepath.Join(root, "calls")
+			tools := fakeTools(t, log, tc.clusters)
+
+			script := "source " + upScript(t) + " && check_host() { :; } && repo=" + root + " && main"
+			stdout, stderr, err := bash(t, "PATH="+tools+":$PATH; "+script)
+			if err != nil {
+				t.Fatalf("up.sh: %v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+			}
+			raw, err := os.ReadFile(log)
+			if err != nil {
+				t.Fatalf("read calls: %v", err)
+			}
+			want := []string{
+				"docker info",
+				"make images",
+				"kind get clusters",
+			}
+			if tc.create {
+				want = append(want, "kind create cluster --config deploy/kind/cluster.yaml --name space")
+			}
+			want = append(want,
+				"kind load image-archive dist/images/"+builtImages[0].Archive+" --name space",
+				"kind load image-archive dist/images/"+builtImages[1].Archive+" --name space",
+				"kubectl --context kind-space label nodes --overwrite --selector !node-role.kubernetes.io/control-plane space/vm-host=true",
+				"helm upgrade --install space deploy/helm/space --kube-context kind-space --namespace space --create-namespace"+
+					" --values deploy/kind/values.yaml --set-string image.repository=localhost/space-worker --set-string image.tag=sha-81e78ab2b2f3"+
+					" --wait --timeout 30m",
+			)
+			if diff := cmp.Diff(want, strings.Split(strings.TrimSpace(string(raw)), "\n")); diff != "" {
+				t.Errorf("up.sh commands (-want +got):\n%s", diff)
+			}
+			for _, s := range []string{"port-forward svc/space-server 7070", "exec deploy/space-server -- cat /var/lib/space/admin.key", "bin/space sandbox create"} {
+				if !strings.Contains(stdout, s) {
+					t.Errorf("up.sh printed no %q:\n%s", s, stdout)
+				}
+			}
+		})
+	}
+}
+
+// TestUpScriptNamesMissingTool checks a missing tool stops up.sh with its
+// name and what to install.
+func TestUpScriptNamesMissingTool(t *testing.T) {
+	_, stderr, err := bash(t, "source "+upScript(t)+" && need_tool space-no-such-tool 'install it'")
+	if err == nil {
+		t.Fatalf("need_tool of a missing tool succeeded")
+	}
+	if want := "kind-up: space-no-such-tool not found on PATH: install it\n"; stderr != want {
+		t.Errorf("need_tool stderr = %q, want %q", stderr, want)
+	}
+}
