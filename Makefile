@@ -42,15 +42,15 @@ images: build
 # kind-up runs SPACE on a local Kind cluster: make images, the cluster of
 # deploy/kind/cluster.yaml (made once, then reused), the archives loaded
 # into its nodes and the chart installed (docs/kubernetes.md). It needs
-# docker, kind, kubectl and helm. kind-down deletes the cluster; the
-# worker's artifact cache stays in /var/cache/space-kind on the Docker host.
+# docker, kind, kubectl and helm. kind-down uninstalls (the workers' purge
+# Jobs clean the nodes) and deletes the cluster; the worker's artifact
+# cache stays in /var/cache/space-kind on the Docker host.
 KIND_CLUSTER ?= space
 kind-up:
 	KIND_CLUSTER='$(KIND_CLUSTER)' deploy/kind/up.sh
 
 kind-down:
-	@command -v kind >/dev/null || { echo "kind-down: kind not found on PATH" >&2; exit 1; }
-	kind delete cluster --name '$(KIND_CLUSTER)'
+	KIND_CLUSTER='$(KIND_CLUSTER)' deploy/kind/down.sh
 
 # testsummary prints failures, skips and a summary, and fails the run when a
 # test fails or a required tier (SPACE_TEST_TIERS) skips.

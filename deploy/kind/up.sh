@@ -16,8 +16,11 @@ namespace=${SPACE_NAMESPACE:-space}
 release=${SPACE_RELEASE:-space}
 context=kind-${cluster}
 
+# me prefixes messages; down.sh, which sources this file, sets its own.
+me=${me:-kind-up}
+
 die() {
-	echo "kind-up: $*" >&2
+	echo "$me: $*" >&2
 	exit 1
 }
 
@@ -55,7 +58,7 @@ archives() {
 # missing ones. Only a local Docker host can be checked.
 check_host() {
 	if [[ -n ${DOCKER_HOST:-} && ${DOCKER_HOST} != unix://* ]]; then
-		echo "kind-up: DOCKER_HOST=$DOCKER_HOST: not checking that it has /dev/kvm and /dev/net/tun" >&2
+		echo "$me: DOCKER_HOST=$DOCKER_HOST: not checking that it has /dev/kvm and /dev/net/tun" >&2
 		return
 	fi
 	[[ -c /dev/kvm ]] || die "/dev/kvm is not a character device here: the VM node needs KVM on the Docker host (docs/kubernetes.md)"
@@ -76,7 +79,7 @@ main() {
 	local clusters
 	clusters=$(kind get clusters)
 	if grep -qx -- "$cluster" <<<"$clusters"; then
-		echo "kind-up: reusing Kind cluster $cluster"
+		echo "$me: reusing Kind cluster $cluster"
 	else
 		kind create cluster --config deploy/kind/cluster.yaml --name "$cluster"
 	fi
@@ -117,7 +120,8 @@ main() {
 	EOF
 }
 
-# Sourced (by the tests), it only defines the functions.
+# Sourced (by down.sh and the tests), it only defines the functions and
+# the names.
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
 	main "$@"
 fi

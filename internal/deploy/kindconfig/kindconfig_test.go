@@ -105,8 +105,9 @@ func TestClusterRunsWorkers(t *testing.T) {
 	}
 
 	// Host path in the node → host path on the Docker host it must come
-	// from ("" for any).
-	want := map[string]string{"/dev/kvm": "/dev/kvm", "/dev/net/tun": "/dev/net/tun", "/dev/shm": "/dev/shm"}
+	// from ("" for any). Guest RAM is a file in the VMs' run directories
+	// under /dev/shm, so the node's must be (in) the host's tmpfs.
+	want := map[string]string{"/dev/kvm": "/dev/kvm", "/dev/net/tun": "/dev/net/tun", "/dev/shm": ""}
 	for _, v := range spec.Volumes {
 		hp := v.HostPath
 		switch {
@@ -131,6 +132,9 @@ func TestClusterRunsWorkers(t *testing.T) {
 			case m.Readonly:
 				t.Errorf("VM node %d mounts %s read-only", i, path)
 			}
+		}
+		if m, _ := Mount(n, "/dev/shm"); m.HostPath != "/dev/shm" && !strings.HasPrefix(m.HostPath, "/dev/shm/") {
+			t.Errorf("VM node %d mounts %q on /dev/shm, want the host's /dev/shm or a directory in it", i, m.HostPath)
 		}
 	}
 	for _, n := range c.Nodes {

@@ -32,14 +32,35 @@ func bash(t *testing.T, script string) (stdout, stderr string, err error) {
 	return out.String(), errOut.String(), err
 }
 
-// TestUpScriptParses checks up.sh is valid bash (bash -n) and keeps the
-// habits that make a failing step stop it: an env bash shebang, `set -euo
-// pipefail` before any command, no `local x=$(...)` (local hides the
-// command's status), no backquotes, and it is executable.
-func TestUpScriptParses(t *testing.T) {
-	path := upScript(t)
+// TestScriptsParse checks up.sh and down.sh are valid bash (bash -n) and
+// keep the habits that make a failing step stop them: an env bash
+// shebang, `set -euo pipefail` before any command, no `local x=$(...)`
+// (local hides the command's status), no backquotes; and that they are
+// executable (make runs them) and run what they are for.
+func TestScriptsParse(t *testing.T) {
+	for _, tc := range []struct {
+		script string
+		runs   []string
+	}{
+		{"up.sh", []string{
+			"kind create cluster --config deploy/kind/cluster.yaml",
+			"kind load image-archive",
+			"--values deploy/kind/values.yaml",
+			"make images",
+		}},
+		{"down.sh", []string{"helm uninstall", "kind delete cluster"}},
+	} {
+		t.Run(tc.script, func(t *testing.T) {
+			checkScript(t, repoPath(t, "deploy", "kind", tc.script), tc.runs)
+		})
+	}
+}
+
+func checkScript(t *testing.T, path string, runs []string) {
+	t.Helper()
+	name := filepath.Base(path)
 	if _, stderr, err := bash(t, "bash -n "+path); err != nil {
-		t.Fatalf("bash -n up.sh: %v\n%s", err, stderr)
+		t.Fatalf("bash -n %s: %v\n%s", name, err, stderr)
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -47,7 +68,7 @@ func TestUpScriptParses(t *testing.T) {
 	}
 	lines := strings.Split(string(raw), "\n")
 	if got, want := lines[0], "#!/usr/bin/env bash"; got != want {
-		t.Errorf("up.sh line 1 = %q, want %q", got, want)
+		t.Errorf("%s line 1 = %q, want %q", name, got, want)
 	}
 	for _, l := range lines[1:] {
 		l = strings.TrimSpace(l)
@@ -55,17 +76,17 @@ func TestUpScriptParses(t *testing.T) {
 			continue
 		}
 		if l != "set -euo pipefail" {
-			t.Errorf("up.sh's first command = %q, want set -euo pipefail", l)
+			t.Errorf("%s's first command = %q, want set -euo pipefail", name, l)
 		}
 		break
 	}
 	localSubst := regexp.MustCompile(`^\s*local\s+[A-Za-z_][A-Za-z0-9_]*=\$\(`)
 	for i, l := range lines {
 		if localSubst.MatchString(l) {
-			t.Errorf("up.sh:%d: %q: local hides the status of the command substitution", i+1, l)
+			t.Errorf("%s:%d: %q: local hides the status of the command substitution", name, i+1, l)
 		}
 		if strings.Contains(l, "`") && !strings.HasPrefix(strings.TrimSpace(l), "#") {
-			t.Errorf("up.sh:%d: %q: backquotes; use $(...)", i+1, l)
+			t.Errorf("%s:%d: %q: backquotes; use $(...)", name, i+1, l)
 		}
 	}
 	fi, err := os.Stat(path)
@@ -73,16 +94,11 @@ func TestUpScriptParses(t *testing.T) {
 		t.Fatalf("setup: %v", err)
 	}
 	if fi.Mode()&0o111 != 0o111 {
-		t.Errorf("up.sh mode = %v, want executable (make kind-up runs it)", fi.Mode())
+		t.Errorf("%s mode = %v, want executable", name, fi.Mode())
 	}
-	for _, s := range []string{
-		"kind create cluster --config deploy/kind/cluster.yaml",
-		"kind load image-archive",
-		"--values deploy/kind/values.yaml",
-		"make images",
-	} {
+	for _, s := range runs {
 		if !strings.Contains(string(raw), s) {
-			t.Errorf("up.sh does not run %q", s)
+			t.Errorf("%s does not run %q", name, s)
 		}
 	}
 }
@@ -174,14 +190,18 @@ func TestUpScriptReadsIndex(t *testing.T) {
 
 // fakeTools writes stand-ins for docker, kind, kubectl, helm and make
 // into a directory and returns it: each appends its name and arguments to
-// the file log, one call a line; `kind get clusters` prints clusters.
+// the file log, one call a line; `kind get clusters` prints clusters, and
+// `helm status` exits with $HELM_STATUS_RC (default 0: installed).
 func fakeTools(t *testing.T, log, clusters string) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, tool := range []string{"docker", "kind", "kubectl", "helm", "make"} {
 		script := "#!/bin/sh\necho \"" + tool + " $*\" >>" + log + "\n"
-		if tool == "kind" {
+		switch tool {
+		case "kind":
 			script += "[ \"$1 $2\" = \"get clusters\" ] && printf '%s' '" + clusters + "'\nexit 0\n"
+		case "helm":
+			script += "[ \"$1\" = status ] && exit \"${HELM_STATUS_RC:-0}\"\nexit 0\n"
 		}
 		if err := os.WriteFile(filepath.Join(dir, tool), []byte(script), 0o755); err != nil {
 			t.Fatalf("setup: %v", err)
@@ -260,5 +280,45 @@ func TestUpScriptNamesMissingTool(t *testing.T) {
 	}
 	if want := "kind-up: space-no-such-tool not found on PATH: install it\n"; stderr != want {
 		t.Errorf("need_tool stderr = %q, want %q", stderr, want)
+	}
+}
+
+// TestDownScriptStepsWithFakeTools runs down.sh with fake kind and helm
+// (this machine has neither) and checks it uninstalls the release (its
+// purge Jobs clean the nodes) before it deletes the cluster, skips what
+// is not there, and leaves no cluster it was not asked about.
+func TestDownScriptStepsWithFakeTools(t *testing.T) {
+	const status = "helm status space --kube-context kind-space --namespace space"
+	for _, tc := range []struct {
+		name     string
+		clusters string
+		helmRC   string
+		want     []string
+	}{
+		{"installed", "space\n", "0", []string{
+			"kind get clusters", status,
+			"helm uninstall space --kube-context kind-space --namespace space --wait --timeout 10m",
+			"kind delete cluster --name space",
+		}},
+		{"not installed", "space\n", "1", []string{"kind get clusters", status, "kind delete cluster --name space"}},
+		{"no cluster", "other\n", "0", []string{"kind get clusters"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			log := filepath.Join(root, "calls")
+			tools := fakeTools(t, log, tc.clusters)
+			down := repoPath(t, "deploy", "kind", "down.sh")
+			stdout, stderr, err := bash(t, "PATH="+tools+":$PATH HELM_STATUS_RC="+tc.helmRC+" "+down)
+			if err != nil {
+				t.Fatalf("down.sh: %v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+			}
+			raw, err := os.ReadFile(log)
+			if err != nil {
+				t.Fatalf("read calls: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, strings.Split(strings.TrimSpace(string(raw)), "\n")); diff != "" {
+				t.Errorf("down.sh commands (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
