@@ -14,7 +14,7 @@ GO ?= go
 # The lock-annotation checker (// +checklocks:mu), run through go vet.
 CHECKLOCKS := gvisor.dev/gvisor/tools/checklocks/cmd/checklocks@v0.0.0-20260905035102-160fafc42237
 
-.PHONY: deps build images test run clean
+.PHONY: deps build images test run clean kind-up kind-down
 
 deps:
 	scripts/install-deps.sh
@@ -38,6 +38,19 @@ images: build
 	$(GO) build -o bin/space-images ./cmd/space-images
 	SOURCE_DATE_EPOCH='$(SOURCE_DATE_EPOCH)' bin/space-images --space bin/images/space --agent bin/space-agent \
 		--out dist/images --version '$(IMAGE_VERSION)' --revision '$(IMAGE_REVISION)' --source '$(IMAGE_SOURCE)'
+
+# kind-up runs SPACE on a local Kind cluster: make images, the cluster of
+# deploy/kind/cluster.yaml (made once, then reused), the archives loaded
+# into its nodes and the chart installed (docs/kubernetes.md). It needs
+# docker, kind, kubectl and helm. kind-down uninstalls (the workers' purge
+# Jobs clean the nodes) and deletes the cluster; the worker's artifact
+# cache stays in /var/cache/space-kind on the Docker host.
+KIND_CLUSTER ?= space
+kind-up:
+	KIND_CLUSTER='$(KIND_CLUSTER)' deploy/kind/up.sh
+
+kind-down:
+	KIND_CLUSTER='$(KIND_CLUSTER)' deploy/kind/down.sh
 
 # testsummary prints failures, skips and a summary, and fails the run when a
 # test fails or a required tier (SPACE_TEST_TIERS) skips.
