@@ -555,6 +555,14 @@ func (c *Client) DeleteAPIKey(ctx context.Context, id string) error {
 		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
 }
 
+// Workers lists the workers the control plane knows, with their capacity,
+// use, health and capabilities (an admin key).
+func (c *Client) Workers(ctx context.Context) ([]api.Worker, error) {
+	var l api.WorkerList
+	err := c.call(ctx, request{method: http.MethodGet, path: "/v1/workers"}, &l)
+	return l.Workers, err
+}
+
 // Quota returns the caller's team's limits and usage.
 func (c *Client) Quota(ctx context.Context) (api.QuotaUsage, error) {
 	return c.TeamQuota(ctx, "")
