@@ -106,7 +106,8 @@ func (s *Server) isLocal(id string) bool {
 }
 
 // healthy reports whether placement may use w: in-process workers always,
-// standalone ones while their heartbeat is recent.
+// standalone ones while their heartbeat is recent, or those found through
+// a Lease while it has not expired.
 func (s *Server) healthy(w Worker) bool {
 	if _, ok := w.(*Local); ok {
 		return true
@@ -116,7 +117,19 @@ func (s *Server) healthy(w Worker) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.now().Sub(s.seen[w.ID()]) < HeartbeatTimeout
+	return s.liveLocked(w.ID(), s.now())
+}
+
+// liveLocked reports whether standalone worker id counts as alive at now:
+// its Lease's expiry is later if it was found through one, else its last
+// registration is less than HeartbeatTimeout old.
+//
+// +checklocks:s.mu
+func (s *Server) liveLocked(id string, now time.Time) bool {
+	if exp, leased := s.leased[id]; leased {
+		return now.Before(exp)
+	}
+	return now.Sub(s.seen[id]) < HeartbeatTimeout
 }
 
 func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
@@ -130,38 +143,76 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	if !store.ValidID(req.ID) || len(req.ID) > 32 {
-		httpapi.WriteError(w, httpapi.Invalid("id", "%.64q: 1-32 characters of [A-Za-z0-9_.-]", req.ID))
+	wk, err := s.register(r.Context(), req, s.now(), 0)
+	if err != nil {
+		httpapi.WriteError(w, err)
 		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, s.workerView(r.Context(), wk))
+}
+
+// RegisterLeased connects the standalone worker req describes, found
+// through a Lease renewed at renewed for d: it counts as alive until
+// renewed+d, by this process's clock, unless renewed again. It checks req
+// as a registration over HTTP is checked, and reconciles the worker when
+// it was not alive before. Errors wrap errkind.InvalidArgument (a bad
+// field), errkind.FailedPrecondition (a worker protocol this control
+// plane does not speak, or no worker token), or errkind.Conflict.
+func (s *Server) RegisterLeased(ctx context.Context, req api.RegisterWorker, renewed time.Time, d time.Duration) error {
+	if s.cfg.WorkerToken == "" {
+		return fmt.Errorf("worker %s: this control plane has no worker token to reach standalone workers with: %w", req.ID, errkind.FailedPrecondition)
+	}
+	if d <= 0 {
+		return fmt.Errorf("worker %s: lease duration %v: %w", req.ID, d, errkind.InvalidArgument)
+	}
+	_, err := s.register(ctx, req, renewed, d)
+	return err
+}
+
+// LeaseEnded marks the worker found through a Lease that has id as not
+// seen: its Lease was deleted, or stopped naming it. It takes no new
+// sandboxes until a Lease names it again.
+func (s *Server) LeaseEnded(id string) {
+	s.mu.Lock()
+	_, leased := s.leased[id]
+	if leased {
+		s.leased[id] = time.Time{}
+	}
+	s.mu.Unlock()
+	if leased {
+		s.log.Info("worker lease ended", "worker_id", id)
+	}
+}
+
+// register checks req, records the worker in the store and connects it,
+// as seen at seen; leased, if positive, is how long its Lease lasts from
+// seen (0: it registered over HTTP and is alive for HeartbeatTimeout).
+// A worker that was not alive before is reconciled.
+func (s *Server) register(ctx context.Context, req api.RegisterWorker, seen time.Time, leased time.Duration) (Worker, error) {
+	if !store.ValidID(req.ID) || len(req.ID) > 32 {
+		return nil, httpapi.Invalid("id", "%.64q: 1-32 characters of [A-Za-z0-9_.-]", req.ID)
 	}
 	if u, err := url.Parse(req.Address); err != nil || u.Scheme != "https" || u.Host == "" {
-		httpapi.WriteError(w, httpapi.Invalid("address", "%.100q: want https://host:port (workers serve TLS)", req.Address))
-		return
+		return nil, httpapi.Invalid("address", "%.100q: want https://host:port (workers serve TLS)", req.Address)
 	}
 	if req.VCPUs < 0 || req.MemoryMiB < 0 {
-		httpapi.WriteError(w, httpapi.Invalid("vcpus", "negative capacity"))
-		return
+		return nil, httpapi.Invalid("vcpus", "negative capacity")
 	}
 	if s.isLocal(req.ID) {
-		httpapi.WriteError(w, fmt.Errorf("worker id %s is the server's embedded worker: %w", req.ID, errkind.Conflict))
-		return
+		return nil, fmt.Errorf("worker id %s is the server's embedded worker: %w", req.ID, errkind.Conflict)
 	}
 	caps := workerproto.CapabilitiesOf(req.Capabilities)
 	if err := workerproto.CheckVersion(req.ID, req.Protocol); err != nil {
 		s.disconnect(req.ID, err)
-		httpapi.WriteError(w, err)
-		return
+		return nil, err
 	}
 	if err := caps.Validate(); err != nil {
-		httpapi.WriteError(w, err)
-		return
+		return nil, err
 	}
-	now := s.now()
-	if err := s.cfg.Store.UpsertWorker(r.Context(), store.Worker{
-		ID: req.ID, Address: req.Address, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, LastHeartbeat: now,
+	if err := s.cfg.Store.UpsertWorker(ctx, store.Worker{
+		ID: req.ID, Address: req.Address, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, LastHeartbeat: seen,
 	}); err != nil {
-		httpapi.WriteError(w, err)
-		return
+		return nil, err
 	}
 	s.mu.Lock()
 	prev, known := s.workers[req.ID].(*Remote)
@@ -170,32 +221,38 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 	if !known || prev.base.String() != req.Address {
 		rm, err := NewRemote(req.ID, req.Address, s.cfg.WorkerToken)
 		if err != nil {
-			httpapi.WriteError(w, err)
-			return
+			return nil, err
 		}
 		wk = rm
 	}
 	wk.(*Remote).stated(req.Protocol, caps)
+	now := s.now()
 	s.mu.Lock()
 	s.workers[req.ID] = wk
-	wasSeen := now.Sub(s.seen[req.ID]) < HeartbeatTimeout
-	s.seen[req.ID] = now
+	wasLive := s.liveLocked(req.ID, now)
+	s.seen[req.ID] = seen
+	if leased > 0 {
+		s.leased[req.ID] = seen.Add(leased)
+	} else {
+		delete(s.leased, req.ID) // registered over HTTP: its heartbeats count
+	}
+	live := s.liveLocked(req.ID, now)
 	s.mu.Unlock()
-	if !known || !wasSeen {
+	if live && (!known || !wasLive) {
 		s.log.Info("worker registered", "worker_id", req.ID, "address", req.Address, "protocol", req.Protocol,
-			"vmm", caps.VMM, "accel", caps.Accel)
+			"vmm", caps.VMM, "accel", caps.Accel, "lease", leased > 0)
 		// Settle what happened on it while it was away, leaving alone
 		// what any replica works on (claims.go); errors are retried at
 		// its next registration, or by the leader's reconcile.
-		busy, err := s.claims.all(r.Context())
+		busy, err := s.claims.all(ctx)
 		if err == nil {
-			err = s.reconcileWorker(r.Context(), wk, busy)
+			err = s.reconcileWorker(ctx, wk, busy)
 		}
 		if err != nil {
 			s.log.Warn("reconcile a worker that registered", "worker_id", req.ID, "err", err)
 		}
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.workerView(r.Context(), wk))
+	return wk, nil
 }
 
 // disconnect drops standalone worker id, which speaks a worker protocol

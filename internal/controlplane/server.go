@@ -165,6 +165,8 @@ type Server struct {
 	// +checklocks:mu
 	seen map[string]time.Time // last registration of each standalone worker
 	// +checklocks:mu
+	leased map[string]time.Time // expiry of the Lease of each worker found through one; zero once it ended
+	// +checklocks:mu
 	probes  map[string]*probe // per worker: what its last probe said
 	probing sync.WaitGroup    // probes out
 }
@@ -210,6 +212,7 @@ func New(cfg Config) (*Server, error) {
 		now:     now,
 		workers: make(map[string]Worker),
 		seen:    make(map[string]time.Time),
+		leased:  make(map[string]time.Time),
 		probes:  make(map[string]*probe),
 	}
 	if cfg.ReplicaID == "" {

@@ -4,13 +4,11 @@ import (
 	"cmp"
 	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"space/internal/errkind"
+	kubeapi "space/internal/kube"
 	"space/internal/leader"
 	"space/internal/leader/kube"
 )
@@ -25,8 +23,21 @@ const (
 	LeaderKubernetes = "kubernetes"
 )
 
-// serviceAccountNamespace is where a pod's namespace is mounted.
-const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+// kubeClient returns the client and namespace of the API server the
+// server's or worker's Kubernetes adapters use (what is for says which,
+// in errors): kubeconfig's, or the pod's cluster's; namespace "" = the
+// pod's.
+func kubeClient(what, kubeconfig, namespace string) (kubernetes.Interface, string, error) {
+	client, err := kubeapi.Client(kubeconfig)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", what, err)
+	}
+	ns, err := kubeapi.Namespace(namespace)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", what, err)
+	}
+	return client, ns, nil
+}
 
 // electorFor returns the elector Config.LeaderElection names, or nil
 // for the store's.
@@ -38,21 +49,9 @@ func electorFor(cfg Config, log *slog.Logger) (func(holder string) (leader.Elect
 	default:
 		return nil, fmt.Errorf("leader election %q: want %s or %s: %w", cfg.LeaderElection, LeaderStore, LeaderKubernetes, errkind.InvalidArgument)
 	}
-	rc, err := rest.InClusterConfig()
+	client, ns, err := kubeClient("leader election on a Kubernetes Lease", cfg.Kubeconfig, cfg.KubeNamespace)
 	if err != nil {
-		return nil, fmt.Errorf("leader election on a Kubernetes Lease: not in a cluster: %v: %w", err, errkind.FailedPrecondition)
-	}
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("leader election on a Kubernetes Lease: %w", err)
-	}
-	ns := cfg.KubeNamespace
-	if ns == "" {
-		b, err := os.ReadFile(serviceAccountNamespace)
-		if err != nil {
-			return nil, fmt.Errorf("leader election on a Kubernetes Lease: namespace: %v (give --kube-namespace): %w", err, errkind.FailedPrecondition)
-		}
-		ns = strings.TrimSpace(string(b))
+		return nil, err
 	}
 	return func(holder string) (leader.Elector, error) {
 		return kube.New(kube.Config{Namespace: ns, Name: cmp.Or(cfg.KubeLease, "space-leader"), Holder: holder, Log: log}, client)

@@ -108,8 +108,18 @@ type Config struct {
 	// background work: LeaderStore ("" = it) or LeaderKubernetes.
 	LeaderElection string
 	// KubeNamespace and KubeLease name the Lease of LeaderKubernetes; ""
-	// = the pod's namespace and "space-leader".
+	// = the pod's namespace and "space-leader". KubeNamespace is also
+	// where DiscoveryKubernetes finds the workers' Leases.
 	KubeNamespace, KubeLease string
+	// Kubeconfig is the kubeconfig file of the API server the Kubernetes
+	// adapters (LeaderKubernetes, DiscoveryKubernetes) use; "" = the
+	// cluster this process runs in (its pod's service account).
+	Kubeconfig string
+	// WorkerDiscovery is how the control plane finds standalone workers:
+	// DiscoveryToken ("" = it: workers register over HTTP with the worker
+	// token) or DiscoveryKubernetes (also through the workers' Leases in
+	// KubeNamespace).
+	WorkerDiscovery string
 	// NoWorker runs the control plane alone, with no embedded worker:
 	// sandboxes run on standalone workers only (`space worker`). For
 	// replicas of one control plane on PostgreSQL.

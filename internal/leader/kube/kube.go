@@ -31,6 +31,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 
 	"space/internal/errkind"
+	kubeapi "space/internal/kube"
 	"space/internal/leader"
 	"space/internal/store"
 )
@@ -240,10 +241,10 @@ func (e *Elector) tryAcquireOrRenew(ctx context.Context, start time.Time, leadin
 		return e.create(ctx, start)
 	}
 	if err != nil {
-		return store.Lease{}, fmt.Errorf("get lease %s: %w", e.name, kind(err))
+		return store.Lease{}, fmt.Errorf("get lease %s: %w", e.name, kubeapi.Kind(err))
 	}
 	e.observe(cur)
-	holder := deref(cur.Spec.HolderIdentity)
+	holder := kubeapi.Deref(cur.Spec.HolderIdentity)
 	switch {
 	case leading && holder == e.holder:
 		return e.write(ctx, e.renewal(cur, start))
@@ -259,7 +260,7 @@ func (e *Elector) tryAcquireOrRenew(ctx context.Context, start time.Time, leadin
 func (e *Elector) renewal(cur *coordinationv1.Lease, now time.Time) *coordinationv1.Lease {
 	next := cur.DeepCopy()
 	next.Spec.HolderIdentity = &e.holder
-	next.Spec.LeaseDurationSeconds = ptr(durationSeconds(e.ttl))
+	next.Spec.LeaseDurationSeconds = kubeapi.Ptr(kubeapi.DurationSeconds(e.ttl))
 	next.Spec.RenewTime = &metav1.MicroTime{Time: now}
 	return next
 }
@@ -268,7 +269,7 @@ func (e *Elector) renewal(cur *coordinationv1.Lease, now time.Time) *coordinatio
 func (e *Elector) takeover(cur *coordinationv1.Lease, now time.Time) *coordinationv1.Lease {
 	next := e.renewal(cur, now)
 	next.Spec.AcquireTime = &metav1.MicroTime{Time: now}
-	next.Spec.LeaseTransitions = ptr(deref(cur.Spec.LeaseTransitions) + 1)
+	next.Spec.LeaseTransitions = kubeapi.Ptr(kubeapi.Deref(cur.Spec.LeaseTransitions) + 1)
 	return next
 }
 
@@ -279,15 +280,15 @@ func (e *Elector) create(ctx context.Context, now time.Time) (store.Lease, error
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.namespace, Name: e.name},
 		Spec: coordinationv1.LeaseSpec{
 			HolderIdentity:       &e.holder,
-			LeaseDurationSeconds: ptr(durationSeconds(e.ttl)),
+			LeaseDurationSeconds: kubeapi.Ptr(kubeapi.DurationSeconds(e.ttl)),
 			AcquireTime:          &metav1.MicroTime{Time: now},
 			RenewTime:            &metav1.MicroTime{Time: now},
-			LeaseTransitions:     ptr[int32](1),
+			LeaseTransitions:     kubeapi.Ptr[int32](1),
 		},
 	}
 	got, err := e.leases.Create(ctx, l, metav1.CreateOptions{})
 	if err != nil {
-		return store.Lease{}, fmt.Errorf("create lease %s: %w", e.name, kind(err))
+		return store.Lease{}, fmt.Errorf("create lease %s: %w", e.name, kubeapi.Kind(err))
 	}
 	e.observe(got)
 	return e.storeLease(got), nil
@@ -298,7 +299,7 @@ func (e *Elector) create(ctx context.Context, now time.Time) (store.Lease, error
 func (e *Elector) write(ctx context.Context, next *coordinationv1.Lease) (store.Lease, error) {
 	got, err := e.leases.Update(ctx, next, metav1.UpdateOptions{})
 	if err != nil {
-		return store.Lease{}, fmt.Errorf("update lease %s: %w", e.name, kind(err))
+		return store.Lease{}, fmt.Errorf("update lease %s: %w", e.name, kubeapi.Kind(err))
 	}
 	e.observe(got)
 	return e.storeLease(got), nil
@@ -317,12 +318,12 @@ func (e *Elector) observe(l *coordinationv1.Lease) {
 // running at now: leaseDurationSeconds since the record last changed, by
 // this process's clock.
 func (e *Elector) observedValid(now time.Time) bool {
-	d := time.Duration(deref(e.observed.Spec.LeaseDurationSeconds)) * time.Second
+	d := time.Duration(kubeapi.Deref(e.observed.Spec.LeaseDurationSeconds)) * time.Second
 	return now.Before(e.observedAt.Add(d))
 }
 
 func (e *Elector) storeLease(l *coordinationv1.Lease) store.Lease {
-	sl := store.Lease{Name: e.name, Holder: deref(l.Spec.HolderIdentity), Token: int64(deref(l.Spec.LeaseTransitions))}
+	sl := store.Lease{Name: e.name, Holder: kubeapi.Deref(l.Spec.HolderIdentity), Token: int64(kubeapi.Deref(l.Spec.LeaseTransitions))}
 	if t := l.Spec.AcquireTime; t != nil {
 		sl.Acquired = t.Time
 	}
@@ -391,14 +392,14 @@ func (e *Elector) stop(ctx context.Context) {
 	leading := e.leading
 	e.endLocked(fmt.Errorf("%w: elector stopped", leader.ErrNotLeader))
 	e.mu.Unlock()
-	if !leading || e.observed == nil || deref(e.observed.Spec.HolderIdentity) != e.holder {
+	if !leading || e.observed == nil || kubeapi.Deref(e.observed.Spec.HolderIdentity) != e.holder {
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.ttl)
 	defer cancel()
 	next := e.observed.DeepCopy()
-	next.Spec.HolderIdentity = ptr("")
-	next.Spec.LeaseDurationSeconds = ptr[int32](1)
+	next.Spec.HolderIdentity = kubeapi.Ptr("")
+	next.Spec.LeaseDurationSeconds = kubeapi.Ptr[int32](1)
 	next.Spec.RenewTime = &metav1.MicroTime{Time: e.now()}
 	_, err := e.write(rctx, next)
 	if err != nil && !errors.Is(err, errkind.Conflict) { // conflict: someone else holds it now
@@ -435,34 +436,4 @@ func (e *Elector) Await(ctx context.Context) (context.Context, store.Lease, erro
 		case <-changed:
 		}
 	}
-}
-
-// kind wraps an API error in its error kind.
-func kind(err error) error {
-	switch {
-	case apierrors.IsConflict(err), apierrors.IsAlreadyExists(err):
-		return fmt.Errorf("%w: %w", errkind.Conflict, err)
-	case apierrors.IsNotFound(err):
-		return fmt.Errorf("%w: %w", errkind.NotFound, err)
-	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
-		return fmt.Errorf("%w: %w", errkind.PermissionDenied, err)
-	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%w: %w", errkind.DeadlineExceeded, err)
-	}
-	return fmt.Errorf("%w: %w", errkind.Unavailable, err)
-}
-
-// durationSeconds is d in whole seconds, rounded up, at least 1.
-func durationSeconds(d time.Duration) int32 {
-	return int32(max(1, (d+time.Second-1)/time.Second))
-}
-
-func ptr[T any](v T) *T { return &v }
-
-func deref[T any](p *T) T {
-	if p == nil {
-		var zero T
-		return zero
-	}
-	return *p
 }

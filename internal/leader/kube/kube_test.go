@@ -7,7 +7,6 @@ package kube_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"space/internal/errkind"
+	"space/internal/kube/kubetest"
 	"space/internal/leader"
 	"space/internal/leader/kube"
 	"space/internal/store"
@@ -31,48 +31,6 @@ const (
 	ttl   = 300 * time.Millisecond
 	every = 100 * time.Millisecond
 )
-
-var leasesGVR = coordinationv1.SchemeGroupVersion.WithResource("leases")
-
-// newAPIServer returns a fake clientset whose Lease creates and updates
-// behave like an API server's: each write gets a new resourceVersion, and
-// an update whose resourceVersion is not the stored one is a conflict.
-// (The fake's reactors run one at a time, so check and write are atomic.)
-func newAPIServer(t *testing.T) *fake.Clientset {
-	t.Helper()
-	cs := fake.NewClientset()
-	var version int64
-	cs.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
-		if l.ResourceVersion != "" {
-			return true, nil, apierrors.NewBadRequest("resourceVersion must not be set on create")
-		}
-		version++
-		l.ResourceVersion = strconv.FormatInt(version, 10)
-		if err := cs.Tracker().Create(leasesGVR, l, a.GetNamespace()); err != nil {
-			return true, nil, err
-		}
-		return true, l.DeepCopy(), nil
-	})
-	cs.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
-		cur, err := cs.Tracker().Get(leasesGVR, a.GetNamespace(), l.Name)
-		if err != nil {
-			return true, nil, err
-		}
-		if got := cur.(*coordinationv1.Lease).ResourceVersion; l.ResourceVersion != got {
-			return true, nil, apierrors.NewConflict(leasesGVR.GroupResource(), l.Name,
-				errors.New("the object has been modified"))
-		}
-		version++
-		l.ResourceVersion = strconv.FormatInt(version, 10)
-		if err := cs.Tracker().Update(leasesGVR, l, a.GetNamespace()); err != nil {
-			return true, nil, err
-		}
-		return true, l.DeepCopy(), nil
-	})
-	return cs
-}
 
 // failUpdatesBy makes updates that write holder into the Lease fail while
 // the returned flag is set.
@@ -158,7 +116,7 @@ func holderOf(l *coordinationv1.Lease) string {
 }
 
 func TestLeadAndStopWithFakeAPIServer(t *testing.T) {
-	cs := newAPIServer(t)
+	cs := kubetest.NewAPIServer(t)
 	e := newElector(t, cs, "r1", nil)
 	if _, ok := e.Leading(); ok {
 		t.Errorf("Leading() before Run = true")
@@ -201,7 +159,7 @@ func TestLeadAndStopWithFakeAPIServer(t *testing.T) {
 // exactly one to lead, and to keep leading, until it stops; the other then
 // takes over at once with a higher token.
 func TestOneLeaderWithFakeAPIServer(t *testing.T) {
-	cs := newAPIServer(t)
+	cs := kubetest.NewAPIServer(t)
 	a, b := newElector(t, cs, "a", nil), newElector(t, cs, "b", nil)
 	stops := map[*kube.Elector]func(){a: start(t, a), b: start(t, b)}
 	testenv.Eventually(t, 5*time.Second, func() bool {
@@ -236,7 +194,7 @@ func TestOneLeaderWithFakeAPIServer(t *testing.T) {
 // expects its term to end before its lease could have expired for the
 // follower, which then takes over.
 func TestRenewFailsWithFakeAPIServer(t *testing.T) {
-	cs := newAPIServer(t)
+	cs := kubetest.NewAPIServer(t)
 	failing := failUpdatesBy(cs, "a")
 	a, b := newElector(t, cs, "a", nil), newElector(t, cs, "b", nil)
 	start(t, a)
@@ -280,7 +238,7 @@ func TestRenewFailsWithFakeAPIServer(t *testing.T) {
 // when it saw the record change, so it never takes over while the leader
 // renews.
 func TestFollowerWaitsWithFakeAPIServer(t *testing.T) {
-	cs := newAPIServer(t)
+	cs := kubetest.NewAPIServer(t)
 	behind := func() time.Time { return time.Now().Add(-time.Hour) }
 	a, b := newElector(t, cs, "a", behind), newElector(t, cs, "b", nil)
 	start(t, a)
@@ -303,7 +261,7 @@ func TestFollowerWaitsWithFakeAPIServer(t *testing.T) {
 // TestTokenGrowsWithFakeAPIServer hands the lease a → b → a (a new
 // elector, as after a restart) and expects a higher token each time.
 func TestTokenGrowsWithFakeAPIServer(t *testing.T) {
-	cs := newAPIServer(t)
+	cs := kubetest.NewAPIServer(t)
 	var last int64
 	for i, holder := range []string{"a", "b", "a"} {
 		e := newElector(t, cs, holder, nil)
@@ -319,7 +277,7 @@ func TestTokenGrowsWithFakeAPIServer(t *testing.T) {
 }
 
 func TestNewBadConfig(t *testing.T) {
-	cs := newAPIServer(t)
+	cs := kubetest.NewAPIServer(t)
 	for _, cfg := range []kube.Config{
 		{},
 		{Namespace: ns},
