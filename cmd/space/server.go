@@ -19,7 +19,8 @@ func newServerCmd(g *globals) *cobra.Command {
 		listen, agent, storeURL, workerID, chunkDir string
 		tokenFile, secretsKey, dataPlaneURL         string
 		workerListen, workerAdvertise, adminKeyFile string
-		leaderElection, kubeNamespace               string
+		leaderElection, kubeNamespace, kubeconfig   string
+		workerDiscovery                             string
 		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
@@ -70,7 +71,7 @@ server stops, and the next start re-adopts them.`,
 			return server.Run(cmd.Context(), server.Config{
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
-				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
+				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
@@ -85,7 +86,9 @@ server stops, and the next start re-adopts them.`,
 	f.StringVar(&secretsKey, "secrets-key", "", "`FILE` of the key secrets are sealed with (default DATA_DIR/secrets.key, made on the first start; replicas share one)")
 	f.StringVar(&dataPlaneURL, "data-plane-url", "", "`URL` clients send data-plane requests (exec, files) of standalone workers' sandboxes to: a space proxy (default: this server)")
 	f.StringVar(&leaderElection, "leader-election", server.LeaderStore, "where replicas elect the one that does the background work: store (the store's leader lease) or kubernetes (a coordination Lease in the pod's namespace; needs RBAC on leases)")
-	f.StringVar(&kubeNamespace, "kube-namespace", "", "`namespace` of the leader Lease with --leader-election kubernetes (default: the pod's)")
+	f.StringVar(&workerDiscovery, "worker-discovery", server.DiscoveryToken, "how standalone workers are found: token (they register over HTTP with the worker token) or kubernetes (also through their coordination Leases in the namespace; needs RBAC to get/list/watch leases)")
+	f.StringVar(&kubeNamespace, "kube-namespace", "", "`namespace` of the leader Lease with --leader-election kubernetes and of the workers' Leases with --worker-discovery kubernetes (default: the pod's)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig `FILE` of the API server for --leader-election kubernetes and --worker-discovery kubernetes (default: the cluster this pod runs in)")
 	f.StringVar(&workerListen, "worker-listen", "", "`address` where the embedded worker serves other replicas (TLS, the worker token) (default on PostgreSQL 127.0.0.1:0: this host's replicas only; none on SQLite)")
 	f.StringVar(&workerAdvertise, "worker-advertise", "", "`URL` other replicas reach the embedded worker at (default https://WORKER_LISTEN)")
 	f.StringVar(&workerID, "worker-id", "", "`ID` of the embedded worker (default: the one recorded in the data dir, or a new random one on the first start)")
@@ -135,18 +138,23 @@ func checkVMMFlag(v vmmFlags) error {
 func newWorkerCmd(g *globals) *cobra.Command {
 	var (
 		controlPlane, token, tokenFile, listen, advertise, agent, id, chunkDir string
+		discovery, kubeNamespace, kubeconfig                                   string
 		vmm                                                                    vmmFlags
 		vcpus                                                                  int
 		memory                                                                 int64
 		egress                                                                 server.Egress
 	)
 	c := &cobra.Command{
-		Use:   "worker --control-plane URL --token T",
+		Use:   "worker (--control-plane URL | --discovery kubernetes) --token T",
 		Short: "Run a standalone worker that registers with a control plane",
 		Long: `Run a worker that hosts sandbox VMs for the control plane at URL. It
 registers (and sends a heartbeat every 10 s) with the control plane's worker
-token, found in the server's DATA_DIR/worker.token. Several workers may run
-on one host, each with its own --data-dir, --listen and --id.`,
+token, found in the server's DATA_DIR/worker.token. With --discovery
+kubernetes it registers with no control plane: it publishes a coordination
+Lease space-worker-ID in --kube-namespace, renewed every 10 s, which control
+planes started with --worker-discovery kubernetes watch; the worker token
+still keys its TLS and data-plane tokens. Several workers may run on one
+host, each with its own --data-dir, --listen and --id.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkVMMFlag(vmm); err != nil {
@@ -157,8 +165,17 @@ on one host, each with its own --data-dir, --listen and --id.`,
 					return err
 				}
 			}
-			if controlPlane == "" {
-				return usagef("--control-plane is required")
+			switch discovery {
+			case server.DiscoveryToken:
+				if controlPlane == "" {
+					return usagef("--control-plane is required (or --discovery %s)", server.DiscoveryKubernetes)
+				}
+			case server.DiscoveryKubernetes:
+				if controlPlane != "" {
+					return usagef("--control-plane and --discovery %s: the worker registers through its Lease, give one of them", server.DiscoveryKubernetes)
+				}
+			default:
+				return usagef("--discovery %q: want %s or %s", discovery, server.DiscoveryToken, server.DiscoveryKubernetes)
 			}
 			token, err := readToken(g, token, tokenFile)
 			if err != nil {
@@ -179,13 +196,17 @@ on one host, each with its own --data-dir, --listen and --id.`,
 			}
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
 				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
+				Discovery: discovery, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig,
 				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&controlPlane, "control-plane", "", "the control plane's `URL`, e.g. http://127.0.0.1:7070")
+	f.StringVar(&controlPlane, "control-plane", "", "the control plane's `URL`, e.g. http://127.0.0.1:7070 (with --discovery token)")
+	f.StringVar(&discovery, "discovery", server.DiscoveryToken, "how the control plane finds this worker: token (it registers with --control-plane) or kubernetes (it publishes a coordination Lease in --kube-namespace; needs RBAC to create, get and update leases)")
+	f.StringVar(&kubeNamespace, "kube-namespace", "", "`namespace` of the worker's Lease with --discovery kubernetes (default: the pod's)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig `FILE` of the API server with --discovery kubernetes (default: the cluster this pod runs in)")
 	f.StringVar(&token, "token", "", "the control plane's worker `token`")
 	f.StringVar(&tokenFile, "token-file", "", "read the worker token from `FILE`")
 	f.StringVar(&listen, "listen", server.DefaultWorkerListen, "`address` the worker API listens on")

@@ -83,21 +83,38 @@ const replicaIDFile = "replica.id"
 // replica keeps it, so it knows the claims an earlier life left in the
 // store for dead (the data dir is locked while a replica runs).
 func replicaIdentity(dataDir string) (string, error) {
-	path := filepath.Join(dataDir, replicaIDFile)
+	return recordedIdentity(filepath.Join(dataDir, replicaIDFile), "replica", "cp-")
+}
+
+// instanceIDFile holds a standalone worker data dir's instance ID.
+const instanceIDFile = "worker.instance"
+
+// instanceIdentity returns the ID of the data dir dataDir itself, made
+// and recorded on its first start: a worker's Lease names it, so that a
+// restarted worker takes over the Lease of its earlier life at once
+// (the data dir is locked while a worker runs) while another process
+// with the same worker ID is refused (package workerlease).
+func instanceIdentity(dataDir string) (string, error) {
+	return recordedIdentity(filepath.Join(dataDir, instanceIDFile), "instance", "i-")
+}
+
+// recordedIdentity returns the ID (of what) recorded in path, or makes a
+// random one beginning with prefix and records it.
+func recordedIdentity(path, what, prefix string) (string, error) {
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
 		id := strings.TrimSpace(string(b))
 		if !store.ValidID(id) || len(id) > 32 {
-			return "", fmt.Errorf("%s: %.64q is not a replica id; fix or remove the file: %w", path, id, errkind.FailedPrecondition)
+			return "", fmt.Errorf("%s: %.64q is not a %s id; fix or remove the file: %w", path, id, what, errkind.FailedPrecondition)
 		}
 		return id, nil
 	case !errors.Is(err, os.ErrNotExist):
 		return "", err
 	}
-	id := "cp-" + strings.TrimPrefix(randomWorkerID(), "w-")
+	id := prefix + strings.TrimPrefix(randomWorkerID(), "w-")
 	if err := writeFileAtomic(path, []byte(id+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("record replica id: %w", err)
+		return "", fmt.Errorf("record %s id: %w", what, err)
 	}
 	return id, nil
 }

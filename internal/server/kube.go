@@ -57,3 +57,35 @@ func electorFor(cfg Config, log *slog.Logger) (func(holder string) (leader.Elect
 		return kube.New(kube.Config{Namespace: ns, Name: cmp.Or(cfg.KubeLease, "space-leader"), Holder: holder, Log: log}, client)
 	}, nil
 }
+
+// How the control plane finds standalone workers (Config.WorkerDiscovery,
+// WorkerConfig.Discovery).
+const (
+	// DiscoveryToken: workers register over HTTP with the worker token,
+	// every controlplane.HeartbeatInterval (the default).
+	DiscoveryToken = "token"
+	// DiscoveryKubernetes: workers publish a coordination.k8s.io Lease
+	// in a namespace, which the control plane watches (package
+	// workerlease); for clusters where workers cannot reach the control
+	// plane's Service.
+	DiscoveryKubernetes = "kubernetes"
+)
+
+// discoveryClient returns the client and namespace of the workers'
+// Leases if discovery is DiscoveryKubernetes, or nil for
+// DiscoveryToken. given, if set, is the client to use (tests: a fake API
+// server).
+func discoveryClient(discovery, kubeconfig, namespace string, given kubernetes.Interface) (kubernetes.Interface, string, error) {
+	switch discovery {
+	case "", DiscoveryToken:
+		return nil, "", nil
+	case DiscoveryKubernetes:
+	default:
+		return nil, "", fmt.Errorf("worker discovery %q: want %s or %s: %w", discovery, DiscoveryToken, DiscoveryKubernetes, errkind.InvalidArgument)
+	}
+	if given != nil {
+		ns, err := kubeapi.Namespace(namespace)
+		return given, ns, err
+	}
+	return kubeClient("worker discovery through Kubernetes Leases", kubeconfig, namespace)
+}

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/client-go/kubernetes"
 
 	"space/internal/cachedir"
 	"space/internal/cgroup"
@@ -36,6 +37,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/image/kernel"
 	"space/internal/imagebuild"
+	"space/internal/kube/workerlease"
 	"space/internal/netns"
 	"space/internal/secrets"
 	"space/internal/storage"
@@ -171,6 +173,10 @@ type Config struct {
 	Log *slog.Logger
 	// Ready, if set, is called with the API's URL once it serves.
 	Ready func(url string)
+
+	// kube, if set, is the API server of DiscoveryKubernetes instead of
+	// Kubeconfig's (tests: a fake one).
+	kube kubernetes.Interface
 }
 
 // Run starts the control plane and its embedded worker and serves until
@@ -208,6 +214,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	elector, err := electorFor(cfg, cfg.Log)
+	if err != nil {
+		return err
+	}
+	leases, leaseNS, err := discoveryClient(cfg.WorkerDiscovery, cfg.Kubeconfig, cfg.KubeNamespace, cfg.kube)
 	if err != nil {
 		return err
 	}
@@ -292,6 +302,15 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			defer workerAPI.ln.Close()
 		}
 	}
+	var watcher *workerlease.Watcher // the workers' Leases', or nil
+	if leases != nil {
+		if watcher, err = workerlease.NewWatcher(workerlease.WatcherConfig{Namespace: leaseNS, Log: cfg.Log}, leases, cp); err != nil {
+			return err
+		}
+		cfg.Log.Info("worker discovery", "mode", DiscoveryKubernetes, "namespace", leaseNS, "also", "registration with the worker token")
+	} else {
+		cfg.Log.Info("worker discovery", "mode", DiscoveryToken)
+	}
 	if err := cp.LoadWorkers(ctx); err != nil {
 		return err
 	}
@@ -348,6 +367,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			})
 		}
 		wg.Go(func() { collectChunks(ctx, chunks, cfg.Log) })
+		if watcher != nil {
+			wg.Go(func() { watcher.Run(ctx) })
+		}
 		if workerAPI != nil {
 			wg.Go(func() { workerAPI.serve(ctx, w.Handler(token), cfg.Log) })
 			wg.Go(func() {

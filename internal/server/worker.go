@@ -17,11 +17,13 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+
 	"space/api"
 	"space/internal/controlplane"
 	"space/internal/errkind"
 	"space/internal/httpapi"
-	"space/internal/worker"
+	"space/internal/kube/workerlease"
 	"space/internal/workertls"
 )
 
@@ -44,10 +46,23 @@ type WorkerConfig struct {
 	// certificate the token vouches for (package workertls), so it is
 	// an https URL.
 	Advertise string
-	// ControlPlane is the control plane's URL. Required.
+	// ControlPlane is the control plane's URL. Required with
+	// DiscoveryToken.
 	ControlPlane string
+	// Discovery is how the control plane finds the worker:
+	// DiscoveryToken ("" = it: the worker registers with ControlPlane)
+	// or DiscoveryKubernetes (it publishes a Lease in KubeNamespace
+	// through the API server Kubeconfig names, "" = the pod's cluster's).
+	Discovery string
+	// KubeNamespace holds the worker's Lease with DiscoveryKubernetes;
+	// "" = the pod's namespace.
+	KubeNamespace string
+	// Kubeconfig is the kubeconfig file of DiscoveryKubernetes; "" = the
+	// cluster this process runs in.
+	Kubeconfig string
 	// Token is the control plane's worker token (its data dir's
-	// worker.token). Required.
+	// worker.token): the worker API's TLS and data-plane tokens are
+	// keyed by it. Required.
 	Token string
 	// CacheBase and AgentPath are as in Config. Required (AgentPath
 	// except with VMM "fake").
@@ -74,6 +89,10 @@ type WorkerConfig struct {
 	Progress io.Writer
 	Log      *slog.Logger
 	Ready    func(url string)
+
+	// kube, if set, is the API server of DiscoveryKubernetes instead of
+	// Kubeconfig's (tests: a fake one).
+	kube kubernetes.Interface
 }
 
 // RunWorker runs a standalone worker: it recovers its sandboxes, serves
@@ -81,8 +100,15 @@ type WorkerConfig struct {
 // registration as its heartbeat, until ctx ends. VMs keep running after it
 // returns.
 func RunWorker(ctx context.Context, cfg WorkerConfig) error {
-	if cfg.DataDir == "" || cfg.ControlPlane == "" || cfg.Token == "" || cfg.CacheBase == "" || (cfg.AgentPath == "" && cfg.VMM != VMMFake) {
-		return fmt.Errorf("worker: data dir, control plane, token, cache and agent path are required: %w", errkind.InvalidArgument)
+	if cfg.DataDir == "" || cfg.Token == "" || cfg.CacheBase == "" || (cfg.AgentPath == "" && cfg.VMM != VMMFake) {
+		return fmt.Errorf("worker: data dir, token, cache and agent path are required: %w", errkind.InvalidArgument)
+	}
+	leases, leaseNS, err := discoveryClient(cfg.Discovery, cfg.Kubeconfig, cfg.KubeNamespace, cfg.kube)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if leases == nil && cfg.ControlPlane == "" {
+		return fmt.Errorf("worker: the control plane's URL is required to register with it (or discovery %s): %w", DiscoveryKubernetes, errkind.InvalidArgument)
 	}
 	if err := checkVMM(cfg.VMM); err != nil {
 		return fmt.Errorf("worker: %w", err)
@@ -103,12 +129,17 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	unlock, err := lockDir(cfg.DataDir)
+	var unlock func()
+	unlock, err = lockDir(cfg.DataDir)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	if cfg.ID, err = workerIdentity(cfg.DataDir, cfg.ID, legacyWorkerID(cfg.DataDir)); err != nil {
+		return err
+	}
+	instance, err := instanceIdentity(cfg.DataDir)
+	if err != nil {
 		return err
 	}
 	fmt.Fprintln(progress, "space: preparing the default template")
@@ -141,11 +172,51 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if cfg.Advertise == "" {
 		cfg.Advertise = "https://" + ln.Addr().String()
 	}
-	fmt.Fprintf(progress, "space: worker %s serving on %s, registering with %s\n", cfg.ID, cfg.Advertise, cfg.ControlPlane)
-	reg := &registrar{cfg: cfg, w: w, hc: &http.Client{Timeout: 30 * time.Second}}
-	background := func(ctx context.Context) error {
-		reg.run(ctx)
-		return nil
+	state := func(ctx context.Context) (api.RegisterWorker, error) {
+		st, err := w.Status(ctx)
+		if err != nil {
+			return api.RegisterWorker{}, err
+		}
+		return api.RegisterWorker{
+			ID: cfg.ID, Address: cfg.Advertise, VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB,
+			Protocol: st.Protocol, Capabilities: st.Capabilities.API(),
+		}, nil
+	}
+	var background func(context.Context) error
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	if leases != nil {
+		pub, err := workerlease.NewPublisher(workerlease.Config{
+			Namespace: leaseNS, ID: cfg.ID, Instance: instance, State: state, Log: cfg.Log,
+		}, leases)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("worker: %w", err)
+		}
+		// A second live process with this id is refused before serving.
+		if err := pub.Publish(ctx); errors.Is(err, workerlease.ErrHeld) {
+			ln.Close()
+			return fmt.Errorf("worker: %w", err)
+		} else if err != nil {
+			cfg.Log.Warn("publish the worker lease; retrying", "err", err)
+		}
+		cfg.Log.Info("worker discovery", "mode", DiscoveryKubernetes, "namespace", leaseNS, "lease", workerlease.Name(cfg.ID), "holder", pub.Holder())
+		fmt.Fprintf(progress, "space: worker %s serving on %s, published in Lease %s/%s\n", cfg.ID, cfg.Advertise, leaseNS, workerlease.Name(cfg.ID))
+		background = func(bctx context.Context) error {
+			err := pub.Run(bctx)
+			if err != nil {
+				stop(err) // another process took this worker's id: stop serving
+			}
+			return err
+		}
+	} else {
+		cfg.Log.Info("worker discovery", "mode", DiscoveryToken, "control_plane", cfg.ControlPlane)
+		fmt.Fprintf(progress, "space: worker %s serving on %s, registering with %s\n", cfg.ID, cfg.Advertise, cfg.ControlPlane)
+		reg := &registrar{cfg: cfg, state: state, hc: &http.Client{Timeout: 30 * time.Second}}
+		background = func(ctx context.Context) error {
+			reg.run(ctx)
+			return nil
+		}
 	}
 	if cfg.Ready != nil {
 		cfg.Ready(cfg.Advertise)
@@ -156,9 +227,9 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 // registrar registers the worker with the control plane and renews the
 // registration every controlplane.HeartbeatInterval.
 type registrar struct {
-	cfg WorkerConfig
-	w   *worker.Worker
-	hc  *http.Client
+	cfg   WorkerConfig
+	state func(context.Context) (api.RegisterWorker, error) // what it registers
+	hc    *http.Client
 }
 
 func (r *registrar) run(ctx context.Context) {
@@ -190,14 +261,11 @@ func (r *registrar) run(ctx context.Context) {
 }
 
 func (r *registrar) register(ctx context.Context) error {
-	st, err := r.w.Status(ctx)
+	reg, err := r.state(ctx)
 	if err != nil {
 		return err
 	}
-	body, _ := json.Marshal(api.RegisterWorker{
-		ID: r.cfg.ID, Address: r.cfg.Advertise, VCPUs: st.VCPUs, MemoryMiB: st.MemoryMiB,
-		Protocol: st.Protocol, Capabilities: st.Capabilities.API(),
-	})
+	body, _ := json.Marshal(reg)
 	url := strings.TrimSuffix(r.cfg.ControlPlane, "/") + "/v1/workers"
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
