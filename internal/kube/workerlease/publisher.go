@@ -65,8 +65,9 @@ type Publisher struct {
 	holder string
 	log    *slog.Logger
 
-	// Only Publish's caller (Run's goroutine) uses this.
+	// Only Publish's caller (Run's goroutine) uses these.
 	last *coordinationv1.Lease // the Lease as this process last wrote it, or nil
+	held bool                  // this process wrote the Lease once
 }
 
 // NewPublisher returns the publisher of the Lease cfg describes, through
@@ -176,7 +177,11 @@ func (p *Publisher) Publish(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("get worker lease %s: %w", p.name, kubeapi.Kind(err))
 	}
-	if holder := kubeapi.Deref(cur.Spec.HolderIdentity); holder != p.holder && !p.mayTakeOver(cur) {
+	holder := kubeapi.Deref(cur.Spec.HolderIdentity)
+	if holder != p.holder && p.held {
+		return fmt.Errorf("worker lease %s: taken over by %s, another process with worker id %s: %w", p.name, holder, p.cfg.ID, ErrHeld)
+	}
+	if holder != p.holder && !p.mayTakeOver(cur) {
 		return fmt.Errorf("worker lease %s: worker %s is already running as %s (renewed %s, for %ds); stop it, or give this worker another id: %w",
 			p.name, p.cfg.ID, holder, cur.Spec.RenewTime.UTC().Format(time.RFC3339), kubeapi.Deref(cur.Spec.LeaseDurationSeconds), ErrHeld)
 	}
@@ -236,7 +241,7 @@ func (p *Publisher) create(ctx context.Context, ann map[string]string) error {
 	if err != nil {
 		return fmt.Errorf("create worker lease %s: %w", p.name, kubeapi.Kind(err))
 	}
-	p.last = got
+	p.last, p.held = got, true
 	return nil
 }
 
@@ -247,7 +252,7 @@ func (p *Publisher) write(ctx context.Context, next *coordinationv1.Lease) error
 	if err != nil {
 		return fmt.Errorf("update worker lease %s: %w", p.name, kubeapi.Kind(err))
 	}
-	p.last = got
+	p.last, p.held = got, true
 	return nil
 }
 

@@ -220,7 +220,7 @@ func (w *Watcher) saw(ctx context.Context, l *coordinationv1.Lease) {
 		// until its last accepted renewal expires.
 		cur.refused = err.Error()
 		if prev == nil || prev.refused != cur.refused {
-			w.log.Warn("worker lease refused; the worker is not connected", "lease", l.Name, "err", err)
+			w.log.Warn("worker lease refused; the worker is not connected", "lease", l.Name, "worker_id", reg.ID, "err", err)
 		}
 		return
 	}
