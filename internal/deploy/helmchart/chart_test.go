@@ -240,8 +240,9 @@ func TestDefaultsWorker(t *testing.T) {
 	if spec.HostNetwork {
 		t.Error("worker hostNetwork = true, want false")
 	}
-	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-		t.Error("worker pods get a service account token")
+	// The default workerDiscovery kubernetes: see discovery_test.go.
+	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken || spec.ServiceAccountName != "prod-space-worker" {
+		t.Errorf("worker pods: account %q, token mounted %v; want prod-space-worker's token mounted", spec.ServiceAccountName, spec.AutomountServiceAccountToken)
 	}
 	if got, want := ds.Spec.UpdateStrategy.Type, appsv1.OnDeleteDaemonSetStrategyType; got != want {
 		t.Errorf("updateStrategy = %s, want %s", got, want)
@@ -277,16 +278,20 @@ func TestDefaultsWorker(t *testing.T) {
 	}
 
 	want := map[string]string{
-		"control-plane": "http://prod-space-server.sandboxes.svc:7070",
-		"advertise":     "https://$(POD_IP):7071",
-		"token-file":    "/etc/space/secrets/worker-token",
-		"id":            "$(NODE_NAME)",
-		"data-dir":      "/var/lib/space",
-		"chunks":        "/var/lib/space-chunks",
-		"cache":         "/var/cache/space",
-		"listen":        ":7071",
-		"vmm":           "auto",
-		"cgroup-root":   "/host/sys/fs/cgroup",
+		"discovery":      "kubernetes",
+		"kube-namespace": "sandboxes",
+		"advertise":      "https://$(POD_IP):7071",
+		"token-file":     "/etc/space/secrets/worker-token",
+		"id":             "$(NODE_NAME)",
+		"data-dir":       "/var/lib/space",
+		"chunks":         "/var/lib/space-chunks",
+		"cache":          "/var/cache/space",
+		"listen":         ":7071",
+		"vmm":            "auto",
+		"cgroup-root":    "/host/sys/fs/cgroup",
+	}
+	if v, ok := flag(c.Args, "control-plane"); ok {
+		t.Errorf("worker --control-plane = %q, want none: it is found through its Lease", v)
 	}
 	if c.Args[0] != "worker" {
 		t.Errorf("worker args = %q, want the worker verb first", c.Args)
@@ -377,8 +382,8 @@ func TestDefaultsServer(t *testing.T) {
 			t.Errorf("server %s probe = %+v, want GET /v1/health on api", name, p)
 		}
 	}
-	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-		t.Error("server pods get a service account token without rbac.create")
+	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken {
+		t.Error("server pods get no service account token with the default rbac.create")
 	}
 	if got := spec.ServiceAccountName; got != "prod-space" {
 		t.Errorf("server serviceAccountName = %q, want prod-space", got)
@@ -403,7 +408,7 @@ func TestDefaultsServer(t *testing.T) {
 
 	for _, o := range r.Objects {
 		switch o.(type) {
-		case *rbacv1.Role, *rbacv1.RoleBinding, *corev1.PersistentVolumeClaim:
+		case *corev1.PersistentVolumeClaim:
 			t.Errorf("rendered %T %s by default", o, o.(metav1.Object).GetName())
 		}
 	}
@@ -589,7 +594,7 @@ func TestSharedChunks(t *testing.T) {
 	role := must[*rbacv1.Role](t, r, "prod-space")
 	wantRules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update"}},
 	}
 	if diff := cmp.Diff(wantRules, role.Rules); diff != "" {
 		t.Errorf("Role rules (-want +got):\n%s", diff)

@@ -23,7 +23,7 @@ func TestLeaderElectionOnLease(t *testing.T) {
 	if v, ok := flag(container(t, must[*appsv1.Deployment](t, render(t, nil), "prod-space-server").Spec.Template.Spec, "server").Args, "leader-election"); ok {
 		t.Errorf("default --leader-election = %q, want the server's default (store)", v)
 	}
-	_, err := Render(loadChart(t), map[string]any{"server": map[string]any{"leaderElection": "kubernetes"}}, rel)
+	_, err := Render(loadChart(t), map[string]any{"server": map[string]any{"leaderElection": "kubernetes"}, "workerDiscovery": "token", "rbac": map[string]any{"create": false}}, rel)
 	if err == nil || !strings.Contains(err.Error(), "needs rbac.create") {
 		t.Errorf("leaderElection kubernetes without rbac = %v, want refused: needs rbac.create", err)
 	}

@@ -73,6 +73,24 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* The workers' ServiceAccount (workerDiscovery kubernetes). */}}
+{{- define "space.workerServiceAccountName" -}}
+{{- printf "%s-worker" (include "space.fullname" .) }}
+{{- end }}
+
+{{/*
+Whether the workers publish Leases (workerDiscovery kubernetes): "true" or
+"". Refuses it without rbac.create, which gives them the right to.
+*/}}
+{{- define "space.leaseDiscovery" -}}
+{{- if eq .Values.workerDiscovery "kubernetes" }}
+{{- if not .Values.rbac.create }}
+{{- fail "workerDiscovery kubernetes needs rbac.create: the workers publish Leases and the control plane watches them (or set workerDiscovery: token)" }}
+{{- end }}
+{{- true }}
+{{- end }}
+{{- end }}
+
 {{/* The image of every container. */}}
 {{- define "space.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
