@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"os"
@@ -31,37 +30,10 @@ func startFakeLeaseWorker(t *testing.T, ts *testServer, kube kubernetes.Interfac
 		t.Fatalf("setup: %v", err)
 	}
 	wt := &testServer{dataDir: dataDir, workerID: newWorkerID(t)}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- RunWorker(ctx, WorkerConfig{
-			ID: wt.workerID, DataDir: wt.dataDir, Listen: "127.0.0.1:0", VMM: VMMFake, CacheBase: t.TempDir(),
-			Discovery: DiscoveryKubernetes, KubeNamespace: "space", kube: kube,
-			Token: strings.TrimSpace(string(token)), Ready: func(u string) { ready <- u },
-		})
-	}()
-	select {
-	case wt.url = <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("setup: worker: %v", err)
-	case <-time.After(time.Minute):
-		cancel()
-		t.Fatalf("setup: worker not ready in 1m")
-	}
-	stopped := false
-	wt.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	}
-	t.Cleanup(wt.stop)
+	wt.url, wt.stop = runTestWorker(t, WorkerConfig{
+		ID: wt.workerID, DataDir: wt.dataDir, Listen: "127.0.0.1:0", VMM: VMMFake, CacheBase: t.TempDir(),
+		Discovery: DiscoveryKubernetes, KubeNamespace: "space", kube: kube, Token: strings.TrimSpace(string(token)),
+	})
 	return wt
 }
 

@@ -38,25 +38,32 @@ func restartWorker(t testing.TB, ts *testServer, memoryMiB int64, wt *testServer
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
+	wt.url, wt.stop = runTestWorker(t, WorkerConfig{
+		ID: wt.workerID, DataDir: wt.dataDir, Listen: "127.0.0.1:0", ControlPlane: ts.url,
+		Token: strings.TrimSpace(string(token)), CacheBase: guesttest.CacheBase(), AgentPath: agent,
+		ChunkDir: filepath.Join(ts.dataDir, "chunks"),
+		VCPUs:    8, MemoryMiB: memoryMiB,
+	})
+	return wt
+}
+
+// runTestWorker runs a standalone worker with cfg until the test ends or
+// stop is called, and returns once it serves, with its URL.
+func runTestWorker(t testing.TB, cfg WorkerConfig) (url string, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() {
-		done <- RunWorker(ctx, WorkerConfig{
-			ID: wt.workerID, DataDir: wt.dataDir, Listen: "127.0.0.1:0", ControlPlane: ts.url,
-			Token: strings.TrimSpace(string(token)), CacheBase: guesttest.CacheBase(), AgentPath: agent,
-			ChunkDir: filepath.Join(ts.dataDir, "chunks"),
-			VCPUs:    8, MemoryMiB: memoryMiB, Ready: func(u string) { ready <- u },
-		})
-	}()
+	cfg.Ready = func(u string) { ready <- u }
+	go func() { done <- RunWorker(ctx, cfg) }()
 	select {
-	case wt.url = <-ready:
+	case url = <-ready:
 	case err := <-done:
 		cancel()
 		t.Fatalf("setup: worker: %v", err)
 	}
 	var once sync.Once
-	wt.stop = func() {
+	stop = func() {
 		once.Do(func() {
 			cancel()
 			if err := <-done; err != nil {
@@ -64,8 +71,8 @@ func restartWorker(t testing.TB, ts *testServer, memoryMiB int64, wt *testServer
 			}
 		})
 	}
-	t.Cleanup(wt.stop)
-	return wt
+	t.Cleanup(stop)
+	return url, stop
 }
 
 // twoWorkers runs a server whose embedded worker has no room and two

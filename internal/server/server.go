@@ -307,7 +307,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if watcher, err = workerlease.NewWatcher(workerlease.WatcherConfig{Namespace: leaseNS, Log: cfg.Log}, leases, cp); err != nil {
 			return err
 		}
-		cfg.Log.Info("worker discovery", "mode", DiscoveryKubernetes, "namespace", leaseNS, "also", "registration with the worker token")
+		cfg.Log.Info("worker discovery", "mode", DiscoveryKubernetes+"+"+DiscoveryToken, "namespace", leaseNS)
 	} else {
 		cfg.Log.Info("worker discovery", "mode", DiscoveryToken)
 	}

@@ -127,18 +127,20 @@ func (p *Publisher) Holder() string { return p.holder }
 // live process holds the Lease, or takes it over; failures to reach the
 // API server are logged and retried.
 func (p *Publisher) Run(ctx context.Context) error {
-	failing := false
+	var failing string // the last failure's message, or ""
 	for {
 		err := p.Publish(ctx)
 		switch {
 		case errors.Is(err, ErrHeld):
 			return err
+		case err != nil && ctx.Err() == nil && err.Error() != failing:
+			p.log.Warn("publish the worker lease", "err", err) // once per kind of failure
+			failing = err.Error()
 		case err != nil && ctx.Err() == nil:
-			p.log.Warn("publish the worker lease", "err", err)
-			failing = true
-		case err == nil && failing:
+			p.log.Debug("publish the worker lease", "err", err)
+		case err == nil && failing != "":
 			p.log.Info("worker lease published again")
-			failing = false
+			failing = ""
 		}
 		select {
 		case <-ctx.Done():
