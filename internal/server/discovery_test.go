@@ -2,7 +2,6 @@ package server
 
 import (
 	"errors"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,7 +13,6 @@ import (
 
 	"space/api"
 	"space/internal/errkind"
-	"space/internal/httpapi"
 	"space/internal/kube/kubetest"
 	"space/internal/kube/workerlease"
 	"space/internal/testenv"
@@ -47,8 +45,8 @@ func TestSandboxOnLeaseWorkerWithFakeAPIServer(t *testing.T) {
 	ts := startFakeServerWith(t, Config{NoWorker: true, WorkerDiscovery: DiscoveryKubernetes, KubeNamespace: "space", kube: kube})
 	w := startFakeLeaseWorker(t, ts, kube, newDataDir(t))
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		ws := workersOf(t, ts)
-		return len(ws) == 1 && ws[0].ID == w.workerID && ws[0].Healthy
+		ws, err := ts.client.Workers(t.Context())
+		return err == nil && len(ws) == 1 && ws[0].ID == w.workerID && ws[0].Healthy
 	})
 	sb, err := ts.client.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 256})
 	if err != nil {
@@ -79,8 +77,8 @@ func TestSandboxOnLeaseWorkerWithFakeAPIServer(t *testing.T) {
 		t.Errorf("the worker's Lease is left after it stopped")
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		ws := workersOf(t, ts)
-		return len(ws) == 1 && !ws[0].Healthy
+		ws, err := ts.client.Workers(t.Context())
+		return err == nil && len(ws) == 1 && !ws[0].Healthy
 	})
 }
 
@@ -113,15 +111,4 @@ func TestWorkerDiscoveryRefusesBadSettings(t *testing.T) {
 	if !errors.Is(err, errkind.InvalidArgument) || !strings.Contains(fmtErr(err), "want token or kubernetes") {
 		t.Errorf("Run with worker discovery dns = %v, want invalid argument", err)
 	}
-}
-
-// workersOf returns the workers ts lists, or none if it does not answer.
-func workersOf(t *testing.T, ts *testServer) []api.Worker {
-	t.Helper()
-	status, body := rawCall(t, ts, "GET", "/v1/workers", "")
-	var l api.WorkerList
-	if status != http.StatusOK || httpapi.Unmarshal([]byte(body), &l) != nil {
-		return nil
-	}
-	return l.Workers
 }
