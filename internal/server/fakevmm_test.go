@@ -223,7 +223,7 @@ func TestFakeVMMBootFaults(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dataDir := newDataDir(t)
-			chunks, err := openChunks(filepath.Join(dataDir, "chunks"))
+			chunks, err := openChunks(t.Context(), ChunkStore{}, dataDir, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatalf("setup: %v", err)
 			}
