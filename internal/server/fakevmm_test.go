@@ -26,15 +26,20 @@ import (
 // are the worker's capacity (0 = its default).
 func startFakeServer(t *testing.T, vcpus int, memoryMiB int64) *testServer {
 	t.Helper()
+	return startFakeServerWith(t, Config{VCPUs: vcpus, MemoryMiB: memoryMiB})
+}
+
+// startFakeServerWith is startFakeServer with more of cfg: its data dir,
+// worker ID, listen address, cache, VMM, version and Ready are set here.
+func startFakeServerWith(t *testing.T, cfg Config) *testServer {
+	t.Helper()
 	testenv.RequireRoot(t, testenv.TierNetns) // the fake jails its guests
 	dataDir, workerID := newDataDir(t), newWorkerID(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	cfg := Config{
-		DataDir: dataDir, WorkerID: workerID, Listen: "127.0.0.1:0", CacheBase: t.TempDir(), VMM: VMMFake,
-		VCPUs: vcpus, MemoryMiB: memoryMiB, Version: "test", Ready: func(u string) { ready <- u },
-	}
+	cfg.DataDir, cfg.WorkerID, cfg.Listen, cfg.CacheBase, cfg.VMM = dataDir, workerID, "127.0.0.1:0", t.TempDir(), VMMFake
+	cfg.Version, cfg.Ready = "test", func(u string) { ready <- u }
 	if os.Getenv("SPACE_TEST_LOG") != "" {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}

@@ -38,17 +38,23 @@ func restartWorker(t testing.TB, ts *testServer, memoryMiB int64, wt *testServer
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
+	return runWorker(t, WorkerConfig{
+		ID: wt.workerID, DataDir: wt.dataDir, ControlPlane: ts.url,
+		Token: strings.TrimSpace(string(token)), CacheBase: guesttest.CacheBase(), AgentPath: agent,
+		Chunks: ChunkStore{Location: filepath.Join(ts.dataDir, "chunks")},
+		VCPUs:  8, MemoryMiB: memoryMiB,
+	}, wt)
+}
+
+// runWorker runs a standalone worker of cfg (on a free port) as wt (cfg's
+// ID and data dir), and returns once it serves; stop it with wt.stop.
+func runWorker(t testing.TB, cfg WorkerConfig, wt *testServer) *testServer {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() {
-		done <- RunWorker(ctx, WorkerConfig{
-			ID: wt.workerID, DataDir: wt.dataDir, Listen: "127.0.0.1:0", ControlPlane: ts.url,
-			Token: strings.TrimSpace(string(token)), CacheBase: guesttest.CacheBase(), AgentPath: agent,
-			Chunks: ChunkStore{Location: filepath.Join(ts.dataDir, "chunks")},
-			VCPUs:  8, MemoryMiB: memoryMiB, Ready: func(u string) { ready <- u },
-		})
-	}()
+	cfg.Listen, cfg.Ready = "127.0.0.1:0", func(u string) { ready <- u }
+	go func() { done <- RunWorker(ctx, cfg) }()
 	select {
 	case wt.url = <-ready:
 	case err := <-done:
