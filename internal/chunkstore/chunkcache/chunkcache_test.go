@@ -2,6 +2,7 @@ package chunkcache
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -184,5 +185,84 @@ func TestBadConfig(t *testing.T) {
 		if _, err := New(t.Context(), cfg); err == nil {
 			t.Errorf("New(%+v) = nil error, want one", cfg)
 		}
+	}
+}
+
+// TestTornCopyRefetched: a cached file a crash left short or damaged
+// (cache files are not synced) is dropped and the object fetched again.
+func TestTornCopyRefetched(t *testing.T) {
+	remote := newRemote(t)
+	put(t, remote, "chunks/00/a", "the content")
+	put(t, remote, "chunks/00/b", "other content")
+	dir := t.TempDir()
+	c := newCache(t, remote, dir, 1<<20)
+	get(t, c, "chunks/00/a")
+	get(t, c, "chunks/00/b")
+	pa, pb := filepath.Join(dir, "chunks", "00", "a"), filepath.Join(dir, "chunks", "00", "b")
+	if err := os.Truncate(pa, 5); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	f, err := os.ReadFile(pb)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	f[0] ^= 1
+	if err := os.WriteFile(pb, f, 0o600); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	for _, c := range []*Backend{c, newCache(t, remote, dir, 1<<20)} { // this process, and the next
+		if got := get(t, c, "chunks/00/a"); got != "the content" {
+			t.Errorf("Get(a) after its copy was torn = %q, want the remote's", got)
+		}
+		if got := get(t, c, "chunks/00/b"); got != "other content" {
+			t.Errorf("Get(b) after its copy was damaged = %q, want the remote's", got)
+		}
+		os.Truncate(pa, 5)
+		os.WriteFile(pb, f, 0o600)
+	}
+	if n := remote.count("chunks/00/a"); n != 3 {
+		t.Errorf("remote Gets of a = %d, want 3 (first, and after each tear)", n)
+	}
+}
+
+// TestConcurrentGets reads many chunks from many goroutines through a
+// cache that holds a few: every read is right and the bound holds.
+func TestConcurrentGets(t *testing.T) {
+	remote := newRemote(t)
+	const n, size = 40, 1000
+	want := map[string]string{}
+	for i := range n {
+		k := fmt.Sprintf("chunks/%02d/k%d", i%4, i)
+		want[k] = strings.Repeat(string(rune('a'+i%26)), size)
+		put(t, remote, k, want[k])
+	}
+	c := newCache(t, remote, t.TempDir(), 10*size)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 200 {
+				k := fmt.Sprintf("chunks/%02d/k%d", (g+i)%n%4, (g+i)%n)
+				rc, err := c.Get(t.Context(), k)
+				if err != nil {
+					errs <- err
+					return
+				}
+				b, err := io.ReadAll(rc)
+				rc.Close()
+				if err != nil || string(b) != want[k] {
+					errs <- fmt.Errorf("Get(%s) = %d bytes, %v; want the remote's", k, len(b), err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := c.Size(); got > 10*size {
+		t.Errorf("Size() = %d, want at most %d", got, 10*size)
 	}
 }

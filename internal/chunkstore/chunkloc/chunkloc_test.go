@@ -1,7 +1,10 @@
 package chunkloc
 
 import (
+	"bytes"
+	"crypto/rand"
 	"errors"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"space/internal/chunkstore"
 	"space/internal/errkind"
 	"space/internal/testenv/weedtest"
 )
@@ -180,4 +184,56 @@ func fmtErr(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// TestS3RestoreThroughCache stores a file in a real S3 bucket through an
+// opened store and restores it twice through another store on the same
+// bucket: the first restore fills the second store's chunk cache, and
+// both restores are right.
+func TestS3RestoreThroughCache(t *testing.T) {
+	srv := weedtest.Start(t)
+	loc := Location{S3: &S3{Bucket: srv.Bucket, Endpoint: srv.Endpoint}}
+	creds := Credentials{srv.AccessKey, srv.SecretKey}
+	open := func(cache string) *chunkstore.Store {
+		s, err := Open(t.Context(), loc, Options{Credentials: creds, CacheDir: cache})
+		if err != nil {
+			t.Fatalf("setup: Open = %v", err)
+		}
+		return s
+	}
+	data := make([]byte, 8<<20)
+	rand.Read(data)
+	src := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	m, _, err := open(t.TempDir()).Put(t.Context(), "s", []chunkstore.File{{Name: "f", Path: src}}, chunkstore.PutOptions{})
+	if err != nil {
+		t.Fatalf("Put = %v", err)
+	}
+	cache := t.TempDir()
+	other := open(cache)
+	dst := filepath.Join(t.TempDir(), "out")
+	for _, what := range []string{"cold", "warm"} {
+		t0 := time.Now()
+		if err := other.Restore(t.Context(), m, "f", dst); err != nil {
+			t.Fatalf("Restore (%s cache) = %v", what, err)
+		}
+		t.Logf("restore of 8 MiB, %s cache: %v", what, time.Since(t0).Round(time.Millisecond))
+		if got, err := os.ReadFile(dst); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("Restore (%s cache) wrote %d bytes (%v), want the file", what, len(got), err)
+		}
+		var n int64
+		filepath.WalkDir(filepath.Join(cache, "chunks"), func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if fi, err := d.Info(); err == nil {
+					n += fi.Size()
+				}
+			}
+			return nil
+		})
+		if n < int64(len(data)) {
+			t.Errorf("after a %s restore the cache holds %d bytes, want the file's %d at least", what, n, len(data))
+		}
+	}
 }
