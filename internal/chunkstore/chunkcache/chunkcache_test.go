@@ -18,7 +18,8 @@ import (
 // countingBackend is a real local backend that counts the Gets it serves.
 type countingBackend struct {
 	chunkstore.Backend
-	mu   sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	gets map[string]int
 }
 
