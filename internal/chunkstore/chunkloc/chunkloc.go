@@ -8,7 +8,14 @@
 // endpoint is the S3 server (required; no scheme); tls=false talks plain
 // http (default https); region is the bucket's region (default: ask the
 // server). Credentials never appear in it: a URL with user information is
-// refused. Anything that is not an s3:// URL is a directory.
+// refused. A value that starts with "s3:" is such a URL (or an error);
+// anything else is a directory.
+//
+// Open checks an S3 location at once (one listing of at most one key,
+// after minio-go's bucket location lookup when no region is given), so a
+// wrong endpoint, credentials or bucket fail a process's start rather
+// than its first snapshot, and puts a bounded read cache of chunks
+// (package chunkcache) in front of it.
 package chunkloc
 
 import (
@@ -72,7 +79,7 @@ func (l Location) String() string {
 }
 
 // Parse parses a --chunks value: an s3:// URL (see the package doc), or
-// else a directory. An empty s, a bad URL, an unknown query key or a
+// else a directory. It does no I/O. An empty s, a bad URL, an unknown query key or a
 // missing endpoint is an error wrapping errkind.InvalidArgument.
 func Parse(s string) (Location, error) {
 	if s == "" {
