@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"space/internal/chunkstore/chunkloc"
 	"space/internal/server"
 )
 
@@ -16,7 +17,8 @@ import (
 // worker and the default template.
 func newServerCmd(g *globals) *cobra.Command {
 	var (
-		listen, agent, storeURL, workerID, chunkDir string
+		listen, agent, storeURL, workerID           string
+		chunks                                      chunkFlags
 		tokenFile, secretsKey, dataPlaneURL         string
 		workerListen, workerAdvertise, adminKeyFile string
 		leaderElection, kubeNamespace, kubeconfig   string
@@ -70,7 +72,7 @@ server stops, and the next start re-adopts them.`,
 			}
 			return server.Run(cmd.Context(), server.Config{
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
-				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
+				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, Chunks: chunks.store(g),
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
@@ -92,7 +94,7 @@ server stops, and the next start re-adopts them.`,
 	f.StringVar(&workerListen, "worker-listen", "", "`address` where the embedded worker serves other replicas (TLS, the worker token) (default on PostgreSQL 127.0.0.1:0: this host's replicas only; none on SQLite)")
 	f.StringVar(&workerAdvertise, "worker-advertise", "", "`URL` other replicas reach the embedded worker at (default https://WORKER_LISTEN)")
 	f.StringVar(&workerID, "worker-id", "", "`ID` of the embedded worker (default: the one recorded in the data dir, or a new random one on the first start)")
-	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks)")
+	chunksFlag(f, &chunks, "")
 	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers (default: 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
@@ -137,12 +139,13 @@ func checkVMMFlag(v vmmFlags) error {
 // with a control plane.
 func newWorkerCmd(g *globals) *cobra.Command {
 	var (
-		controlPlane, token, tokenFile, listen, advertise, agent, id, chunkDir string
-		discovery, kubeNamespace, kubeconfig                                   string
-		vmm                                                                    vmmFlags
-		vcpus                                                                  int
-		memory                                                                 int64
-		egress                                                                 server.Egress
+		controlPlane, token, tokenFile, listen, advertise, agent, id string
+		discovery, kubeNamespace, kubeconfig                         string
+		chunks                                                       chunkFlags
+		vmm                                                          vmmFlags
+		vcpus                                                        int
+		memory                                                       int64
+		egress                                                       server.Egress
 	)
 	c := &cobra.Command{
 		Use:   "worker (--control-plane URL | --discovery kubernetes) --token T",
@@ -197,7 +200,7 @@ host, each with its own --data-dir, --listen and --id.`,
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
 				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
 				Discovery: discovery, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig,
-				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory, ChunkDir: chunkDir,
+				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory, Chunks: chunks.store(g),
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
@@ -212,7 +215,7 @@ host, each with its own --data-dir, --listen and --id.`,
 	f.StringVar(&listen, "listen", server.DefaultWorkerListen, "`address` the worker API listens on")
 	f.StringVar(&advertise, "advertise", "", "`URL` the control plane reaches this worker at (default: https://LISTEN; the worker serves TLS with a certificate the worker token vouches for)")
 	f.StringVar(&id, "id", "", "worker `ID` (default: the one recorded in the data dir, or a new random one on the first start)")
-	f.StringVar(&chunkDir, "chunks", "", "`directory` of the snapshot chunk store (default DATA_DIR/chunks); the server's to share its snapshots")
+	chunksFlag(f, &chunks, "; the server's, to share its snapshots")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs offered (default: 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory offered (default: 80% of host RAM)")
 	egressFlags(f, &egress)
@@ -226,7 +229,7 @@ host, each with its own --data-dir, --listen and --id.`,
 // worker made on this host.
 func newWorkerPurgeCmd(g *globals) *cobra.Command {
 	var (
-		chunkDir     string
+		chunks       string
 		removeChunks bool
 		vmm          vmmFlags
 	)
@@ -238,8 +241,9 @@ host, with its VM, tap, network namespace and control group, the worker's
 run files and storage mount, and then the data dir itself: what
 uninstalling runs on each node. The worker must be stopped (its data dir is
 locked while it runs). Pass the --vmm, --cgroup-root and --run-root it ran
-with. A chunk store given with --chunks (outside the data dir) is left,
-unless --remove-chunks.`,
+with. A chunk store directory given with --chunks (outside the data dir)
+is left, unless --remove-chunks; an S3 chunk store (--chunks s3://...) is
+never touched, only the local cache of its chunks in the data dir goes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkVMMFlag(vmm); err != nil {
@@ -253,7 +257,7 @@ unless --remove-chunks.`,
 				dataDir = filepath.Join(dataDir, "workers", "default")
 			}
 			if err := server.PurgeWorker(cmd.Context(), server.WorkerConfig{
-				DataDir: dataDir, ChunkDir: chunkDir, RemoveChunks: removeChunks, CacheBase: g.cacheBase, Log: g.logger(),
+				DataDir: dataDir, Chunks: server.ChunkStore{Location: chunks}, RemoveChunks: removeChunks, CacheBase: g.cacheBase, Log: g.logger(),
 				VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			}); err != nil {
 				return err
@@ -262,8 +266,8 @@ unless --remove-chunks.`,
 			return nil
 		},
 	}
-	c.Flags().StringVar(&chunkDir, "chunks", "", "the worker's chunk store `directory`, if outside the data dir (left in place unless --remove-chunks)")
-	c.Flags().BoolVar(&removeChunks, "remove-chunks", false, "remove the --chunks directory too (it is the worker's own, not shared)")
+	c.Flags().StringVar(&chunks, "chunks", "", "the worker's chunk store, a `directory` if outside the data dir (left in place unless --remove-chunks), or its s3:// URL (never touched)")
+	c.Flags().BoolVar(&removeChunks, "remove-chunks", false, "remove the --chunks directory too (it is the worker's own, not shared; refused for s3://)")
 	vmmFlag(c.Flags(), &vmm)
 	return c
 }
@@ -277,6 +281,24 @@ func (g *globals) serverDataDir() (string, error) {
 		return d, nil
 	}
 	return "", usagef("no data directory: pass --data-dir DIR or set SPACE_DATA_DIR")
+}
+
+// chunkFlags are the flags that say where the chunk store is.
+type chunkFlags struct {
+	location string
+	cacheMiB int64
+}
+
+// chunksFlag binds --chunks and --chunk-cache-mib; more ends --chunks'
+// help.
+func chunksFlag(fs *pflag.FlagSet, p *chunkFlags, more string) {
+	fs.StringVar(&p.location, "chunks", "", "the snapshot chunk store: a `directory` (default DATA_DIR/chunks), or an S3 bucket s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&tls=false][&region=R] with the credentials in SPACE_S3_ACCESS_KEY and SPACE_S3_SECRET_KEY (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"+more)
+	fs.Int64Var(&p.cacheMiB, "chunk-cache-mib", 0, "`MiB` of chunks fetched from an S3 chunk store kept in DATA_DIR/chunk-cache, so restores download only new ones (default 8192)")
+}
+
+// store returns the chunk store the flags and the environment name.
+func (p chunkFlags) store(g *globals) server.ChunkStore {
+	return server.ChunkStore{Location: p.location, CacheMiB: p.cacheMiB, Credentials: chunkloc.CredentialsFromEnv(g.getenv)}
 }
 
 // egressFlags binds the flags that tune sandboxes' gateways.

@@ -80,7 +80,10 @@
 //   - manifest: a snapshot's file list, at "manifests/<id>". A snapshot
 //     exists exactly when its manifest does; Put writes it last.
 //   - backend: the object store (Backend): a local directory
-//     (chunkstore/local) or an S3 bucket (chunkstore/s3).
+//     (chunkstore/local) or an S3 bucket (chunkstore/s3), which a host
+//     reads through a bounded cache of the chunks it fetched
+//     (chunkstore/chunkcache). chunkstore/chunkloc parses and opens the
+//     --chunks location of either.
 //   - lease: a writer's record, visible to GC, of the chunks it will
 //     reference, at "leases/<id>.<nonce>/<seq>.<expiry>".
 //   - GC marker: a GC run's announcement that it is running, at

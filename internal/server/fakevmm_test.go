@@ -29,7 +29,8 @@ func startFakeServer(t *testing.T, vcpus int, memoryMiB int64) *testServer {
 	return startFakeServerWith(t, Config{VCPUs: vcpus, MemoryMiB: memoryMiB})
 }
 
-// startFakeServerWith is startFakeServer with cfg's other settings.
+// startFakeServerWith is startFakeServer with more of cfg: its data dir,
+// worker ID, listen address, cache, VMM, version and Ready are set here.
 func startFakeServerWith(t *testing.T, cfg Config) *testServer {
 	t.Helper()
 	testenv.RequireRoot(t, testenv.TierNetns) // the fake jails its guests
@@ -227,7 +228,7 @@ func TestFakeVMMBootFaults(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dataDir := newDataDir(t)
-			chunks, err := openChunks(filepath.Join(dataDir, "chunks"))
+			chunks, err := openChunks(t.Context(), ChunkStore{}, dataDir, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatalf("setup: %v", err)
 			}

@@ -43,7 +43,7 @@ func workerChildMain() int {
 	err := RunWorker(ctx, WorkerConfig{
 		ID: os.Getenv(envWorkerOwnID), DataDir: os.Getenv(envWorkerDataDir), Listen: "127.0.0.1:0", ControlPlane: os.Getenv(envWorkerCP),
 		Token: os.Getenv(envWorkerToken), CacheBase: guesttest.CacheBase(), AgentPath: os.Getenv(envAgent), VMM: vmm,
-		ChunkDir: os.Getenv(envWorkerChunks), VCPUs: vcpus, MemoryMiB: memoryMiB, Progress: os.Stderr, Log: childLog(),
+		Chunks: ChunkStore{Location: os.Getenv(envWorkerChunks)}, VCPUs: vcpus, MemoryMiB: memoryMiB, Progress: os.Stderr, Log: childLog(),
 		Ready: func(url string) { fmt.Printf("READY %s\n", url) },
 	})
 	if err != nil {

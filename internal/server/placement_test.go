@@ -41,8 +41,8 @@ func restartWorker(t testing.TB, ts *testServer, memoryMiB int64, wt *testServer
 	wt.url, wt.stop = runTestWorker(t, WorkerConfig{
 		ID: wt.workerID, DataDir: wt.dataDir, Listen: "127.0.0.1:0", ControlPlane: ts.url,
 		Token: strings.TrimSpace(string(token)), CacheBase: guesttest.CacheBase(), AgentPath: agent,
-		ChunkDir: filepath.Join(ts.dataDir, "chunks"),
-		VCPUs:    8, MemoryMiB: memoryMiB,
+		Chunks: ChunkStore{Location: filepath.Join(ts.dataDir, "chunks")},
+		VCPUs:  8, MemoryMiB: memoryMiB,
 	})
 	return wt
 }

@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"space/internal/chunkstore"
+	"space/internal/chunkstore/chunkloc"
 	"space/internal/errkind"
 	"space/internal/storage"
 )
@@ -21,8 +23,11 @@ import (
 // worker) made on this host: every sandbox's VM, tap, network namespace
 // and control group, the worker's control group parent and run root,
 // the storage image it mounted, and then the data dir itself (with the
-// chunk store in it; a chunk store elsewhere, cfg.ChunkDir, may be
-// shared with a server and is left unless cfg.RemoveChunks). It is what uninstalling runs on each node. The worker must not
+// chunk store or the S3 store's chunk cache in it). A chunk store
+// elsewhere, cfg.Chunks, may be shared with a server: a directory is
+// left unless cfg.RemoveChunks, and an S3 bucket is never touched (not
+// even contacted; cfg.RemoveChunks with one is errkind.InvalidArgument).
+// It is what uninstalling runs on each node. The worker must not
 // be running: its data dir is locked while it runs, and the error says
 // so (an uninstall retries until the worker's pod is gone). A data dir
 // that does not exist is nothing to purge. cfg's VMM, Firecracker and
@@ -37,6 +42,13 @@ func PurgeWorker(ctx context.Context, cfg WorkerConfig) error {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	loc, err := cfg.Chunks.location(cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("purge: %w", err)
+	}
+	if loc.Remote() && cfg.RemoveChunks {
+		return fmt.Errorf("purge: remove chunks of %s: an S3 bucket is shared, purge never deletes its objects: %w", loc, errkind.InvalidArgument)
 	}
 	if _, err := os.Stat(cfg.DataDir); errors.Is(err, os.ErrNotExist) {
 		cfg.Log.Info("purge: no data dir, nothing to remove", "data_dir", cfg.DataDir)
@@ -56,10 +68,14 @@ func PurgeWorker(ctx context.Context, cfg WorkerConfig) error {
 	if err != nil {
 		return err
 	}
-	chunkDir := cmp.Or(cfg.ChunkDir, filepath.Join(cfg.DataDir, "chunks"))
-	chunks, err := openChunks(chunkDir)
-	if err != nil {
-		return err
+	// Purging reads and deletes no snapshot: the worker needs a chunk
+	// store only to open, and a bucket is left alone (not contacted, so
+	// purging needs no credentials).
+	var chunks *chunkstore.Store
+	if !loc.Remote() {
+		if chunks, err = chunkloc.Open(ctx, loc, chunkloc.Options{}); err != nil {
+			return fmt.Errorf("purge: %w", err)
+		}
 	}
 	cache := cmp.Or(cfg.CacheBase, filepath.Join(cfg.DataDir, "purge-cache"))
 	workerDir := filepath.Join(cfg.DataDir, "worker")
@@ -85,12 +101,14 @@ func PurgeWorker(ctx context.Context, cfg WorkerConfig) error {
 		return fmt.Errorf("purge: %w", err)
 	}
 	switch {
-	case cfg.ChunkDir != "" && cfg.RemoveChunks:
-		if err := removeTree(cfg.ChunkDir); err != nil {
+	case loc.Remote():
+		cfg.Log.Info("purge: the S3 chunk store is left (it is shared); its local cache is removed", "chunks", loc.String())
+	case cfg.Chunks.Location != "" && cfg.RemoveChunks:
+		if err := removeTree(loc.Dir); err != nil {
 			return fmt.Errorf("purge: %w", err)
 		}
-	case cfg.ChunkDir != "":
-		cfg.Log.Info("purge: the chunk store outside the data dir is left (it may be shared)", "chunk_dir", cfg.ChunkDir)
+	case cfg.Chunks.Location != "":
+		cfg.Log.Info("purge: the chunk store outside the data dir is left (it may be shared)", "chunk_dir", loc.Dir)
 	}
 	cfg.Log.Info("purged worker", "worker_id", id, "data_dir", cfg.DataDir)
 	return nil

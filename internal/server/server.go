@@ -32,7 +32,7 @@ import (
 	"space/internal/cachedir"
 	"space/internal/cgroup"
 	"space/internal/chunkstore"
-	"space/internal/chunkstore/local"
+	"space/internal/chunkstore/chunkloc"
 	"space/internal/controlplane"
 	"space/internal/errkind"
 	"space/internal/image/kernel"
@@ -151,10 +151,11 @@ type Config struct {
 	CrashAt string
 	// ReconcileInterval is controlplane.Config.ReconcileInterval.
 	ReconcileInterval time.Duration
-	// ChunkDir is the chunk store's directory, where snapshots are kept;
-	// "" = DataDir/chunks. Standalone workers that share it (same host)
-	// can restore each other's snapshots.
-	ChunkDir string
+	// Chunks is the chunk store, where snapshots, template images and
+	// base images are kept: "" = DataDir/chunks. Standalone workers that
+	// share it (the same directory on this host, or one S3 bucket) can
+	// restore each other's snapshots.
+	Chunks ChunkStore
 	// Prewarm captures the default template's warm snapshot for the
 	// default sandbox shape in the background at start, so the first
 	// sandbox is a restore too. Off by default: tests leave it off.
@@ -198,6 +199,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if progress == nil {
 		progress = io.Discard
 	}
+	// First, so a wrong location, endpoint or credentials fail the start
+	// before anything is made.
+	chunks, err := openChunks(ctx, cfg.Chunks, cfg.DataDir, cfg.Log)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
@@ -228,10 +235,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	defer st.Close()
 
-	chunks, err := openChunks(cmp.Or(cfg.ChunkDir, filepath.Join(cfg.DataDir, "chunks")))
-	if err != nil {
-		return err
-	}
 	var w *worker.Worker // the embedded worker, or nil
 	if !cfg.NoWorker {
 		if cfg.VMM != VMMFake {
@@ -675,13 +678,46 @@ func secretFile(path string) (string, error) {
 	return secret, nil
 }
 
-// openChunks opens the chunk store in dir (a local directory backend).
-func openChunks(dir string) (*chunkstore.Store, error) {
-	b, err := local.New(dir)
+// ChunkStore says where a process keeps its chunk store.
+type ChunkStore struct {
+	// Location is a directory or an s3:// URL (see package
+	// chunkstore/chunkloc); "" = DataDir/chunks.
+	Location string
+	// Credentials are an s3:// Location's (chunkloc.CredentialsFromEnv);
+	// zero = anonymous requests.
+	Credentials chunkloc.Credentials
+	// CacheMiB bounds the local cache of an s3:// Location's chunks,
+	// DataDir/chunk-cache; 0 = chunkloc.DefaultCacheBytes.
+	CacheMiB int64
+}
+
+// ChunkCacheDir is where, under a data dir, a process with an S3 chunk
+// store caches the chunks it fetched.
+const ChunkCacheDir = "chunk-cache"
+
+// location parses cs.Location, or returns dataDir/chunks.
+func (cs ChunkStore) location(dataDir string) (chunkloc.Location, error) {
+	if cs.Location == "" {
+		return chunkloc.Location{Dir: filepath.Join(dataDir, "chunks")}, nil
+	}
+	return chunkloc.Parse(cs.Location)
+}
+
+// openChunks opens the chunk store cs names for the process whose data
+// dir is dataDir. An S3 store is checked with one request, and fronted by
+// a cache in dataDir/ChunkCacheDir.
+func openChunks(ctx context.Context, cs ChunkStore, dataDir string, log *slog.Logger) (*chunkstore.Store, error) {
+	if cs.CacheMiB < 0 {
+		return nil, fmt.Errorf("chunk cache size %d MiB: want 0 or more: %w", cs.CacheMiB, errkind.InvalidArgument)
+	}
+	loc, err := cs.location(dataDir)
 	if err != nil {
 		return nil, err
 	}
-	return chunkstore.New(chunkstore.Config{Backend: b})
+	return chunkloc.Open(ctx, loc, chunkloc.Options{
+		Credentials: cs.Credentials, CacheDir: filepath.Join(dataDir, ChunkCacheDir), CacheBytes: cs.CacheMiB << 20,
+		Log: log.With("component", "chunk-cache"),
+	})
 }
 
 // chunkGCInterval is how often the server frees chunks no snapshot uses.

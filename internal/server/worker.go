@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -75,11 +74,13 @@ type WorkerConfig struct {
 	// defaults.
 	VCPUs     int
 	MemoryMiB int64
-	// ChunkDir is the chunk store's directory; "" = DataDir/chunks. Give
-	// it the server's (same host) to share snapshots with it.
-	ChunkDir string
-	// RemoveChunks has PurgeWorker remove ChunkDir too (it is the
-	// worker's own, not shared with a server).
+	// Chunks is the chunk store; "" = DataDir/chunks. Give it the
+	// server's (its directory on the same host, or its S3 bucket) to
+	// share snapshots with it.
+	Chunks ChunkStore
+	// RemoveChunks has PurgeWorker remove Chunks' directory too (it is
+	// the worker's own, not shared with a server). PurgeWorker refuses it
+	// for an S3 store: it never deletes a bucket's objects.
 	RemoveChunks bool
 	// Egress is as in Config.
 	Egress Egress
@@ -126,6 +127,12 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if progress == nil {
 		progress = io.Discard
 	}
+	// First, so a wrong location, endpoint or credentials fail the start
+	// before anything is made.
+	chunks, err := openChunks(ctx, cfg.Chunks, cfg.DataDir, cfg.Log)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
@@ -146,10 +153,6 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	img, err := templateImages(ctx, cfg.VMM, cfg.CacheBase, cfg.AgentPath, cfg.Log)
 	if err != nil {
 		return fmt.Errorf("default template: %w", err)
-	}
-	chunks, err := openChunks(cmp.Or(cfg.ChunkDir, filepath.Join(cfg.DataDir, "chunks")))
-	if err != nil {
-		return err
 	}
 	w, err := newWorker(ctx, workerConfig{
 		VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,

@@ -55,7 +55,8 @@ type Backend struct {
 }
 
 // New returns a Backend for cfg. It does no I/O: a wrong endpoint,
-// credentials or bucket show up as errors of the first request.
+// credentials or bucket show up as errors of the first request (call
+// Check to find out at once).
 func New(cfg Config) (*Backend, error) {
 	if cfg.Endpoint == "" || cfg.Bucket == "" {
 		return nil, fmt.Errorf("s3 chunk backend: endpoint and bucket are required: %w", errkind.InvalidArgument)
@@ -197,6 +198,26 @@ func (b *Backend) List(ctx context.Context, prefix string, fn func(chunkstore.Ob
 		}
 	}
 	return ctx.Err()
+}
+
+// Check makes one request, a listing of at most one key under the
+// prefix, so that a wrong endpoint, credentials or bucket fail now rather
+// than the first snapshot. A missing bucket is errkind.FailedPrecondition;
+// refused credentials, errkind.PermissionDenied; an unreachable server,
+// errkind.Unavailable (or ctx's error once it ends: minio-go retries).
+func (b *Backend) Check(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops minio-go's listing after the first page
+	for o := range b.c.ListObjects(ctx, b.bucket, minio.ListObjectsOptions{Prefix: b.prefix, Recursive: true, MaxKeys: 1}) {
+		if o.Err != nil {
+			return wrap("s3 check bucket", b.bucket, o.Err)
+		}
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("s3 check bucket %s: %w", b.bucket, err)
+	}
+	return nil
 }
 
 // wrap adds op and key to err and the error kind it maps to.

@@ -132,6 +132,40 @@ chunk store is mounted.
 {{- define "space.secretsDir" -}}/etc/space/secrets{{- end }}
 {{- define "space.chunksDir" -}}/var/lib/space-chunks{{- end }}
 
+{{/*
+The --chunks of every replica and worker: the mounted directory, or with
+chunkStore.type s3 the bucket's URL (credentials go in the environment,
+space.chunksEnv).
+*/}}
+{{- define "space.chunksArg" -}}
+{{- if eq .Values.chunkStore.type "s3" }}
+{{- $s := .Values.chunkStore.s3 }}
+{{- $q := list (printf "endpoint=%s" $s.endpoint) }}
+{{- if not $s.tls }}{{- $q = append $q "tls=false" }}{{- end }}
+{{- if $s.region }}{{- $q = append $q (printf "region=%s" (urlquery $s.region)) }}{{- end }}
+{{- $prefix := trimAll "/" ($s.prefix | default "") }}
+{{- printf "--chunks=s3://%s%s?%s" $s.bucket (ternary (printf "/%s" $prefix) "" (ne $prefix "")) (join "&" $q) }}
+{{- else }}
+{{- printf "--chunks=%s" (include "space.chunksDir" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The S3 chunk store's credentials, from chunkStore.s3.existingSecret, as env entries; "" for other stores. */}}
+{{- define "space.chunksEnv" -}}
+{{- if eq .Values.chunkStore.type "s3" }}
+- name: SPACE_S3_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.chunkStore.s3.existingSecret }}
+      key: access-key
+- name: SPACE_S3_SECRET_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.chunkStore.s3.existingSecret }}
+      key: secret-key
+{{- end }}
+{{- end }}
+
 {{/* The volume of the cluster Secret with only the worker token, for workers and proxies. */}}
 {{- define "space.workerTokenVolume" -}}
 - name: worker-token
