@@ -20,7 +20,7 @@ const (
 	// NodeName is the name of the one node (the kubelet's hostname
 	// override, so the apiserver reaches it at localhost).
 	NodeName = "localhost"
-	// nodeIface is the dummy interface that carries the node address.
+	// nodeIface is the interface (dummy or ifb) that carries the node address.
 	nodeIface = "spacek8s0"
 	// bridgeIface is the CNI bridge of the pod network.
 	bridgeIface = "spacek8sbr0"
