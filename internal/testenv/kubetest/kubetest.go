@@ -182,6 +182,11 @@ func (c *Cluster) start(ctx context.Context, t testing.TB) error {
 	if err := c.startNode(ctx); err != nil {
 		return err
 	}
+	for _, comp := range c.comps {
+		if done, err := comp.exited(); done {
+			return fmt.Errorf("%s exited: %v\n%s", comp.name, err, logTail(comp.log, 3000))
+		}
+	}
 	return nil
 }
 
@@ -200,13 +205,24 @@ func setupNetwork(p paths) error {
 	if err != nil {
 		return fmt.Errorf("ip link add %s (dummy or ifb): %v: %s", nodeIface, err, out)
 	}
+	// ClusterIPs route to the node interface, which drops what it is sent:
+	// traffic to a Service kube-proxy has not programmed yet (or never
+	// will) stays on the machine instead of taking the default route.
 	for _, args := range [][]string{
 		{"addr", "add", nodeIP.String() + "/32", "dev", nodeIface},
 		{"link", "set", nodeIface, "up"},
+		{"route", "add", ServiceCIDR, "dev", nodeIface, "src", nodeIP.String()},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
 		}
+	}
+	// Pods reach the host, each other and Services, and nothing beyond
+	// the machine: forwarding is on while the cluster runs.
+	isolate := []string{"-w", "-I", "FORWARD", "-s", PodCIDR, "!", "-o", bridgeIface,
+		"-m", "comment", "--comment", ruleComment, "-j", "DROP"}
+	if out, err := exec.Command("iptables", isolate...).CombinedOutput(); err != nil {
+		return fmt.Errorf("iptables %s: %v: %s", strings.Join(isolate, " "), err, out)
 	}
 	return setSysctls(p)
 }
@@ -269,7 +285,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", etcdPort+1),
 		fmt.Sprintf("--initial-advertise-peer-urls=http://127.0.0.1:%d", etcdPort+1),
 		fmt.Sprintf("--initial-cluster=kubetest=http://127.0.0.1:%d", etcdPort+1),
-		"--listen-metrics-urls=", "--unsafe-no-fsync", "--log-level=warn")
+		"--unsafe-no-fsync", "--log-level=warn")
 	if err != nil {
 		return err
 	}
@@ -330,8 +346,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--cluster-signing-cert-file="+pki("ca.crt"),
 		"--cluster-signing-key-file="+pki("ca.key"),
 		"--use-service-account-credentials=true",
-		"--service-cluster-ip-range="+ServiceCIDR,
-		"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller")...); err != nil {
+		"--service-cluster-ip-range="+ServiceCIDR)...); err != nil {
 		return err
 	}
 	if _, err := c.runBin(binScheduler, common(certScheduler)...); err != nil {

@@ -37,6 +37,7 @@ func cleanHost(p paths) error {
 		deleteLink(bridgeIface),
 		deleteLink(nodeIface),
 		removeGlob("/var/lib/cni/results/"+cniNetwork+"-*"),
+		removeEmpty("/var/lib/cni/results", "/var/lib/cni"),
 		removeContainerLinks(p.podLogs()),
 		restoreSysctls(p),
 	)
@@ -205,6 +206,18 @@ func removeGlob(pattern string) error {
 	return errors.Join(errs...)
 }
 
+// removeEmpty removes the directories dirs that are empty, in order.
+func removeEmpty(dirs ...string) error {
+	for _, d := range dirs {
+		if ents, err := os.ReadDir(d); err == nil && len(ents) == 0 {
+			if err := os.Remove(d); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // removeContainerLinks removes the kubelet's links in /var/log/containers
 // that point into logDir (the pod logs of this cluster).
 func removeContainerLinks(logDir string) error {
@@ -260,8 +273,12 @@ func containerdRunning() bool {
 	return false
 }
 
+// ruleComment marks the iptables rules Start adds.
+const ruleComment = "space-kubetest"
+
 // cleanIPTables removes the KUBE-* chains kube-proxy and the kubelet add,
-// in every table of iptables and ip6tables, with the jumps to them.
+// in every table of iptables and ip6tables, with the jumps to them, and
+// the rules marked ruleComment.
 func cleanIPTables() error {
 	var errs []error
 	for _, tool := range []string{"iptables", "ip6tables"} {
@@ -287,8 +304,9 @@ func cleanChains(tool, table string) error {
 		switch {
 		case len(f) == 2 && f[0] == "-N" && strings.HasPrefix(f[1], "KUBE-"):
 			ours = append(ours, f[1])
-		case len(f) > 2 && f[0] == "-A" && !strings.HasPrefix(f[1], "KUBE-") && jumpsToKube(f):
-			// A rule of a built-in chain that jumps to one of ours.
+		case len(f) > 2 && f[0] == "-A" && !strings.HasPrefix(f[1], "KUBE-") && (jumpsToKube(f) || slices.Contains(f, ruleComment)):
+			// A rule of a built-in chain that jumps to one of ours, or
+			// one Start added.
 			// iptables -S quotes as the shell would; our rules carry
 			// comments without spaces inside quotes only.
 			args := append([]string{"-w", "-t", table, "-D"}, unquote(f[1:])...)
