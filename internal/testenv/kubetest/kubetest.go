@@ -51,6 +51,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"space/internal/cachedir"
+	"space/internal/proc"
 	"space/internal/testenv"
 )
 
@@ -133,8 +134,26 @@ func Start(t testing.TB) *Cluster {
 	if err := c.start(ctx, t); err != nil {
 		t.Fatalf("setup: start kubernetes cluster: %v", err)
 	}
-	t.Logf("kubernetes %s cluster ready in %v", Version, time.Since(start).Round(time.Millisecond))
+	t.Logf("kubernetes %s cluster ready in %v; memory: %s", Version, time.Since(start).Round(time.Millisecond), c.memory())
 	return c
+}
+
+// memory says how much memory (RSS) each component uses, and the total.
+func (c *Cluster) memory() string {
+	var b strings.Builder
+	var total int64
+	for _, comp := range c.comps {
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", comp.cmd.Process.Pid))
+		if err != nil {
+			continue
+		}
+		if rss, ok, err := proc.ParseVmRSS(status); err == nil && ok {
+			total += rss
+			fmt.Fprintf(&b, "%s %d MiB, ", comp.name, rss>>20)
+		}
+	}
+	fmt.Fprintf(&b, "total %d MiB", total>>20)
+	return b.String()
 }
 
 // lockMachine takes the machine-wide cluster lock, waiting for another

@@ -314,6 +314,7 @@ func TestStartAfterKilledRun(t *testing.T) {
 	if len(leftovers) == 0 {
 		t.Fatalf("setup: no containerd shim outlived the killed run; the test proves nothing")
 	}
+	t.Logf("the killed run left %d processes (containerd shims), %s and its state behind", len(leftovers), nodeIface)
 	if _, err := os.Stat("/sys/class/net/" + nodeIface); err != nil {
 		t.Fatalf("setup: the killed run left no %s: %v", nodeIface, err)
 	}

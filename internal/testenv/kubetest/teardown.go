@@ -37,14 +37,16 @@ func cleanHost(p paths) error {
 		deleteLink(bridgeIface),
 		deleteLink(nodeIface),
 		removeGlob("/var/lib/cni/results/"+cniNetwork+"-*"),
-		removeEmpty("/var/lib/cni/results", "/var/lib/cni"),
 		removeContainerLinks(p.podLogs()),
 		restoreSysctls(p),
 	)
 	if !containerdRunning() {
-		// Shim sockets and the runc root cannot be moved under StateDir
-		// in containerd 1.6; leave them to a containerd that runs.
-		errs = append(errs, os.RemoveAll("/run/containerd/s"), os.RemoveAll("/run/containerd/runc"))
+		// Shim sockets, the runc root and the CRI's loopback results
+		// cannot be moved under StateDir in containerd 1.6; leave them to
+		// a containerd that runs.
+		errs = append(errs, os.RemoveAll("/run/containerd/s"), os.RemoveAll("/run/containerd/runc"),
+			removeGlob("/var/lib/cni/results/cni-loopback-*"),
+			removeEmpty("/run/containerd", "/var/lib/cni/results", "/var/lib/cni"))
 	}
 	if mounts, err := mountsUnder(p.root + "/"); err != nil || len(mounts) > 0 {
 		errs = append(errs, fmt.Errorf("keep %s: still mounted below it: %v %w", p.root, mounts, err))
