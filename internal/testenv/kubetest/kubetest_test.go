@@ -357,3 +357,54 @@ func cmdlinePids(t *testing.T, s string) []int {
 	}
 	return pids
 }
+
+// brokenRunEnv makes the test binary a run whose cluster cannot start
+// (TestFailedStartLeavesNothing).
+const brokenRunEnv = "SPACE_KUBETEST_BROKEN_RUN"
+
+func TestFailedStartLeavesNothing(t *testing.T) {
+	if os.Getenv(brokenRunEnv) != "" {
+		// etcd cannot bind its client port: Start fails after containerd,
+		// the interface, the sysctls and the iptables rule are in place.
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(etcdPort)))
+		if err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		defer l.Close()
+		Start(t)
+		return
+	}
+	testenv.RequireRoot(t, testenv.TierK8s)
+	LoadBinaries(t)
+	forward, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestFailedStartLeavesNothing$", "-test.v", "-test.timeout=5m")
+	child.Env = append(os.Environ(), brokenRunEnv+"=1")
+	out, err := child.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "etcd exited") {
+		t.Fatalf("a Start whose etcd cannot bind: err %v, want a failure that says etcd exited; output:\n%s", err, tail(out, 4000))
+	}
+	// Check under the lock: no other test process's cluster is up.
+	unlock, err := lockMachine(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if _, err := os.Stat(StateDir); err == nil {
+		t.Errorf("%s left behind", StateDir)
+	}
+	if pids := cmdlinePids(t, StateDir+"/"); len(pids) > 0 {
+		t.Errorf("processes %v left behind", pids)
+	}
+	if _, err := os.Stat("/sys/class/net/" + nodeIface); err == nil {
+		t.Errorf("interface %s left behind", nodeIface)
+	}
+	if rules, err := exec.Command("iptables", "-w", "-S", "FORWARD").Output(); err != nil || strings.Contains(string(rules), ruleComment) {
+		t.Errorf("iptables FORWARD = %q (%v), want no rule of ours", rules, err)
+	}
+	if got, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); string(got) != string(forward) {
+		t.Errorf("ip_forward = %q after the failed run, want %q as before", got, forward)
+	}
+}
