@@ -65,8 +65,21 @@ func TestClusterRunsPods(t *testing.T) {
 		if want := "ok hostnet\n"; got != want {
 			t.Errorf("GET / of the hostNetwork pod = %q, want %q", got, want)
 		}
-		out := c.Kubectl(t, "exec", "hostnet", "--", "/testserver", "-h")
-		_ = out // exec works (apiserver → kubelet → containerd); the flag usage goes to stderr
+		// apiserver → kubelet (exec, logs) goes to localhost.
+		c.Kubectl(t, "exec", "hostnet", "--", "/testserver", "-h") // prints usage to stderr, exits 0
+		if got := c.Kubectl(t, "logs", "hostnet"); !strings.Contains(got, "testserver hostnet listening") {
+			t.Errorf("kubectl logs hostnet = %q, want the server's start line", got)
+		}
+	})
+
+	t.Run("Apply", func(t *testing.T) {
+		out := c.Apply(t, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: applied}\ndata: {k: v}\n")
+		if !strings.Contains(out, "configmap/applied created") {
+			t.Errorf("Apply output = %q, want configmap/applied created", out)
+		}
+		if got := c.Kubectl(t, "get", "configmap", "applied", "-o", "jsonpath={.data.k}"); got != "v" {
+			t.Errorf("kubectl get configmap applied .data.k = %q, want v", got)
+		}
 	})
 
 	t.Run("PodNetworkAndServices", func(t *testing.T) {

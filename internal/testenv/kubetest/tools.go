@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -81,7 +82,14 @@ func (c *Cluster) ImportImage(t testing.TB, archive string) {
 // kubectl fails.
 func (c *Cluster) Kubectl(t testing.TB, args ...string) string {
 	t.Helper()
-	return c.runTool(t, binKubectl, append([]string{"--kubeconfig=" + c.Kubeconfig}, args...)...)
+	return c.runTool(t, nil, binKubectl, append([]string{"--kubeconfig=" + c.Kubeconfig}, args...)...)
+}
+
+// Apply applies manifest (YAML, one or more documents) with kubectl apply
+// and returns kubectl's output; it fails t when kubectl fails.
+func (c *Cluster) Apply(t testing.TB, manifest string) string {
+	t.Helper()
+	return c.runTool(t, strings.NewReader(manifest), binKubectl, "--kubeconfig="+c.Kubeconfig, "apply", "-f", "-")
 }
 
 // Helm runs the helm CLI (HelmVersion) against the cluster as admin and
@@ -89,13 +97,14 @@ func (c *Cluster) Kubectl(t testing.TB, args ...string) string {
 // config and data directories are in t's temporary directory.
 func (c *Cluster) Helm(t testing.TB, args ...string) string {
 	t.Helper()
-	return c.runTool(t, binHelm, append([]string{"--kubeconfig=" + c.Kubeconfig}, args...)...)
+	return c.runTool(t, nil, binHelm, append([]string{"--kubeconfig=" + c.Kubeconfig}, args...)...)
 }
 
-func (c *Cluster) runTool(t testing.TB, name string, args ...string) string {
+func (c *Cluster) runTool(t testing.TB, stdin io.Reader, name string, args ...string) string {
 	t.Helper()
 	home := t.TempDir()
 	cmd := exec.CommandContext(t.Context(), c.Bin.Path(name), args...)
+	cmd.Stdin = stdin
 	cmd.Env = append(os.Environ(), "HOME="+home,
 		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
 		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
