@@ -93,9 +93,12 @@ func Start(t testing.TB) *Cluster {
 	testenv.RequireRoot(t, testenv.TierK8s)
 	for _, tool := range []struct{ name, pkg string }{
 		{"containerd", "containerd"}, {"ctr", "containerd"}, {"runc", "runc"},
-		{"iptables", "iptables"}, {"ip", "iproute2"}, {"go", "golang (to build the pause image)"},
+		{"iptables", "iptables"}, {"ip", "iproute2"},
 	} {
 		testenv.RequireTool(t, testenv.TierK8s, tool.name, tool.pkg)
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		testenv.Unavailable(t, testenv.TierK8s, "go: not on PATH, to build the pause image")
 	}
 	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
 		testenv.Unavailable(t, testenv.TierK8s, "/usr/lib/cni/bridge: not found (apt package containernetworking-plugins)")
@@ -131,7 +134,7 @@ func Start(t testing.TB) *Cluster {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
 	defer cancel()
-	if err := c.start(ctx, t); err != nil {
+	if err := c.start(ctx); err != nil {
 		t.Fatalf("setup: start kubernetes cluster: %v", err)
 	}
 	t.Logf("kubernetes %s cluster ready in %v; memory: %s", Version, time.Since(start).Round(time.Millisecond), c.memory())
@@ -172,7 +175,7 @@ func lockMachine(t testing.TB) (func(), error) {
 	return d.Lock(ctx, "cluster")
 }
 
-func (c *Cluster) start(ctx context.Context, t testing.TB) error {
+func (c *Cluster) start(ctx context.Context) error {
 	p := c.paths
 	for _, d := range []string{p.root, p.pids(), p.logs(), p.podLogs()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -192,7 +195,7 @@ func (c *Cluster) start(ctx context.Context, t testing.TB) error {
 	if err := setupNetwork(p); err != nil {
 		return err
 	}
-	if err := c.startContainerd(ctx, t); err != nil {
+	if err := c.startContainerd(ctx); err != nil {
 		return err
 	}
 	if err := c.startControlPlane(ctx); err != nil {
@@ -246,8 +249,9 @@ func setupNetwork(p paths) error {
 	return setSysctls(p)
 }
 
-func (c *Cluster) run(name string, args ...string) (*component, error) {
-	comp, err := startComponent(c.paths, name, name, args...)
+// run starts the component name from the binary bin; stop stops it.
+func (c *Cluster) run(name, bin string, args ...string) (*component, error) {
+	comp, err := startComponent(c.paths, name, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -255,17 +259,13 @@ func (c *Cluster) run(name string, args ...string) (*component, error) {
 	return comp, nil
 }
 
+// runBin starts the tier's binary name.
 func (c *Cluster) runBin(name string, args ...string) (*component, error) {
-	comp, err := startComponent(c.paths, name, c.Bin.Path(name), args...)
-	if err != nil {
-		return nil, err
-	}
-	c.comps = append(c.comps, comp)
-	return comp, nil
+	return c.run(name, c.Bin.Path(name), args...)
 }
 
-func (c *Cluster) startContainerd(ctx context.Context, t testing.TB) error {
-	comp, err := c.run("containerd", "--config", c.paths.join("containerd", "config.toml"))
+func (c *Cluster) startContainerd(ctx context.Context) error {
+	comp, err := c.run("containerd", "containerd", "--config", c.paths.join("containerd", "config.toml"))
 	if err != nil {
 		return err
 	}
