@@ -8,6 +8,9 @@ set -euo pipefail
 # QEMU boots the sandbox VMs; e2fsprogs (mkfs.ext4) and debootstrap build the
 # guest images; xfsprogs makes reflink-capable storage; iproute2 sets up
 # network namespaces; postgresql and sqlite3 back the control plane's store.
+# containerd, runc, containernetworking-plugins and iptables run the k8s test
+# tier's one-node cluster (internal/testenv/kubetest; its Kubernetes binaries
+# come from scripts/build-kube.sh, kubectl included: Debian 12 has none recent).
 packages=(
 	qemu-system-x86
 	qemu-utils
@@ -18,6 +21,10 @@ packages=(
 	ca-certificates
 	postgresql
 	sqlite3
+	containerd
+	runc
+	containernetworking-plugins
+	iptables
 )
 
 # The guest kernel is fetched as this package through the host's apt index
