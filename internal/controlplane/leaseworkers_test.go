@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"space/api"
-	"space/internal/kube/kubetest"
+	"space/internal/kube/kubefake"
 	"space/internal/kube/workerlease"
 	"space/internal/store"
 	"space/internal/store/sqlite"
@@ -91,7 +91,7 @@ func leaseServer(t *testing.T, clk *testClock) (*Server, *fake.Clientset, *recon
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	w, err := workerlease.NewWatcher(workerlease.WatcherConfig{Namespace: leaseNS, Resync: 50 * time.Millisecond, Log: testLog()}, cs, s)
 	if err != nil {
 		t.Fatalf("setup: %v", err)

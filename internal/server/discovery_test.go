@@ -13,7 +13,7 @@ import (
 
 	"space/api"
 	"space/internal/errkind"
-	"space/internal/kube/kubetest"
+	"space/internal/kube/kubefake"
 	"space/internal/kube/workerlease"
 	"space/internal/testenv"
 )
@@ -41,7 +41,7 @@ func startFakeLeaseWorker(t *testing.T, ts *testServer, kube kubernetes.Interfac
 // API server; the worker never registers over HTTP. A second worker
 // process with the same id is refused while the first runs.
 func TestSandboxOnLeaseWorkerWithFakeAPIServer(t *testing.T) {
-	kube := kubetest.NewAPIServer(t)
+	kube := kubefake.NewAPIServer(t)
 	ts := startFakeServerWith(t, Config{NoWorker: true, WorkerDiscovery: DiscoveryKubernetes, KubeNamespace: "space", kube: kube})
 	w := startFakeLeaseWorker(t, ts, kube, newDataDir(t))
 	testenv.Eventually(t, 30*time.Second, func() bool {

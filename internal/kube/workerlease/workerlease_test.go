@@ -21,7 +21,7 @@ import (
 
 	"space/api"
 	"space/internal/errkind"
-	"space/internal/kube/kubetest"
+	"space/internal/kube/kubefake"
 	"space/internal/kube/workerlease"
 	"space/internal/testenv"
 )
@@ -67,7 +67,7 @@ func newPublisher(t *testing.T, cs *fake.Clientset, clk *clock, id, instance, li
 // named after it, labelled, held by its life, lasting 30 s, carrying what
 // it registers; and that a renewal moves renewTime only.
 func TestPublishWithFakeAPIServer(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	clk := &clock{t: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
 	p := newPublisher(t, cs, clk, "node-1", "i-1", "life1")
 	if err := p.Publish(t.Context()); err != nil {
@@ -110,7 +110,7 @@ func TestPublishWithFakeAPIServer(t *testing.T) {
 // the Lease written by someone else since (a resourceVersion conflict)
 // reads it again and renews it, keeping what it does not own.
 func TestPublishAfterConflictWithFakeAPIServer(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	clk := &clock{t: time.Now()}
 	p := newPublisher(t, cs, clk, "w1", "", "a")
 	if err := p.Publish(t.Context()); err != nil {
@@ -138,7 +138,7 @@ func TestPublishAfterConflictWithFakeAPIServer(t *testing.T) {
 // and then the first is refused at its next renewal. An earlier life of
 // the same instance (data dir) is taken over at once.
 func TestTwoPublishersOneIDWithFakeAPIServer(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	clk := &clock{t: time.Now()}
 	first := newPublisher(t, cs, clk, "w1", "i-host-a", "one")
 	if err := first.Publish(t.Context()); err != nil {
@@ -187,7 +187,7 @@ func TestTwoPublishersOneIDWithFakeAPIServer(t *testing.T) {
 // TestRunReleasesWithFakeAPIServer checks Run publishes, and deletes the
 // Lease when it stops.
 func TestRunReleasesWithFakeAPIServer(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	clk := &clock{t: time.Now()}
 	p := newPublisher(t, cs, clk, "w1", "", "a")
 	ctx, cancel := context.WithCancel(t.Context())
@@ -229,7 +229,7 @@ func TestNames(t *testing.T) {
 
 // TestNewPublisherRefusesBadConfig checks bad settings are refused.
 func TestNewPublisherRefusesBadConfig(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	st := func(context.Context) (api.RegisterWorker, error) { return state, nil }
 	for _, tt := range []struct {
 		name string

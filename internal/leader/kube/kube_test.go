@@ -19,7 +19,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"space/internal/errkind"
-	"space/internal/kube/kubetest"
+	"space/internal/kube/kubefake"
 	"space/internal/leader"
 	"space/internal/leader/kube"
 	"space/internal/store"
@@ -116,7 +116,7 @@ func holderOf(l *coordinationv1.Lease) string {
 }
 
 func TestLeadAndStopWithFakeAPIServer(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	e := newElector(t, cs, "r1", nil)
 	if _, ok := e.Leading(); ok {
 		t.Errorf("Leading() before Run = true")
@@ -159,7 +159,7 @@ func TestLeadAndStopWithFakeAPIServer(t *testing.T) {
 // exactly one to lead, and to keep leading, until it stops; the other then
 // takes over at once with a higher token.
 func TestOneLeaderWithFakeAPIServer(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	a, b := newElector(t, cs, "a", nil), newElector(t, cs, "b", nil)
 	stops := map[*kube.Elector]func(){a: start(t, a), b: start(t, b)}
 	testenv.Eventually(t, 5*time.Second, func() bool {
@@ -194,7 +194,7 @@ func TestOneLeaderWithFakeAPIServer(t *testing.T) {
 // expects its term to end before its lease could have expired for the
 // follower, which then takes over.
 func TestRenewFailsWithFakeAPIServer(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	failing := failUpdatesBy(cs, "a")
 	a, b := newElector(t, cs, "a", nil), newElector(t, cs, "b", nil)
 	start(t, a)
@@ -238,7 +238,7 @@ func TestRenewFailsWithFakeAPIServer(t *testing.T) {
 // when it saw the record change, so it never takes over while the leader
 // renews.
 func TestFollowerWaitsWithFakeAPIServer(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	behind := func() time.Time { return time.Now().Add(-time.Hour) }
 	a, b := newElector(t, cs, "a", behind), newElector(t, cs, "b", nil)
 	start(t, a)
@@ -261,7 +261,7 @@ func TestFollowerWaitsWithFakeAPIServer(t *testing.T) {
 // TestTokenGrowsWithFakeAPIServer hands the lease a → b → a (a new
 // elector, as after a restart) and expects a higher token each time.
 func TestTokenGrowsWithFakeAPIServer(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	var last int64
 	for i, holder := range []string{"a", "b", "a"} {
 		e := newElector(t, cs, holder, nil)
@@ -277,7 +277,7 @@ func TestTokenGrowsWithFakeAPIServer(t *testing.T) {
 }
 
 func TestNewBadConfig(t *testing.T) {
-	cs := kubetest.NewAPIServer(t)
+	cs := kubefake.NewAPIServer(t)
 	for _, cfg := range []kube.Config{
 		{},
 		{Namespace: ns},

@@ -1,7 +1,7 @@
-// Package kubetest fakes the Kubernetes API server for the adapters'
+// Package kubefake fakes the Kubernetes API server for the adapters'
 // tests: client-go's fake clientset, made to treat Leases as an API
 // server does. A real API server runs the same tests in the k8s tier.
-package kubetest
+package kubefake
 
 import (
 	"errors"
