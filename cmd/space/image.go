@@ -210,6 +210,13 @@ func agentFlag(fs *pflag.FlagSet, p *string) {
 	fs.StringVar(p, "agent", def, "the static space-agent `binary` to put in the initramfs")
 }
 
+// guestKernelFlag registers --guest-kernel: the guests' kernel from a
+// directory (the worker image ships one in /usr/lib/space/kernel) instead
+// of the apt index.
+func guestKernelFlag(fs *pflag.FlagSet, p *string) {
+	fs.StringVar(p, "guest-kernel", "", "`directory` holding the guests' kernel as the worker image ships it (default: the apt index's current cloud kernel, fetched into the cache)")
+}
+
 func checkAgent(path string) error {
 	if path == "" {
 		return usagef("no agent binary: pass --agent PATH")

@@ -22,7 +22,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		tokenFile, secretsKey, dataPlaneURL         string
 		workerListen, workerAdvertise, adminKeyFile string
 		leaderElection, kubeNamespace, kubeconfig   string
-		workerDiscovery                             string
+		workerDiscovery, guestKernel                string
 		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
@@ -71,7 +71,7 @@ server stops, and the next start re-adopts them.`,
 				storeURL = g.getenv("SPACE_STORE_URL")
 			}
 			return server.Run(cmd.Context(), server.Config{
-				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent,
+				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, Chunks: chunks.store(g),
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
@@ -100,6 +100,7 @@ server stops, and the next start re-adopts them.`,
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
 	egressFlags(f, &egress)
 	agentFlag(f, &agent)
+	guestKernelFlag(f, &guestKernel)
 	vmmFlag(f, &vmm)
 	return c
 }
@@ -140,7 +141,7 @@ func checkVMMFlag(v vmmFlags) error {
 func newWorkerCmd(g *globals) *cobra.Command {
 	var (
 		controlPlane, token, tokenFile, listen, advertise, agent, id string
-		discovery, kubeNamespace, kubeconfig                         string
+		discovery, kubeNamespace, kubeconfig, guestKernel            string
 		chunks                                                       chunkFlags
 		vmm                                                          vmmFlags
 		vcpus                                                        int
@@ -200,7 +201,7 @@ host, each with its own --data-dir, --listen and --id.`,
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
 				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
 				Discovery: discovery, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig,
-				Token: token, CacheBase: g.cacheBase, AgentPath: agent, VCPUs: vcpus, MemoryMiB: memory, Chunks: chunks.store(g),
+				Token: token, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel, VCPUs: vcpus, MemoryMiB: memory, Chunks: chunks.store(g),
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
@@ -220,6 +221,7 @@ host, each with its own --data-dir, --listen and --id.`,
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory offered (default: 80% of host RAM)")
 	egressFlags(f, &egress)
 	agentFlag(f, &agent)
+	guestKernelFlag(f, &guestKernel)
 	vmmFlag(f, &vmm)
 	c.AddCommand(newWorkerPurgeCmd(g))
 	return c

@@ -5,8 +5,10 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -180,8 +182,28 @@ func TestBuild(t *testing.T) {
 				lists = append(lists, name)
 			case name == "etc/hostname" || name == "etc/resolv.conf" || strings.HasPrefix(name, "dev/") || strings.HasPrefix(name, "var/log/"):
 				leaks = append(leaks, name)
-			case h.ModTime.Unix() != 0 && name != "usr" && !strings.HasPrefix(name, "usr/local"): // the binaries' layer has the epoch
+			case h.ModTime.Unix() != 0 && name != "usr" && name != "usr/lib" && !strings.HasPrefix(name, "usr/local") &&
+				!strings.HasPrefix(name, "usr/lib/space"): // the binaries' and the kernel's layers have the epoch
 				leaks = append(leaks, name+" (mtime "+h.ModTime.String()+")")
+			}
+		}
+		// The guests' kernel, one cache entry of the kernel package, for
+		// --guest-kernel.
+		var kernels []string
+		for name := range files {
+			if ok, _ := path.Match(strings.TrimPrefix(KernelDir, "/")+"/*/vmlinux", name); ok {
+				kernels = append(kernels, name)
+			}
+		}
+		if len(kernels) != 1 {
+			t.Errorf("worker image kernels %v, want one %s/<sha256>/vmlinux", kernels, KernelDir)
+		} else {
+			dir := path.Dir(kernels[0])
+			checkFiles(t, files, dir+"/kernel.json", dir+"/vmlinuz")
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(files)), func(n string) bool {
+				return strings.HasPrefix(n, dir+"/lib/modules/") && strings.HasSuffix(n, "/modules.order")
+			}) {
+				t.Errorf("no lib/modules/*/modules.order under %s", dir)
 			}
 		}
 		if len(lists) == 0 {

@@ -19,6 +19,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -30,6 +31,7 @@ import (
 	"space/internal/apt"
 	"space/internal/cachedir"
 	"space/internal/errkind"
+	"space/internal/image/kernel"
 )
 
 // The images Build makes, by the name Config.Images uses.
@@ -215,9 +217,12 @@ func (cfg Config) withDefaults() (Config, error) {
 
 // Paths inside the images.
 const (
-	binDir   = "/usr/local/bin"
-	dataDir  = "/var/lib/space"
-	cacheDir = "/var/cache/space"
+	binDir = "/usr/local/bin"
+	// KernelDir is where the worker image keeps the guests' kernel, for
+	// `space worker --guest-kernel`.
+	KernelDir = "/usr/lib/space/kernel"
+	dataDir   = "/var/lib/space"
+	cacheDir  = "/var/cache/space"
 )
 
 // spec returns the image of kind: its base from the cache and a layer of
@@ -267,6 +272,11 @@ func (cfg Config) spec(ctx context.Context, kind string, info binaryInfo, work s
 		base, err = workerBase(ctx, cfg.Cache, cfg.Suite, cfg.Mirror, cfg.Log)
 		spec.layers = append(spec.layers, layerSpec{base, fmt.Sprintf("debootstrap --variant=minbase --include=%s %s %s",
 			strings.Join(WorkerPackages, ","), cfg.Suite, cfg.Mirror)})
+		if err == nil {
+			var kl layerSpec
+			kl, err = kernelLayer(ctx, cfg, work)
+			spec.layers = append(spec.layers, kl)
+		}
 	}
 	if err != nil {
 		return imageSpec{}, err
@@ -284,6 +294,41 @@ func (cfg Config) spec(ctx context.Context, kind string, info binaryInfo, work s
 	}
 	spec.layers = append(spec.layers, layerSpec{app, "space " + info.version + ": " + strings.Join(names, ", ")})
 	return spec, nil
+}
+
+// kernelLayer is the guests' kernel, the apt index's current cloud kernel
+// as the kernel package caches it, under KernelDir: a worker started with
+// --guest-kernel boots the kernel its image was built with, needing
+// neither its own apt index (which would be as old as the cached base
+// layer) nor the network.
+func kernelLayer(ctx context.Context, cfg Config, work string) (layerSpec, error) {
+	k, err := kernel.Fetch(ctx, kernel.Config{Cache: cfg.Cache, Log: cfg.Log})
+	if err != nil {
+		return layerSpec{}, fmt.Errorf("guest kernel: %w", err)
+	}
+	entry := filepath.Dir(k.Vmlinux)
+	var files []file
+	err = filepath.WalkDir(entry, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(entry, p)
+		if err != nil {
+			return err
+		}
+		files = append(files, file{src: p, dst: path.Join(strings.TrimPrefix(KernelDir, "/"), k.SHA256, filepath.ToSlash(rel)), mode: 0o644})
+		return nil
+	})
+	if err != nil {
+		return layerSpec{}, fmt.Errorf("guest kernel: %w", err)
+	}
+	l, err := writeLayer(filepath.Join(work, "space-worker-kernel.tar.gz"), func(tw *tar.Writer) error {
+		return addFiles(tw, files, cfg.Epoch)
+	})
+	if err != nil {
+		return layerSpec{}, fmt.Errorf("guest kernel layer: %w", err)
+	}
+	return layerSpec{l, fmt.Sprintf("guest kernel %s (%s %s) in %s", k.Version, k.Package, k.PackageVersion, KernelDir)}, nil
 }
 
 func packageNames(ds []debFiles) string {

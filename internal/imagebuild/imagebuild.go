@@ -21,7 +21,10 @@ import (
 type Config struct {
 	Cache     *cachedir.Dir // required
 	AgentPath string        // the static space-agent binary; required
-	Log       *slog.Logger  // or nil to log nothing
+	// Kernel is the guests' kernel; nil = the current candidate of the
+	// apt index, fetched into the cache (kernel.Fetch).
+	Kernel *kernel.Kernel
+	Log    *slog.Logger // or nil to log nothing
 }
 
 // Artifacts are the built images. They live in the cache and are shared:
@@ -60,9 +63,12 @@ func Build(ctx context.Context, cfg Config) (*Artifacts, error) {
 	var art Artifacts
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		k, err := kernel.Fetch(gctx, kernel.Config{Cache: cfg.Cache, Log: log})
-		if err != nil {
-			return err
+		k := cfg.Kernel
+		if k == nil {
+			var err error
+			if k, err = kernel.Fetch(gctx, kernel.Config{Cache: cfg.Cache, Log: log}); err != nil {
+				return err
+			}
 		}
 		log.InfoContext(gctx, "kernel ready", "version", k.Version, "package_version", k.PackageVersion)
 		p, err := initramfs.Build(gctx, cfg.Cache, initramfs.Spec{Agent: cfg.AgentPath, Kernel: k})

@@ -261,7 +261,7 @@ func TestFakeVMMBootFaults(t *testing.T) {
 
 func fakeImages(t *testing.T) *imagebuild.Artifacts {
 	t.Helper()
-	img, err := templateImages(t.Context(), VMMFake, "", "", nil)
+	img, err := templateImages(t.Context(), VMMFake, "", "", "", nil)
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}

@@ -64,7 +64,7 @@ func PurgeWorker(ctx context.Context, cfg WorkerConfig) error {
 		return fmt.Errorf("purge: %w", err)
 	}
 	// Nothing boots: the images are never read.
-	img, err := templateImages(ctx, VMMFake, "", "", cfg.Log)
+	img, err := templateImages(ctx, VMMFake, "", "", "", cfg.Log)
 	if err != nil {
 		return err
 	}

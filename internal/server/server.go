@@ -82,6 +82,10 @@ type Config struct {
 	// AgentPath is the static space-agent binary put in the initramfs.
 	// Required, except with VMM "fake".
 	AgentPath string
+	// GuestKernel is a directory holding the guests' kernel as the
+	// worker image ships it (kernel.FromDir); "" = the apt index's
+	// current cloud kernel, fetched into the cache.
+	GuestKernel string
 	// VMM selects the embedded worker's hypervisor driver: VMMAuto (""
 	// = it), VMMQEMU, VMMFirecracker, or VMMFake, whose guests are
 	// jailed host processes: for tests and load tests only, never for
@@ -241,7 +245,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			fmt.Fprintln(progress, "space: preparing the default template (first start: fetches a kernel and bootstraps Debian, minutes)")
 		}
 		t0 := time.Now()
-		img, err := templateImages(ctx, cfg.VMM, cfg.CacheBase, cfg.AgentPath, cfg.Log)
+		img, err := templateImages(ctx, cfg.VMM, cfg.CacheBase, cfg.AgentPath, cfg.GuestKernel, cfg.Log)
 		if err != nil {
 			return fmt.Errorf("default template: %w", err)
 		}
@@ -433,7 +437,7 @@ func openStore(ctx context.Context, cfg Config) (store.Store, error) {
 // templateImages returns the default template's images for the driver
 // kind: built (or cached) for a real VMM, placeholders for the fake, which
 // boots no kernel and mounts no image.
-func templateImages(ctx context.Context, kind, cacheBase, agent string, log *slog.Logger) (*imagebuild.Artifacts, error) {
+func templateImages(ctx context.Context, kind, cacheBase, agent, kernelDir string, log *slog.Logger) (*imagebuild.Artifacts, error) {
 	if kind == VMMFake {
 		return &imagebuild.Artifacts{
 			Kernel:    &kernel.Kernel{Version: "fake", Vmlinux: "/nonexistent/fake-vmm/vmlinux", Vmlinuz: "/nonexistent/fake-vmm/vmlinuz"},
@@ -441,15 +445,24 @@ func templateImages(ctx context.Context, kind, cacheBase, agent string, log *slo
 			Rootfs:    "/nonexistent/fake-vmm/rootfs",
 		}, nil
 	}
-	return buildImages(ctx, cacheBase, agent, log)
+	return buildImages(ctx, cacheBase, agent, kernelDir, log)
 }
 
-func buildImages(ctx context.Context, cacheBase, agent string, log *slog.Logger) (*imagebuild.Artifacts, error) {
+// buildImages builds the default template's images; kernelDir, when
+// given, holds the guests' kernel (kernel.FromDir) instead of the apt
+// index's current one.
+func buildImages(ctx context.Context, cacheBase, agent, kernelDir string, log *slog.Logger) (*imagebuild.Artifacts, error) {
 	cache, err := cachedir.Open(cacheBase)
 	if err != nil {
 		return nil, err
 	}
-	return imagebuild.Build(ctx, imagebuild.Config{Cache: cache, AgentPath: agent, Log: log})
+	var k *kernel.Kernel
+	if kernelDir != "" {
+		if k, err = kernel.FromDir(kernelDir); err != nil {
+			return nil, fmt.Errorf("--guest-kernel: %w", err)
+		}
+	}
+	return imagebuild.Build(ctx, imagebuild.Config{Cache: cache, AgentPath: agent, Kernel: k, Log: log})
 }
 
 // Egress configures how sandboxes' gateways resolve names and connect.

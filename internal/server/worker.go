@@ -66,6 +66,8 @@ type WorkerConfig struct {
 	// CacheBase and AgentPath are as in Config. Required (AgentPath
 	// except with VMM "fake").
 	CacheBase, AgentPath string
+	// GuestKernel is as in Config.
+	GuestKernel string
 	// VMM, Firecracker and Host are as in Config.
 	VMM         string
 	Firecracker Firecracker
@@ -150,7 +152,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		return err
 	}
 	fmt.Fprintln(progress, "space: preparing the default template")
-	img, err := templateImages(ctx, cfg.VMM, cfg.CacheBase, cfg.AgentPath, cfg.Log)
+	img, err := templateImages(ctx, cfg.VMM, cfg.CacheBase, cfg.AgentPath, cfg.GuestKernel, cfg.Log)
 	if err != nil {
 		return fmt.Errorf("default template: %w", err)
 	}

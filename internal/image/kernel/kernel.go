@@ -159,6 +159,37 @@ func onlyDir(dir string) (string, error) {
 }
 
 // load reads the cache entry at dir.
+// FromDir returns the kernel kept in dir, which holds one kernel as this
+// package caches it (a directory named by its .deb's SHA256, with
+// kernel.json, vmlinuz, vmlinux and lib/modules): a kernel shipped in the
+// worker's image, so that a worker needs neither the apt index nor the
+// network to have the kernel its guests were built for.
+func FromDir(dir string) (*Kernel, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("kernel directory: %w", err)
+	}
+	var found []string
+	for _, e := range entries {
+		if e.IsDir() {
+			found = append(found, e.Name())
+		}
+	}
+	if len(found) != 1 {
+		return nil, fmt.Errorf("kernel directory %s: want one kernel, found %d: %w", dir, len(found), errkind.InvalidArgument)
+	}
+	k, err := load(filepath.Join(dir, found[0]))
+	if err != nil {
+		return nil, fmt.Errorf("kernel directory %s: %w", dir, err)
+	}
+	for _, f := range []string{k.Vmlinuz, k.Vmlinux, k.ModulesDir} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("kernel directory %s: %w", dir, err)
+		}
+	}
+	return k, nil
+}
+
 func load(dir string) (*Kernel, error) {
 	b, err := os.ReadFile(filepath.Join(dir, metaFile))
 	if err != nil {

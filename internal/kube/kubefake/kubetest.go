@@ -1,6 +1,7 @@
 // Package kubefake fakes the Kubernetes API server for the adapters'
 // tests: client-go's fake clientset, made to treat Leases as an API
-// server does. A real API server runs the same tests in the k8s tier.
+// server does. The chart's test on a real cluster (internal/deploy/chartcluster) runs
+// the adapters against a real API server.
 package kubefake
 
 import (
