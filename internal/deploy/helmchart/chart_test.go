@@ -244,7 +244,7 @@ func TestDefaultsWorker(t *testing.T) {
 	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken || spec.ServiceAccountName != "prod-space-worker" {
 		t.Errorf("worker pods: account %q, token mounted %v; want prod-space-worker's token mounted", spec.ServiceAccountName, spec.AutomountServiceAccountToken)
 	}
-	if got, want := ds.Spec.UpdateStrategy.Type, appsv1.OnDeleteDaemonSetStrategyType; got != want {
+	if got, want := ds.Spec.UpdateStrategy.Type, appsv1.RollingUpdateDaemonSetStrategyType; got != want {
 		t.Errorf("updateStrategy = %s, want %s", got, want)
 	}
 	if got, want := spec.NodeSelector, map[string]string{"space/vm-host": "true"}; !cmp.Equal(got, want) {
