@@ -490,7 +490,7 @@ func leaderPod(t *testing.T, cl *kubetest.Cluster) (pod, holder string) {
 
 // leftovers lists what SPACE left on the node: VMM processes, control
 // groups, network namespaces (the sandboxes' taps are in them), run
-// directories, mounts and files of the worker.
+// directories, mounts, and files of the worker's data dir and chunk store.
 func leftovers(t *testing.T) []string {
 	t.Helper()
 	var left []string
@@ -522,9 +522,11 @@ func leftovers(t *testing.T) []string {
 			}
 		}
 	}
-	entries, _ := os.ReadDir(filepath.Join(hostDir, "data"))
-	for _, e := range entries {
-		left = append(left, "file "+filepath.Join(hostDir, "data", e.Name()))
+	for _, dir := range []string{"data", "chunks"} {
+		entries, _ := os.ReadDir(filepath.Join(hostDir, dir))
+		for _, e := range entries {
+			left = append(left, "file "+filepath.Join(hostDir, dir, e.Name()))
+		}
 	}
 	return left
 }
