@@ -284,9 +284,9 @@ func writeValues(t *testing.T, dsn, cacheBase string, img hostimage.Image) strin
 		},
 		"workerDiscovery": "kubernetes",
 		"worker": map[string]any{
-			"vcpus":          8,
-			"memoryMiB":      4096,
-			"resources":      map[string]any{"requests": map[string]any{"cpu": "10m", "memory": "64Mi"}},
+			"vcpus":     8,
+			"memoryMiB": 4096,
+			"resources": map[string]any{"requests": map[string]any{"cpu": "10m", "memory": "64Mi"}},
 			"hostPaths": map[string]any{
 				"dataDir":   hostDir + "/data",
 				"chunksDir": hostDir + "/chunks",
@@ -569,9 +569,13 @@ func moduleRoot(t *testing.T) string {
 // timedWriter keeps what is written and when the first and last writes
 // came.
 type timedWriter struct {
-	mu          sync.Mutex
-	buf         bytes.Buffer
-	first, last time.Time
+	mu sync.Mutex
+	// +checklocks:mu
+	buf bytes.Buffer
+	// +checklocks:mu
+	first time.Time
+	// +checklocks:mu
+	last time.Time
 }
 
 func (w *timedWriter) Write(p []byte) (int, error) {
