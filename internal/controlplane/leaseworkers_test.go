@@ -31,25 +31,6 @@ import (
 
 const leaseNS = "space"
 
-// testClock is a clock that moves only when told.
-type testClock struct {
-	mu sync.Mutex
-	// +checklocks:mu
-	t time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // reconcileCounter is a store that counts the reconciles of each worker
 // (each lists the worker's sandboxes).
 type reconcileCounter struct {
@@ -75,7 +56,7 @@ func (c *reconcileCounter) reconciles(id string) int {
 // leaseServer returns a control plane on clk that watches the workers'
 // Leases on a fake API server, that API server, the store's reconcile
 // counter and an admin key.
-func leaseServer(t *testing.T, clk *testClock) (*Server, *fake.Clientset, *reconcileCounter, string) {
+func leaseServer(t *testing.T, clk *kubefake.Clock) (*Server, *fake.Clientset, *reconcileCounter, string) {
 	t.Helper()
 	st, err := sqlite.Open(t.Context(), t.TempDir()+"/space.db")
 	if err != nil {
@@ -105,7 +86,7 @@ func leaseServer(t *testing.T, clk *testClock) (*Server, *fake.Clientset, *recon
 
 // publisher returns the Lease publisher of worker id serving at addr, on
 // clk.
-func publisher(t *testing.T, cs *fake.Clientset, clk *testClock, id, addr string) *workerlease.Publisher {
+func publisher(t *testing.T, cs *fake.Clientset, clk *kubefake.Clock, id, addr string) *workerlease.Publisher {
 	t.Helper()
 	caps := api.WorkerCapabilities{VMM: "qemu", Accel: "tcg", Snapshots: true, NICs: []string{"socket"}}
 	p, err := workerlease.NewPublisher(workerlease.Config{
@@ -153,7 +134,7 @@ func createSandbox(t *testing.T, s *Server, key string) (int, api.Sandbox) {
 // expires or is deleted, and comes back (reconciled again) when the
 // Lease is renewed or published anew.
 func TestLeaseWorkerLifecycleWithFakeAPIServer(t *testing.T) {
-	clk := &testClock{t: time.Now()}
+	clk := kubefake.NewClock(time.Now())
 	s, cs, rc, key := leaseServer(t, clk)
 	addr := serveWorker(t, &speaking{protocol: workerproto.Version})
 	p := publisher(t, cs, clk, "w1", addr)
@@ -237,7 +218,7 @@ func TestLeaseWorkerLifecycleWithFakeAPIServer(t *testing.T) {
 // address that is not https) connect no worker, and a good Lease next to
 // them still does.
 func TestLeaseWorkerRefusedWithFakeAPIServer(t *testing.T) {
-	clk := &testClock{t: time.Now()}
+	clk := kubefake.NewClock(time.Now())
 	s, cs, _, key := leaseServer(t, clk)
 	addr := serveWorker(t, &speaking{protocol: workerproto.Version})
 	good := func(id string) map[string]string {

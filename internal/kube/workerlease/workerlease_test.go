@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,30 +27,12 @@ import (
 
 const ns = "space"
 
-type clock struct {
-	mu sync.Mutex
-	// +checklocks:mu
-	t time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 var state = api.RegisterWorker{
 	Address: "https://10.0.0.5:7071", VCPUs: 8, MemoryMiB: 8192, Protocol: 1,
 	Capabilities: api.WorkerCapabilities{VMM: "qemu", Accel: "kvm", Snapshots: true},
 }
 
-func newPublisher(t *testing.T, cs *fake.Clientset, clk *clock, id, instance, life string) *workerlease.Publisher {
+func newPublisher(t *testing.T, cs *fake.Clientset, clk *kubefake.Clock, id, instance, life string) *workerlease.Publisher {
 	t.Helper()
 	p, err := workerlease.NewPublisher(workerlease.Config{
 		Namespace: ns, ID: id, Instance: instance, Life: life, Now: clk.Now,
@@ -68,7 +49,7 @@ func newPublisher(t *testing.T, cs *fake.Clientset, clk *clock, id, instance, li
 // it registers; and that a renewal moves renewTime only.
 func TestPublishWithFakeAPIServer(t *testing.T) {
 	cs := kubefake.NewAPIServer(t)
-	clk := &clock{t: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
+	clk := kubefake.NewClock(time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC))
 	p := newPublisher(t, cs, clk, "node-1", "i-1", "life1")
 	if err := p.Publish(t.Context()); err != nil {
 		t.Fatalf("Publish = %v", err)
@@ -111,7 +92,7 @@ func TestPublishWithFakeAPIServer(t *testing.T) {
 // reads it again and renews it, keeping what it does not own.
 func TestPublishAfterConflictWithFakeAPIServer(t *testing.T) {
 	cs := kubefake.NewAPIServer(t)
-	clk := &clock{t: time.Now()}
+	clk := kubefake.NewClock(time.Now())
 	p := newPublisher(t, cs, clk, "w1", "", "a")
 	if err := p.Publish(t.Context()); err != nil {
 		t.Fatalf("Publish = %v", err)
@@ -139,7 +120,7 @@ func TestPublishAfterConflictWithFakeAPIServer(t *testing.T) {
 // the same instance (data dir) is taken over at once.
 func TestTwoPublishersOneIDWithFakeAPIServer(t *testing.T) {
 	cs := kubefake.NewAPIServer(t)
-	clk := &clock{t: time.Now()}
+	clk := kubefake.NewClock(time.Now())
 	first := newPublisher(t, cs, clk, "w1", "i-host-a", "one")
 	if err := first.Publish(t.Context()); err != nil {
 		t.Fatalf("first Publish = %v", err)
@@ -188,7 +169,7 @@ func TestTwoPublishersOneIDWithFakeAPIServer(t *testing.T) {
 // Lease when it stops.
 func TestRunReleasesWithFakeAPIServer(t *testing.T) {
 	cs := kubefake.NewAPIServer(t)
-	clk := &clock{t: time.Now()}
+	clk := kubefake.NewClock(time.Now())
 	p := newPublisher(t, cs, clk, "w1", "", "a")
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)

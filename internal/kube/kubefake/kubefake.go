@@ -7,7 +7,9 @@ package kubefake
 import (
 	"errors"
 	"strconv"
+	"sync"
 	"testing"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -57,4 +59,29 @@ func NewAPIServer(t testing.TB) *fake.Clientset {
 		return true, l.DeepCopy(), nil
 	})
 	return cs
+}
+
+// Clock is a clock that moves only when told, for the adapters' Now
+// functions.
+type Clock struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	t time.Time
+}
+
+// NewClock returns a Clock at t.
+func NewClock(t time.Time) *Clock { return &Clock{t: t} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Advance moves the clock on by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
 }
