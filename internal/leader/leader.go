@@ -4,9 +4,10 @@
 // A replica leads while it holds a lease in the store ([store.Leases]); the
 // lease's fencing token goes with every write the leader's work makes
 // ([store.Store.Fenced]), so a leader that stalled past its lease and was
-// replaced cannot commit. [StoreElector] works on PostgreSQL, where
-// replicas share the database, and trivially on SQLite, where there is one
-// control plane.
+// replaced cannot commit. A [LeaseElector] keeps the terms of one lease
+// whose [Backend] is the store's lease rows ([New]: PostgreSQL, where
+// replicas share the database, and trivially SQLite, where there is one
+// control plane) or a Kubernetes Lease (package kube).
 package leader
 
 import (
@@ -40,14 +41,14 @@ type Elector interface {
 	Await(ctx context.Context) (context.Context, store.Lease, error)
 }
 
-// Leases is what StoreElector needs of the store.
+// Leases is what New needs of the store.
 type Leases interface {
 	AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (store.Lease, error)
 	RenewLease(ctx context.Context, l store.Lease, ttl time.Duration) (store.Lease, error)
 	ReleaseLease(ctx context.Context, l store.Lease) error
 }
 
-// Config configures a StoreElector.
+// Config configures a LeaseElector.
 type Config struct {
 	// Holder names this replica: unique among the replicas sharing the
 	// store (a host name and process ID, say). Required.
@@ -67,16 +68,84 @@ type Config struct {
 	After func(time.Duration) <-chan time.Time
 }
 
-// StoreElector is an [Elector] on a store's leases.
-type StoreElector struct {
-	leases Leases
-	holder string
-	name   string
-	ttl    time.Duration
-	every  time.Duration
-	log    *slog.Logger
-	now    func() time.Time
-	after  func(time.Duration) <-chan time.Time
+// WithDefaults returns cfg with its zero fields defaulted, name for Name.
+func (cfg Config) WithDefaults(name string) Config {
+	if cfg.Name == "" {
+		cfg.Name = name
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = 6 * time.Second
+	}
+	if cfg.RenewEvery == 0 {
+		cfg.RenewEvery = cfg.TTL / 3
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.After == nil {
+		cfg.After = time.After
+	}
+	return cfg
+}
+
+// Backend is where a LeaseElector's lease lives. Only the elector's Run
+// goroutine calls it, one call at a time.
+type Backend interface {
+	// Acquire begins a term for the elector's holder, at now, if the
+	// lease is free or expired; an error wrapping errkind.Conflict while
+	// another holder's term runs.
+	Acquire(ctx context.Context, now time.Time) (store.Lease, error)
+	// Renew extends the term l at now; an error wrapping
+	// store.ErrLeaseLost once another holder has taken the lease.
+	Renew(ctx context.Context, l store.Lease, now time.Time) (store.Lease, error)
+	// Release gives up the term l, so that a successor need not wait
+	// for it to expire.
+	Release(ctx context.Context, l store.Lease) error
+}
+
+// New returns an elector on the store's lease cfg describes; it campaigns
+// once Run is called. Errors wrap errkind.InvalidArgument.
+func New(cfg Config, leases Leases) (*LeaseElector, error) {
+	cfg = cfg.WithDefaults("leader")
+	if err := store.ValidateLease(cfg.Name, cfg.Holder, cfg.TTL); err != nil {
+		return nil, fmt.Errorf("new elector: %w", err)
+	}
+	return NewLeaseElector(cfg, storeBackend{leases: leases, name: cfg.Name, holder: cfg.Holder, ttl: cfg.TTL})
+}
+
+// storeBackend is a lease row of the store.
+type storeBackend struct {
+	leases       Leases
+	name, holder string
+	ttl          time.Duration
+}
+
+func (b storeBackend) Acquire(ctx context.Context, _ time.Time) (store.Lease, error) {
+	return b.leases.AcquireLease(ctx, b.name, b.holder, b.ttl)
+}
+
+func (b storeBackend) Renew(ctx context.Context, l store.Lease, _ time.Time) (store.Lease, error) {
+	return b.leases.RenewLease(ctx, l, b.ttl)
+}
+
+func (b storeBackend) Release(ctx context.Context, l store.Lease) error {
+	return b.leases.ReleaseLease(ctx, l)
+}
+
+// LeaseElector is an [Elector] on one lease of a [Backend]: it campaigns
+// and renews every RenewEvery, and a term lasts until a renewal fails past
+// its TTL by this process's clock, the lease is lost, or Run ends.
+type LeaseElector struct {
+	backend Backend
+	name    string
+	ttl     time.Duration
+	every   time.Duration
+	log     *slog.Logger
+	now     func() time.Time
+	after   func(time.Duration) <-chan time.Time
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -95,46 +164,29 @@ type StoreElector struct {
 	changed chan struct{} // closed and replaced when leadership starts or ends
 }
 
-var _ Elector = (*StoreElector)(nil)
+var _ Elector = (*LeaseElector)(nil)
 
-// New returns an elector for leases as cfg describes; it campaigns once
-// Run is called. Errors wrap errkind.InvalidArgument.
-func New(cfg Config, leases Leases) (*StoreElector, error) {
-	e := &StoreElector{
-		leases: leases, holder: cfg.Holder, name: cfg.Name, ttl: cfg.TTL, every: cfg.RenewEvery,
-		log: cfg.Log, now: cfg.Now, after: cfg.After, changed: make(chan struct{}),
+// NewLeaseElector returns an elector on b; cfg.Name names the lease in
+// errors and logs, and cfg.Holder is b's business. Errors wrap
+// errkind.InvalidArgument.
+func NewLeaseElector(cfg Config, b Backend) (*LeaseElector, error) {
+	cfg = cfg.WithDefaults("leader")
+	if b == nil {
+		return nil, fmt.Errorf("new elector: no backend: %w", errkind.InvalidArgument)
 	}
-	if e.name == "" {
-		e.name = "leader"
+	if cfg.RenewEvery <= 0 || cfg.RenewEvery >= cfg.TTL {
+		return nil, fmt.Errorf("new elector: renew interval %v, want between 0 and ttl %v: %w", cfg.RenewEvery, cfg.TTL, errkind.InvalidArgument)
 	}
-	if e.ttl == 0 {
-		e.ttl = 6 * time.Second
-	}
-	if e.every == 0 {
-		e.every = e.ttl / 3
-	}
-	if e.log == nil {
-		e.log = slog.New(slog.DiscardHandler)
-	}
-	if e.now == nil {
-		e.now = time.Now
-	}
-	if e.after == nil {
-		e.after = time.After
-	}
-	if err := store.ValidateLease(e.name, e.holder, e.ttl); err != nil {
-		return nil, fmt.Errorf("new elector: %w", err)
-	}
-	if e.every <= 0 || e.every >= e.ttl {
-		return nil, fmt.Errorf("new elector: renew interval %v, want between 0 and ttl %v: %w", e.every, e.ttl, errkind.InvalidArgument)
-	}
-	e.log = e.log.With("component", "leader", "lease", e.name)
-	return e, nil
+	return &LeaseElector{
+		backend: b, name: cfg.Name, ttl: cfg.TTL, every: cfg.RenewEvery,
+		log: cfg.Log.With("component", "leader", "lease", cfg.Name), now: cfg.Now, after: cfg.After,
+		changed: make(chan struct{}),
+	}, nil
 }
 
 // Run implements [Elector]. It returns nil once ctx ends, after releasing
 // the lease if it led; an error only if another Run is under way.
-func (e *StoreElector) Run(ctx context.Context) error {
+func (e *LeaseElector) Run(ctx context.Context) error {
 	e.mu.Lock()
 	if e.running {
 		e.mu.Unlock()
@@ -160,11 +212,11 @@ func (e *StoreElector) Run(ctx context.Context) error {
 
 // step acquires or renews the lease once and returns how long to wait
 // before the next step.
-func (e *StoreElector) step(ctx context.Context) time.Duration {
+func (e *LeaseElector) step(ctx context.Context) time.Duration {
 	start := e.now()
 	l, deadline, leading := e.current(start)
 	if !leading {
-		l, err := e.leases.AcquireLease(ctx, e.name, e.holder, e.ttl)
+		l, err := e.backend.Acquire(ctx, start)
 		if err != nil {
 			if !errors.Is(err, errkind.Conflict) && ctx.Err() == nil {
 				e.log.Warn("campaign failed", "err", err)
@@ -176,7 +228,7 @@ func (e *StoreElector) step(ctx context.Context) time.Duration {
 	}
 	// Give up the renewal when the lease may have expired anyway.
 	rctx, cancel := context.WithTimeout(ctx, deadline.Sub(start))
-	nl, err := e.leases.RenewLease(rctx, l, e.ttl)
+	nl, err := e.backend.Renew(rctx, l, start)
 	cancel()
 	now := e.now()
 	switch {
@@ -186,7 +238,7 @@ func (e *StoreElector) step(ctx context.Context) time.Duration {
 	case ctx.Err() != nil:
 		return e.every // stopping: Run releases
 	case errors.Is(err, store.ErrLeaseLost):
-		e.end(fmt.Errorf("%w: %w", ErrNotLeader, err))
+		e.end(fmt.Errorf("%w: lease %s: %w", ErrNotLeader, e.name, err))
 		return e.every
 	case !now.Before(deadline):
 		e.end(fmt.Errorf("%w: lease %s not renewed before it expired: %w", ErrNotLeader, e.name, err))
@@ -198,7 +250,7 @@ func (e *StoreElector) step(ctx context.Context) time.Duration {
 
 // current returns the lease and its deadline if this replica leads at
 // now, ending a term whose deadline passed.
-func (e *StoreElector) current(now time.Time) (store.Lease, time.Time, bool) {
+func (e *LeaseElector) current(now time.Time) (store.Lease, time.Time, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.leading && !now.Before(e.deadline) {
@@ -207,7 +259,7 @@ func (e *StoreElector) current(now time.Time) (store.Lease, time.Time, bool) {
 	return e.lease, e.deadline, e.leading
 }
 
-func (e *StoreElector) begin(l store.Lease, deadline time.Time) {
+func (e *LeaseElector) begin(l store.Lease, deadline time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.leading, e.lease, e.deadline = true, l, deadline
@@ -216,7 +268,7 @@ func (e *StoreElector) begin(l store.Lease, deadline time.Time) {
 	e.log.Info("leading", "token", l.Token)
 }
 
-func (e *StoreElector) renewed(l store.Lease, deadline time.Time) {
+func (e *LeaseElector) renewed(l store.Lease, deadline time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.leading && e.lease.Token == l.Token {
@@ -224,14 +276,14 @@ func (e *StoreElector) renewed(l store.Lease, deadline time.Time) {
 	}
 }
 
-func (e *StoreElector) end(cause error) {
+func (e *LeaseElector) end(cause error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.endLocked(cause)
 }
 
 // +checklocks:e.mu
-func (e *StoreElector) endLocked(cause error) {
+func (e *LeaseElector) endLocked(cause error) {
 	if !e.leading {
 		return
 	}
@@ -242,14 +294,14 @@ func (e *StoreElector) endLocked(cause error) {
 }
 
 // +checklocks:e.mu
-func (e *StoreElector) notifyLocked() {
+func (e *LeaseElector) notifyLocked() {
 	close(e.changed)
 	e.changed = make(chan struct{})
 }
 
 // stop ends the term, then releases the lease, so a successor need not
 // wait for it to expire.
-func (e *StoreElector) stop(ctx context.Context) {
+func (e *LeaseElector) stop(ctx context.Context) {
 	e.mu.Lock()
 	l, leading := e.lease, e.leading
 	e.endLocked(fmt.Errorf("%w: elector stopped", ErrNotLeader))
@@ -259,13 +311,13 @@ func (e *StoreElector) stop(ctx context.Context) {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.ttl)
 	defer cancel()
-	if err := e.leases.ReleaseLease(rctx, l); err != nil {
+	if err := e.backend.Release(rctx, l); err != nil {
 		e.log.Warn("release failed", "err", err)
 	}
 }
 
 // Leading implements [Elector].
-func (e *StoreElector) Leading() (store.Lease, bool) {
+func (e *LeaseElector) Leading() (store.Lease, bool) {
 	now := e.now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -276,7 +328,7 @@ func (e *StoreElector) Leading() (store.Lease, bool) {
 }
 
 // Await implements [Elector].
-func (e *StoreElector) Await(ctx context.Context) (context.Context, store.Lease, error) {
+func (e *LeaseElector) Await(ctx context.Context) (context.Context, store.Lease, error) {
 	for {
 		now := e.now()
 		e.mu.Lock()

@@ -25,7 +25,7 @@ const (
 
 // start runs e until the returned stop is called (or the test ends) and
 // fails t if Run returns an error.
-func start(t *testing.T, e *leader.StoreElector) (stop func()) {
+func start(t *testing.T, e *leader.LeaseElector) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -44,7 +44,7 @@ func start(t *testing.T, e *leader.StoreElector) (stop func()) {
 	return stop
 }
 
-func newElector(t *testing.T, holder string, leases leader.Leases) *leader.StoreElector {
+func newElector(t *testing.T, holder string, leases leader.Leases) *leader.LeaseElector {
 	t.Helper()
 	e, err := leader.New(leader.Config{Holder: holder, TTL: ttl, RenewEvery: every}, leases)
 	if err != nil {

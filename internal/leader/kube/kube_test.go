@@ -46,7 +46,7 @@ func failUpdatesBy(cs *fake.Clientset, holder string) *atomic.Bool {
 	return &on
 }
 
-func newElector(t *testing.T, cs *fake.Clientset, holder string, now func() time.Time) *kube.Elector {
+func newElector(t *testing.T, cs *fake.Clientset, holder string, now func() time.Time) *leader.LeaseElector {
 	t.Helper()
 	e, err := kube.New(kube.Config{Namespace: ns, Holder: holder, TTL: ttl, RenewEvery: every, Now: now}, cs)
 	if err != nil {
@@ -57,7 +57,7 @@ func newElector(t *testing.T, cs *fake.Clientset, holder string, now func() time
 
 // start runs e until the returned stop is called (or the test ends) and
 // fails t if Run returns an error.
-func start(t *testing.T, e *kube.Elector) (stop func()) {
+func start(t *testing.T, e *leader.LeaseElector) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -161,7 +161,7 @@ func TestLeadAndStopWithFakeAPIServer(t *testing.T) {
 func TestOneLeaderWithFakeAPIServer(t *testing.T) {
 	cs := kubefake.NewAPIServer(t)
 	a, b := newElector(t, cs, "a", nil), newElector(t, cs, "b", nil)
-	stops := map[*kube.Elector]func(){a: start(t, a), b: start(t, b)}
+	stops := map[*leader.LeaseElector]func(){a: start(t, a), b: start(t, b)}
 	testenv.Eventually(t, 5*time.Second, func() bool {
 		_, aok := a.Leading()
 		_, bok := b.Leading()
