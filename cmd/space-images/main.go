@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	fs.StringVar(&cfg.Agent, "agent", "", "static space-agent `binary` for the worker image")
 	fs.StringVar(&cfg.OutDir, "out", filepath.Join("dist", "images"), "output `directory`")
 	fs.StringSliceVar(&cfg.Images, "image", nil, "image to build: controlplane or worker (repeatable; default both)")
-	fs.StringVar(&cacheBase, "cache", cacheDefault(getenv), "artifact cache `dir` for the base layers (env SPACE_CACHE_DIR)")
+	fs.StringVar(&cacheBase, "cache", cachedir.DefaultBase(getenv), "artifact cache `dir` for the base layers (env SPACE_CACHE_DIR)")
 	fs.StringVar(&cfg.Repository, "repository", hostimage.DefaultRepository, "`prefix` of the image names in the archives")
 	fs.StringVar(&cfg.Version, "version", "", "`version` label (default: from the space binary's build information)")
 	fs.StringVar(&cfg.Revision, "revision", "", "VCS `revision` label (default: from the space binary's build information)")
@@ -117,18 +117,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return 1
 	}
 	return 0
-}
-
-// cacheDefault is SPACE_CACHE_DIR, else the user's cache directory plus
-// "space", as for the space command.
-func cacheDefault(getenv func(string) string) string {
-	if d := getenv("SPACE_CACHE_DIR"); d != "" {
-		return d
-	}
-	if d, err := os.UserCacheDir(); err == nil {
-		return filepath.Join(d, "space")
-	}
-	return ""
 }
 
 // withoutUserinfo drops any user name and password from a URL (a git

@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"space/internal/cachedir"
 )
 
 // Exit statuses of space's own failures.
@@ -59,7 +61,7 @@ type globals struct {
 // streams and environment, and the defaults of the global flags.
 func newGlobals(stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) *globals {
 	g := &globals{
-		cacheBase: cacheDefault(getenv),
+		cacheBase: cachedir.DefaultBase(getenv),
 		dataDir:   getenv("SPACE_DATA_DIR"),
 		stdin:     stdin,
 		stdout:    stdout,
@@ -248,16 +250,6 @@ func newGroupCmd(use, short string, subs ...*cobra.Command) *cobra.Command {
 	}
 	c.AddCommand(subs...)
 	return c
-}
-
-func cacheDefault(getenv func(string) string) string {
-	if d := getenv("SPACE_CACHE_DIR"); d != "" {
-		return d
-	}
-	if d, err := os.UserCacheDir(); err == nil {
-		return filepath.Join(d, "space")
-	}
-	return ""
 }
 
 func newVersionCmd(g *globals) *cobra.Command {

@@ -171,3 +171,19 @@ func syncPath(p string) error {
 		return f.Sync()
 	})
 }
+
+// DefaultBase is the cache base the programs and tests share when none is
+// given: SPACE_CACHE_DIR (read with getenv, or os.Getenv when nil), else
+// the user's cache directory plus "space"; "" when neither is known.
+func DefaultBase(getenv func(string) string) string {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	if d := getenv("SPACE_CACHE_DIR"); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "space")
+	}
+	return ""
+}

@@ -11,11 +11,12 @@ package testenv
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"space/internal/cachedir"
 )
 
 // Tier names one kind of environment a test may need.
@@ -95,14 +96,11 @@ func RequireSlow(t testing.TB) {
 // else the user's cache directory plus "space".
 func CacheDir(t testing.TB) string {
 	t.Helper()
-	if d := os.Getenv("SPACE_CACHE_DIR"); d != "" {
-		return d
+	d := cachedir.DefaultBase(nil)
+	if d == "" {
+		t.Fatalf("setup: no cache directory: set SPACE_CACHE_DIR")
 	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		t.Fatalf("setup: user cache dir: %v", err)
-	}
-	return filepath.Join(d, "space")
+	return d
 }
 
 // Eventually polls cond every 20ms until it returns true or timeout passes,

@@ -57,13 +57,7 @@ func buildImages() (*imagebuild.Artifacts, error) {
 	return imagebuild.Build(ctx, imagebuild.Config{Cache: cache, AgentPath: agent})
 }
 
-func cacheBase() string {
-	if d := os.Getenv("SPACE_CACHE_DIR"); d != "" {
-		return d
-	}
-	d, _ := os.UserCacheDir()
-	return filepath.Join(d, "space")
-}
+func cacheBase() string { return cachedir.DefaultBase(nil) }
 
 // BuildAgent builds space-agent from this checkout, reproducibly (the same
 // source gives the same bytes, so the initramfs cache key is stable), and

@@ -12,23 +12,19 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
+	"space/internal/cachedir"
 	"space/internal/testenv/kubetest"
 )
 
 func main() {
 	flag.Parse()
-	base := os.Getenv("SPACE_CACHE_DIR")
+	base := cachedir.DefaultBase(nil)
 	if base == "" {
-		d, err := os.UserCacheDir()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "buildkube: set SPACE_CACHE_DIR: %v\n", err)
-			os.Exit(1)
-		}
-		base = filepath.Join(d, "space")
+		fmt.Fprintln(os.Stderr, "buildkube: no cache directory: set SPACE_CACHE_DIR")
+		os.Exit(1)
 	}
 	tools, err := kubetest.ToolsDir()
 	if err != nil {

@@ -11,24 +11,20 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
+	"space/internal/cachedir"
 	"space/internal/testenv/weedtest"
 )
 
 func main() {
 	version := flag.String("version", weedtest.Version, "SeaweedFS module version")
 	flag.Parse()
-	base := os.Getenv("SPACE_CACHE_DIR")
+	base := cachedir.DefaultBase(nil)
 	if base == "" {
-		d, err := os.UserCacheDir()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "buildweed: set SPACE_CACHE_DIR: %v\n", err)
-			os.Exit(1)
-		}
-		base = filepath.Join(d, "space")
+		fmt.Fprintln(os.Stderr, "buildweed: no cache directory: set SPACE_CACHE_DIR")
+		os.Exit(1)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
