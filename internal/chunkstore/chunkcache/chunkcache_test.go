@@ -64,23 +64,12 @@ func TestConformance(t *testing.T) {
 
 func put(t *testing.T, b chunkstore.Backend, key, data string) {
 	t.Helper()
-	if err := b.Put(t.Context(), key, strings.NewReader(data), int64(len(data))); err != nil {
-		t.Fatalf("setup: Put(%s) = %v", key, err)
-	}
+	chunkstoretest.Put(t, b, key, []byte(data))
 }
 
 func get(t *testing.T, b chunkstore.Backend, key string) string {
 	t.Helper()
-	rc, err := b.Get(t.Context(), key)
-	if err != nil {
-		t.Fatalf("Get(%s) = %v", key, err)
-	}
-	defer rc.Close()
-	data, err := io.ReadAll(rc)
-	if err != nil {
-		t.Fatalf("Get(%s): read = %v", key, err)
-	}
-	return string(data)
+	return string(chunkstoretest.Read(t, b, key))
 }
 
 func TestChunksFetchedOnce(t *testing.T) {

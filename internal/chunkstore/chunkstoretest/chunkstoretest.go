@@ -105,18 +105,18 @@ func testObjects(t *testing.T, b chunkstore.Backend) {
 			t.Errorf("Delete(%q) of missing object = %v, want nil", key, err)
 		}
 	}
-	put(t, b, "a/b/c", []byte("hello"))
-	put(t, b, "a/x", nil)
-	put(t, b, "b", []byte("bee"))
-	if got := read(t, b, "a/b/c"); string(got) != "hello" {
+	Put(t, b, "a/b/c", []byte("hello"))
+	Put(t, b, "a/x", nil)
+	Put(t, b, "b", []byte("bee"))
+	if got := Read(t, b, "a/b/c"); string(got) != "hello" {
 		t.Errorf("Get(a/b/c) = %q, want %q", got, "hello")
 	}
 	o, err := b.Stat(ctx, "a/b/c")
 	if err != nil || o.Size != 5 || o.Key != "a/b/c" || o.ModTime.IsZero() {
 		t.Errorf("Stat(a/b/c) = %+v, %v, want key a/b/c, size 5, a mod time", o, err)
 	}
-	put(t, b, "a/b/c", []byte("bye"))
-	if got := read(t, b, "a/b/c"); string(got) != "bye" {
+	Put(t, b, "a/b/c", []byte("bye"))
+	if got := Read(t, b, "a/b/c"); string(got) != "bye" {
 		t.Errorf("Get(a/b/c) after replacing = %q, want %q", got, "bye")
 	}
 
@@ -138,7 +138,7 @@ func testObjects(t *testing.T, b chunkstore.Backend) {
 			t.Errorf("Put(n, %s, size 10) = nil, want an error", tc.name)
 		}
 	}
-	if got := read(t, b, "a/b/c"); string(got) != "bye" {
+	if got := Read(t, b, "a/b/c"); string(got) != "bye" {
 		t.Errorf("Get(a/b/c) after failed Puts = %q, want the old %q", got, "bye")
 	}
 	if _, err := b.Stat(ctx, "n"); !errors.Is(err, errkind.NotFound) {
@@ -235,14 +235,16 @@ func random(seed uint64, n int) []byte {
 	return b
 }
 
-func put(t *testing.T, b chunkstore.Backend, key string, data []byte) {
+// Put stores data under key in b, failing t on an error.
+func Put(t *testing.T, b chunkstore.Backend, key string, data []byte) {
 	t.Helper()
 	if err := b.Put(t.Context(), key, bytes.NewReader(data), int64(len(data))); err != nil {
 		t.Fatalf("Put(%s) = %v", key, err)
 	}
 }
 
-func read(t *testing.T, b chunkstore.Backend, key string) []byte {
+// Read returns the object key of b, failing t on an error.
+func Read(t *testing.T, b chunkstore.Backend, key string) []byte {
 	t.Helper()
 	rc, err := b.Get(t.Context(), key)
 	if err != nil {
@@ -581,17 +583,17 @@ func testCorrupt(t *testing.T, b chunkstore.Backend) {
 
 	bad := bytes.Clone(data[mib : 2*mib])
 	bad[12345] ^= 1
-	put(t, b, key, bad)
+	Put(t, b, key, bad)
 	checkRestoreFails(t, s, m, chunkstore.ErrCorrupt, errkind.Internal)
 
-	put(t, b, key, data[mib:2*mib-1])
+	Put(t, b, key, data[mib:2*mib-1])
 	checkRestoreFails(t, s, m, chunkstore.ErrCorrupt)
 
-	put(t, b, key, append(bytes.Clone(data[mib:2*mib]), 0))
+	Put(t, b, key, append(bytes.Clone(data[mib:2*mib]), 0))
 	checkRestoreFails(t, s, m, chunkstore.ErrCorrupt)
 
 	// A damaged manifest is reported, and stops GC from deleting anything.
-	put(t, b, chunkstore.ManifestKey("s1"), []byte(`{"version": 1, "id": "s1", "files": [`))
+	Put(t, b, chunkstore.ManifestKey("s1"), []byte(`{"version": 1, "id": "s1", "files": [`))
 	if _, err := s.Get(ctx, "s1"); !errors.Is(err, chunkstore.ErrCorrupt) {
 		t.Errorf("Get(damaged manifest) = %v, want ErrCorrupt", err)
 	}
@@ -639,12 +641,12 @@ func testCompression(t *testing.T, b chunkstore.Backend) {
 	checkRestore(t, raw, m2, "f", data)
 
 	key := chunkstore.ChunkKey(m.Files[0].Chunks[2].Digest) + ".zst"
-	good := read(t, b, key)
+	good := Read(t, b, key)
 	bad := bytes.Clone(good)
 	bad[len(bad)/2] ^= 0xff
-	put(t, b, key, bad)
+	Put(t, b, key, bad)
 	checkRestoreFails(t, s, m, chunkstore.ErrCorrupt)
-	put(t, b, key, good[:len(good)-1])
+	Put(t, b, key, good[:len(good)-1])
 	checkRestoreFails(t, s, m, chunkstore.ErrCorrupt)
 	if err := b.Delete(ctx, key); err != nil {
 		t.Fatalf("setup: %v", err)

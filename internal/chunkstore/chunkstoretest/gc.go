@@ -88,8 +88,8 @@ func testGC(t *testing.T, b chunkstore.Backend) {
 	s := newStore(t, b, &Clock{})
 	m1, m2, d1, d2 := twoSnapshots(t, s, b)
 	junk := random(53, 1000)
-	put(t, b, chunkstore.ChunkKey(chunkstore.Sum(junk)), junk)
-	put(t, b, "chunks/zz/not-a-chunk", []byte("foreign")) // not ours: left alone
+	Put(t, b, chunkstore.ChunkKey(chunkstore.Sum(junk)), junk)
+	Put(t, b, "chunks/zz/not-a-chunk", []byte("foreign")) // not ours: left alone
 
 	st := runGC(t, s)
 	want := chunkstore.GCStats{Manifests: 2, ChunksScanned: 4, ChunksDeleted: 1, BytesDeleted: 1000}
@@ -116,7 +116,7 @@ func testGCGrace(t *testing.T, b chunkstore.Backend) {
 		t.Fatalf("setup: %v", err)
 	}
 	junk := random(54, 1000)
-	put(t, b, chunkstore.ChunkKey(chunkstore.Sum(junk)), junk)
+	Put(t, b, chunkstore.ChunkKey(chunkstore.Sum(junk)), junk)
 	if st := runGC(t, s); st.ChunksDeleted != 0 {
 		t.Errorf("GC within the grace period deleted %d chunks, want 0", st.ChunksDeleted)
 	}
