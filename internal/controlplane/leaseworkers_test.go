@@ -149,6 +149,7 @@ func TestLeaseWorkerLifecycleWithFakeAPIServer(t *testing.T) {
 	if code, sb := createSandbox(t, s, key); code != http.StatusCreated || sb.Worker != "w1" {
 		t.Fatalf("create = %d %+v, want 201 on w1", code, sb)
 	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return rc.reconciles("w1") >= 1 })
 	if n := rc.reconciles("w1"); n != 1 {
 		t.Errorf("reconciles of w1 after it appeared = %d, want 1", n)
 	}
@@ -183,6 +184,8 @@ func TestLeaseWorkerLifecycleWithFakeAPIServer(t *testing.T) {
 		_, healthy, _ := workerState(t, s, key, "w1")
 		return healthy
 	})
+	// The reconcile follows the worker's being marked seen.
+	testenv.Eventually(t, 10*time.Second, func() bool { return rc.reconciles("w1") >= 2 })
 	if n := rc.reconciles("w1"); n != 2 {
 		t.Errorf("reconciles of w1 after it came back = %d, want 2", n)
 	}
@@ -208,6 +211,8 @@ func TestLeaseWorkerLifecycleWithFakeAPIServer(t *testing.T) {
 		_, healthy, _ := workerState(t, s, key, "w1")
 		return healthy
 	})
+	// The reconcile follows the worker's being marked seen.
+	testenv.Eventually(t, 10*time.Second, func() bool { return rc.reconciles("w1") >= 3 })
 	if n := rc.reconciles("w1"); n != 3 {
 		t.Errorf("reconciles of w1 after it restarted = %d, want 3", n)
 	}
