@@ -80,6 +80,75 @@ type CreateSandbox struct {
 	// lifetime) or "suspend" (it is an idle time, after which the sandbox
 	// is suspended rather than deleted).
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// Checkpoints is when the platform checkpoints the sandbox on its
+	// own; nil takes the server's default policy, and a policy that
+	// sets neither Every nor AfterExec takes no checkpoints.
+	Checkpoints *CheckpointPolicy `json:"checkpoints,omitempty"`
+	// FromCheckpoint starts the sandbox as a copy of a checkpoint (its
+	// ID, from GET /v1/sandboxes/{id}/checkpoints): a branch from that
+	// point. Give it or FromSnapshot, not both.
+	FromCheckpoint string `json:"from_checkpoint,omitempty"`
+}
+
+// CheckpointPolicy says when a sandbox is checkpointed without being
+// asked, and how long its checkpoints are kept. A checkpoint is a live
+// snapshot (the guest pauses only while its state is saved) stored
+// incrementally: only what changed since the sandbox's previous
+// checkpoint is added to storage. Durations are Go durations ("90s",
+// "5m", "24h").
+type CheckpointPolicy struct {
+	// Every takes a checkpoint this long after the last one ("" or "0":
+	// none on a schedule). At least 1s.
+	Every string `json:"every,omitempty"`
+	// AfterExec takes a checkpoint when a command that ran at least
+	// MinExec ends (commands run attached: POST .../exec without detach,
+	// or the exec WebSocket).
+	AfterExec bool `json:"after_exec,omitempty"`
+	// MinExec is how long a command must have run for AfterExec; "" is
+	// 2s.
+	MinExec string `json:"min_exec,omitempty"`
+	// Keep is how many checkpoints are kept, newest first; 0 is 20.
+	Keep int `json:"keep,omitempty"`
+	// KeepFor removes checkpoints older than this ("" or "0": no age
+	// limit). The newest checkpoint is never removed by age: it is what
+	// the sandbox would be recovered from.
+	KeepFor string `json:"keep_for,omitempty"`
+}
+
+// CheckpointTriggers are the values of Checkpoint.Trigger.
+const (
+	CheckpointSchedule = "schedule" // the policy's Every came due
+	CheckpointExec     = "exec"     // a command of at least MinExec ended (AfterExec)
+	CheckpointManual   = "manual"   // POST /v1/sandboxes/{id}/checkpoints
+)
+
+// Checkpoint is one entry of a sandbox's history. Its ID is a snapshot
+// ID: GET /v1/snapshots/{id} shows it as a snapshot, restore rolls a
+// sandbox back to it, and create starts a branch from it.
+type Checkpoint struct {
+	ID        string    `json:"id"`
+	SandboxID string    `json:"sandbox_id"`
+	CreatedAt time.Time `json:"created_at"`
+	Trigger   string    `json:"trigger"` // schedule, exec or manual
+	// Command is the last command that ended before the checkpoint was
+	// taken (with AfterExec, the one that triggered it), or "".
+	Command string `json:"command,omitempty"`
+	// StoredBytes is what the checkpoint added to storage; LogicalBytes
+	// is the size of its memory, disk and device state, holes included.
+	StoredBytes  int64 `json:"stored_bytes"`
+	LogicalBytes int64 `json:"logical_bytes"`
+	// ReadBytes is what storing it read (only what changed since the
+	// previous checkpoint, on reflink storage).
+	ReadBytes int64 `json:"read_bytes,omitempty"`
+	// PausedMS is how long the guest was paused while it was taken.
+	PausedMS int64 `json:"paused_ms"`
+}
+
+// CheckpointList is the reply of GET /v1/sandboxes/{id}/checkpoints:
+// the sandbox's checkpoints, newest first, and the policy in force.
+type CheckpointList struct {
+	Checkpoints []Checkpoint     `json:"checkpoints"`
+	Policy      CheckpointPolicy `json:"policy"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -106,6 +175,8 @@ type Sandbox struct {
 	// SuspendedSnapshot is the snapshot a suspended sandbox (state
 	// "suspended") resumes from.
 	SuspendedSnapshot string `json:"suspended_snapshot,omitempty"`
+	// Checkpoints is the checkpoint policy in force (absent: none).
+	Checkpoints *CheckpointPolicy `json:"checkpoints,omitempty"`
 	// DataPlane is where the sandbox's data-plane requests (exec,
 	// processes, files, ports) go while its VM runs; absent otherwise.
 	DataPlane *DataPlane `json:"data_plane,omitempty"`
@@ -415,16 +486,23 @@ type Snapshot struct {
 	// from snapshots taken before they were recorded, which start on any.
 	VMM        string `json:"vmm,omitempty"`
 	VMMVersion string `json:"vmm_version,omitempty"`
+	// Checkpoint is the trigger of a checkpoint (see Checkpoint), "" for
+	// a snapshot someone asked for by name or POST .../snapshots.
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
-// SnapshotList is the reply of GET /v1/snapshots.
+// SnapshotList is the reply of GET /v1/snapshots. Checkpoints are not
+// in it (GET /v1/sandboxes/{id}/checkpoints lists a sandbox's).
 type SnapshotList struct {
 	Snapshots []Snapshot `json:"snapshots"`
 }
 
 // RestoreSandbox is the body of POST /v1/sandboxes/{id}/restore.
 type RestoreSandbox struct {
-	Snapshot string `json:"snapshot"` // ID or name
+	Snapshot string `json:"snapshot,omitempty"` // ID or name
+	// Checkpoint is a checkpoint's ID (GET .../checkpoints): give it or
+	// Snapshot, not both.
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
 // ForkSandbox is the body of POST /v1/sandboxes/{id}/fork.

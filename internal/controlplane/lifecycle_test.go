@@ -174,11 +174,11 @@ func TestReconcileRemovesChildrenOfUnansweredFork(t *testing.T) {
 		t.Fatalf("setup: %v", err)
 	}
 	// The steps handleFork takes, up to its first crash point.
-	sn, err := s.takeSnapshot(ctx, rec, wk, store.NewSnapshotID(), "", false, true)
+	sn, err := s.takeSnapshot(ctx, rec, wk, snapshotOpts{id: store.NewSnapshotID(), fork: true})
 	if err != nil {
 		t.Fatalf("setup: take the fork's snapshot: %v", err)
 	}
-	child, err := s.createFrom(ctx, DefaultTeam, sn, nil, false)
+	child, err := s.createFrom(ctx, DefaultTeam, sn, nil, nil, false)
 	if err != nil {
 		t.Fatalf("setup: fork child: %v", err)
 	}

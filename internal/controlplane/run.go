@@ -247,7 +247,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 }
 
-// lead does the leader's background work until ctx ends.
+// lead does the leader's background work until ctx ends: reaping,
+// reconciling, and automatic checkpoints (checkpoints.go).
 func (s *Server) lead(ctx context.Context) {
 	reap := time.NewTicker(s.cfg.ReapInterval)
 	defer reap.Stop()
@@ -260,6 +261,9 @@ func (s *Server) lead(ctx context.Context) {
 		s.pruneEgressLogs(ctx)
 	}
 	round()
+	var ckpts sync.WaitGroup
+	defer ckpts.Wait()
+	ckpts.Go(func() { s.runCheckpoints(ctx) })
 	watch := time.NewTicker(deadClaimsEvery)
 	defer watch.Stop()
 	for {

@@ -22,18 +22,20 @@ import (
 // createBody mirrors api.CreateSandbox with pointers, so an explicit 0
 // (invalid) differs from an omitted field (the default).
 type createBody struct {
-	Template       *string           `json:"template"`
-	VCPUs          *int              `json:"vcpus"`
-	MemoryMiB      *int64            `json:"memory_mib"`
-	DiskMiB        *int64            `json:"disk_mib"`
-	TimeoutSeconds *int64            `json:"timeout_seconds"`
-	Env            map[string]string `json:"env"`
-	Labels         map[string]string `json:"labels"`
-	FromSnapshot   *string           `json:"from_snapshot"`
-	Network        *api.Network      `json:"network"`
-	Secrets        []string          `json:"secrets"`
-	ColdBoot       bool              `json:"cold_boot"`
-	OnTimeout      *string           `json:"on_timeout"`
+	Template       *string               `json:"template"`
+	VCPUs          *int                  `json:"vcpus"`
+	MemoryMiB      *int64                `json:"memory_mib"`
+	DiskMiB        *int64                `json:"disk_mib"`
+	TimeoutSeconds *int64                `json:"timeout_seconds"`
+	Env            map[string]string     `json:"env"`
+	Labels         map[string]string     `json:"labels"`
+	FromSnapshot   *string               `json:"from_snapshot"`
+	Network        *api.Network          `json:"network"`
+	Secrets        []string              `json:"secrets"`
+	ColdBoot       bool                  `json:"cold_boot"`
+	OnTimeout      *string               `json:"on_timeout"`
+	Checkpoints    *api.CheckpointPolicy `json:"checkpoints"`
+	FromCheckpoint *string               `json:"from_checkpoint"`
 }
 
 // spec is what the store keeps as a sandbox's Spec.
@@ -50,6 +52,9 @@ type spec struct {
 	// that snapshot is still creating the fork has not answered, and
 	// Reconcile removes the sandbox with the snapshot.
 	Fork string `json:"fork,omitempty"`
+	// Checkpoints is the sandbox's checkpoint policy, as checkpoint.FromAPI
+	// fills it in; nil = none.
+	Checkpoints *api.CheckpointPolicy `json:"checkpoints,omitempty"`
 }
 
 // What a sandbox's timeout does (api.CreateSandbox.OnTimeout).
@@ -164,6 +169,10 @@ func (s *Server) validate(b createBody) (spec, error) {
 			sp.OnTimeout = onTimeoutSuspend
 		}
 	}
+	var err error
+	if sp.Checkpoints, err = s.createPolicy(b.Checkpoints); err != nil {
+		return sp, err
+	}
 	return sp, nil
 }
 
@@ -196,17 +205,29 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 			httpapi.WriteError(w, err)
 			return
 		}
-		tsp.TimeoutSeconds, tsp.OnTimeout = sp.TimeoutSeconds, sp.OnTimeout
+		tsp.TimeoutSeconds, tsp.OnTimeout, tsp.Checkpoints = sp.TimeoutSeconds, sp.OnTimeout, sp.Checkpoints
 		sp, pl = tsp, tpl
+	}
+	from := "from_snapshot"
+	if b.FromCheckpoint != nil {
+		if b.FromSnapshot != nil {
+			httpapi.WriteError(w, httpapi.Invalid("from_checkpoint", "give from_checkpoint or from_snapshot, not both"))
+			return
+		}
+		if _, err := s.readyCheckpoint(ctx, c.team, *b.FromCheckpoint, "from_checkpoint"); err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		b.FromSnapshot, from = b.FromCheckpoint, "from_checkpoint"
 	}
 	if b.FromSnapshot != nil {
 		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil || b.ColdBoot || b.Network != nil || b.Secrets != nil {
-			httpapi.WriteError(w, httpapi.Invalid("from_snapshot", "a sandbox from a snapshot has the snapshot's template, resources and environment"))
+			httpapi.WriteError(w, httpapi.Invalid(from, "a sandbox from a snapshot or checkpoint has its template, resources and environment"))
 			return
 		}
 		sn, err := s.ready(ctx, c.team, *b.FromSnapshot)
 		if err != nil {
-			httpapi.WriteError(w, &httpapi.FieldError{Field: "from_snapshot", Err: err})
+			httpapi.WriteError(w, &httpapi.FieldError{Field: from, Err: err})
 			return
 		}
 		m, err := metaOf(sn)
@@ -470,6 +491,7 @@ func (s *Server) view(sb store.Sandbox) (api.Sandbox, error) {
 	}
 	v.VM = st.VM
 	v.SuspendedSnapshot = st.Suspended
+	v.Checkpoints = sp.Checkpoints
 	v.DataPlane = s.dataPlaneOf(sb)
 	return v, nil
 }
@@ -595,6 +617,9 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 				return err
 			}
 		}
+		if err := s.dropCheckpoints(ctx, sb); err != nil {
+			return err
+		}
 		if err := s.writes(ctx).DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
@@ -618,6 +643,9 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 		if err := wk.Delete(ctx, sb.ID); err != nil && !errors.Is(err, errkind.NotFound) {
 			return err
 		}
+	}
+	if err := s.dropCheckpoints(ctx, sb); err != nil {
+		return err
 	}
 	if err := s.writes(ctx).DeleteSandbox(ctx, sb.TeamID, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"space/api"
+	"space/internal/checkpoint"
 	"space/internal/dataplane"
 	"space/internal/errkind"
 	"space/internal/httpapi"
@@ -89,6 +90,12 @@ type Config struct {
 	// ReconcileInterval is how often every worker's sandboxes are
 	// compared with the store (a VM that died is marked failed); 0 = 30s.
 	ReconcileInterval time.Duration
+	// DefaultCheckpoints is the checkpoint policy of sandboxes created
+	// without one; nil = none. New checks it.
+	DefaultCheckpoints *api.CheckpointPolicy
+	// CheckpointInterval is how often the leader looks for sandboxes
+	// whose checkpoint is due; 0 = 1s.
+	CheckpointInterval time.Duration
 	// EgressLogRetention is how long sandboxes' archived egress logs are
 	// kept; 0 = DefaultEgressLogRetention, negative = for ever.
 	EgressLogRetention time.Duration
@@ -190,6 +197,20 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ReconcileInterval == 0 {
 		cfg.ReconcileInterval = 30 * time.Second
+	}
+	if cfg.CheckpointInterval == 0 {
+		cfg.CheckpointInterval = time.Second
+	}
+	if cfg.DefaultCheckpoints != nil {
+		pol, err := checkpoint.FromAPI("default checkpoint policy", *cfg.DefaultCheckpoints)
+		if err != nil {
+			return nil, err
+		}
+		cfg.DefaultCheckpoints = nil
+		if !pol.Off() {
+			p := pol.API()
+			cfg.DefaultCheckpoints = &p
+		}
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -411,6 +432,9 @@ func (s *Server) routes() []route {
 		{"POST", sb + "/suspend", s.handleSuspend, false},
 		{"POST", sb + "/snapshots", s.handleCreateSnapshot, false},
 		{"POST", sb + "/restore", s.handleRestore, false},
+		{"GET", sb + "/checkpoints", s.handleListCheckpoints, false},
+		{"POST", sb + "/checkpoints", s.handleCreateCheckpoint, false},
+		{"PUT", sb + "/checkpoints/policy", s.handleSetCheckpointPolicy, false},
 		{"POST", sb + "/fork", s.handleFork, false},
 		{"GET", "/v1/snapshots", s.handleListSnapshots, false},
 		{"GET", "/v1/snapshots/{sid}", s.handleGetSnapshot, false},

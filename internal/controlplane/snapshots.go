@@ -29,6 +29,16 @@ type snapshotMeta struct {
 	// compat.go); zero in snapshots from before it was recorded, which
 	// start anywhere.
 	VMM vmmID `json:"vmm,omitzero"`
+	// Checkpoint is set on a checkpoint (checkpoints.go).
+	Checkpoint *checkpointMeta `json:"checkpoint,omitempty"`
+}
+
+// checkpointTrigger is the trigger of a checkpoint, "" for a snapshot.
+func (m snapshotMeta) checkpointTrigger() string {
+	if m.Checkpoint == nil {
+		return ""
+	}
+	return m.Checkpoint.Trigger
 }
 
 // snapshotView is the API's picture of a snapshot. One whose metadata
@@ -41,6 +51,7 @@ func (s *Server) snapshotView(sn store.Snapshot) (api.Snapshot, error) {
 		ID: sn.ID, Name: sn.Name, Team: sn.TeamID, SandboxID: sn.SandboxID, State: sn.State.String(),
 		Worker: sn.WorkerID, CreatedAt: sn.Created, LogicalBytes: sn.LogicalBytes, NewBytes: sn.NewBytes,
 		PausedMS: m.PausedMS, ReadBytes: m.ReadBytes, VMM: m.VMM.Kind, VMMVersion: m.VMM.Version,
+		Checkpoint: m.checkpointTrigger(),
 	}, err
 }
 
@@ -99,17 +110,30 @@ func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name
 		return store.Snapshot{}, err
 	}
 	defer release()
-	return s.takeSnapshot(ctx, sb, wk, id, name, false, false)
+	return s.takeSnapshot(ctx, sb, wk, snapshotOpts{id: id, name: name})
 }
 
-// takeSnapshot records snapshot id of sb, has its worker take it, and
+// snapshotOpts are takeSnapshot's: the snapshot's id and name, and what
+// kind it is.
+type snapshotOpts struct {
+	id, name string
+	// local keeps it on the worker's disk, out of the chunk store.
+	local bool
+	// fork leaves it creating (a fork's snapshot).
+	fork bool
+	// checkpoint makes it a checkpoint.
+	checkpoint *checkpointMeta
+}
+
+// takeSnapshot records snapshot o.id of sb, has its worker take it, and
 // records it ready, or, for a fork's, leaves it creating: a fork's
 // snapshot is never one anyone may start from, and one that a crash
 // leaves behind is rolled back by Reconcile like any other creating one.
 // A local one stays on the worker's disk, out of the chunk store, and is
-// not made durable. The caller claims id first and until the snapshot is
-// ready or gone.
-func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, id, name string, local, fork bool) (store.Snapshot, error) {
+// not made durable. The caller claims o.id first and until the snapshot
+// is ready or gone.
+func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, o snapshotOpts) (store.Snapshot, error) {
+	id, name, local, fork := o.id, o.name, o.local, o.fork
 	q, err := s.quota(ctx, sb.TeamID)
 	if err != nil {
 		return store.Snapshot{}, err
@@ -136,7 +160,7 @@ func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, 
 	}
 	s.crash("api.snapshot.worker-done")
 	vmm := s.snapshotVMM(ctx, sb, wk)
-	meta, err := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes, VMM: vmm})
+	meta, err := json.Marshal(snapshotMeta{Spec: info.Spec, PausedMS: info.PausedMS, Chunked: info.Chunked, ReadBytes: info.ReadBytes, VMM: vmm, Checkpoint: o.checkpoint})
 	if err != nil {
 		return sn, fmt.Errorf("snapshot %s: encode metadata: %w", sn.ID, err)
 	}
@@ -152,7 +176,11 @@ func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, 
 	if err != nil {
 		return sn, err
 	}
-	s.log.Info("snapshot taken", "snapshot_id", sn.ID, "sandbox_id", sb.ID, "paused_ms", info.PausedMS, "vmm", vmm.Kind, "vmm_version", vmm.Version)
+	what := "snapshot taken"
+	if o.checkpoint != nil {
+		what = "checkpoint taken"
+	}
+	s.log.Info(what, "snapshot_id", sn.ID, "sandbox_id", sb.ID, "paused_ms", info.PausedMS, "new_bytes", sn.NewBytes, "vmm", vmm.Kind, "vmm_version", vmm.Version)
 	return sn, nil
 }
 
@@ -208,6 +236,9 @@ func (s *Server) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 	out := api.SnapshotList{Snapshots: make([]api.Snapshot, 0, len(all))}
 	for _, sn := range all {
 		v, err := s.snapshotView(sn)
+		if v.Checkpoint != "" {
+			continue // listed with its sandbox's checkpoints
+		}
 		if err != nil { // listed all the same, without its metadata's figures
 			s.log.Error("list snapshots: record does not decode", "snapshot_id", sn.ID, "err", err)
 		}
@@ -276,8 +307,8 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	if req.Snapshot == "" {
-		httpapi.WriteError(w, httpapi.Invalid("snapshot", "give a snapshot id or name"))
+	if (req.Snapshot == "") == (req.Checkpoint == "") {
+		httpapi.WriteError(w, httpapi.Invalid("snapshot", "give a snapshot id or name, or a checkpoint id (checkpoint), not both"))
 		return
 	}
 	sb, wk, err := s.running(r)
@@ -286,9 +317,14 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
-	sn, err := s.ready(ctx, sb.TeamID, req.Snapshot)
+	var sn store.Snapshot
+	if req.Checkpoint != "" {
+		sn, err = s.readyCheckpoint(ctx, sb.TeamID, req.Checkpoint, "checkpoint")
+	} else if sn, err = s.ready(ctx, sb.TeamID, req.Snapshot); err != nil {
+		err = &httpapi.FieldError{Field: "snapshot", Err: err}
+	}
 	if err != nil {
-		httpapi.WriteError(w, &httpapi.FieldError{Field: "snapshot", Err: err})
+		httpapi.WriteError(w, err)
 		return
 	}
 	m, err := metaOf(sn)
@@ -377,7 +413,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release() // until the snapshot is gone (deferred below)
-	sn, err := s.takeSnapshot(ctx, sb, wk, id, "", local, true)
+	sn, err := s.takeSnapshot(ctx, sb, wk, snapshotOpts{id: id, local: local, fork: true})
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
@@ -393,7 +429,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 	for i := range req.Count {
 		// The last child of a local fork takes the snapshot's files
 		// rather than copies of them.
-		child, err := s.createFrom(ctx, sb.TeamID, sn, sb.Labels, local && i == req.Count-1)
+		child, err := s.createFrom(ctx, sb.TeamID, sn, sb.Labels, sp.Checkpoints, local && i == req.Count-1)
 		if err != nil {
 			httpapi.WriteError(w, s.unfork(ctx, children, i+1, req.Count, err))
 			return
@@ -455,15 +491,15 @@ func (s *Server) unfork(ctx context.Context, children []store.Sandbox, k, n int,
 }
 
 // createFrom creates a sandbox of team from snapshot sn with the
-// snapshot's resources, as a child of the fork that took it; take spends the snapshot on it (placement.take;
+// snapshot's resources and checkpoint policy ckpts, as a child of the fork that took it; take spends the snapshot on it (placement.take;
 // the worker ignores it for a chunked snapshot, whose copy there is a
 // cache).
-func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot, labels map[string]string, take bool) (store.Sandbox, error) {
+func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot, labels map[string]string, ckpts *api.CheckpointPolicy, take bool) (store.Sandbox, error) {
 	m, err := metaOf(sn)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(s.cfg.Limits.DefaultTTL.Seconds()), Fork: sn.ID}
+	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(s.cfg.Limits.DefaultTTL.Seconds()), Fork: sn.ID, Checkpoints: ckpts}
 	pl, err := s.snapshotPlacement(sn)
 	if err != nil {
 		return store.Sandbox{}, err

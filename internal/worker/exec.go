@@ -264,8 +264,10 @@ func (w *Worker) handleExec(rw http.ResponseWriter, r *http.Request, a *client.C
 	// Headers go out before the process starts, so its first output
 	// cannot race them; a failed start is then an error event.
 	n := newNDJSON(rw)
+	started := time.Now()
 	p, info, err := a.StartAttached(r.Context(), ps, n.io(stdin))
 	n.follow(p, info, err)
+	w.execEnded(r.PathValue("id"), req, started, err)
 	return nil
 }
 
@@ -373,9 +375,22 @@ func (w *Worker) handleExecWS(rw http.ResponseWriter, r *http.Request, a *client
 		return nil
 	}
 	ws := newWSSession(ctx, c)
+	started := time.Now()
 	p, info, err := a.StartAttached(ctx, ps, ws.io())
 	ws.follow(p, info, err)
+	w.execEnded(r.PathValue("id"), req, started, err)
 	return nil
+}
+
+// execEnded records on sandbox id that an attached command which started
+// (startErr nil) ended now.
+func (w *Worker) execEnded(id string, req api.Exec, started time.Time, startErr error) {
+	if startErr != nil {
+		return
+	}
+	if s, err := w.get(id); err == nil {
+		s.execEnded(req, started)
+	}
 }
 
 // handleAttachWS attaches a WebSocket to a running process.

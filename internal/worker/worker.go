@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"space/api"
 	"space/internal/agent/client"
 	"space/internal/cgroup"
 	"space/internal/chunkstore"
@@ -368,6 +369,23 @@ type sbx struct {
 	lastActive time.Time // see Info.LastActive
 	// +checklocks:mu
 	active int // data-plane requests in progress
+	// +checklocks:mu
+	lastExec *workerproto.ExecRecord // see Info.LastExec
+}
+
+// execEnded records an attached command that ran from started until now.
+func (s *sbx) execEnded(req api.Exec, started time.Time) {
+	cmd := req.Shell
+	if len(req.Command) > 0 {
+		cmd = strings.Join(req.Command, " ")
+	}
+	if len(cmd) > workerproto.MaxExecCommand {
+		cmd = cmd[:workerproto.MaxExecCommand]
+	}
+	rec := &workerproto.ExecRecord{Command: strings.ToValidUTF8(cmd, "?"), Started: started, Ended: time.Now()}
+	s.mu.Lock()
+	s.lastExec = rec
+	s.mu.Unlock()
 }
 
 // use records a data-plane request to the sandbox; call the result when
@@ -389,7 +407,7 @@ func (s *sbx) info() Info {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	inf := Info{ID: s.rec.ID, Team: s.rec.Team, State: s.rec.State, Spec: s.rec.Spec, Error: s.failure,
-		LastActive: s.lastActive, Active: s.active}
+		LastActive: s.lastActive, Active: s.active, LastExec: s.lastExec}
 	if s.rec.VM != nil {
 		vm := *s.rec.VM
 		inf.VM = &vm

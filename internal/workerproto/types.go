@@ -142,7 +142,23 @@ type Info struct {
 	// Active counts the data-plane requests in progress (an exec or
 	// an attached stream keeps the sandbox in use until it ends).
 	Active int `json:"active,omitempty"`
+	// LastExec is the last attached command (exec without detach, or the
+	// exec WebSocket) that ended on this worker since it took the sandbox
+	// on, or nil: what a checkpoint policy's after_exec goes by.
+	LastExec *ExecRecord `json:"last_exec,omitempty"`
 }
+
+// ExecRecord is a command that ran and ended.
+type ExecRecord struct {
+	// Command is its argv joined by spaces, or its shell string, cut to
+	// MaxExecCommand bytes.
+	Command string    `json:"command"`
+	Started time.Time `json:"started"`
+	Ended   time.Time `json:"ended"`
+}
+
+// MaxExecCommand bounds ExecRecord.Command.
+const MaxExecCommand = 256
 
 // Status is the worker's protocol version, abilities, capacity and use.
 type Status struct {
