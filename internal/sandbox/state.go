@@ -25,12 +25,16 @@ const (
 	// Suspended: no VM; a snapshot in the chunk store holds its memory and
 	// disk, and a resume starts it again from there, on any worker.
 	Suspended State = "suspended"
-	Failed    State = "failed"  // a create or the VM failed; resources released
-	Deleted   State = "deleted" // gone; kept only as a tombstone
+	// Recovering: its worker was lost, and it is being restored on
+	// another from its latest checkpoint (same ID); data-plane requests
+	// get 503 until it runs again.
+	Recovering State = "recovering"
+	Failed     State = "failed"  // a create or the VM failed; resources released
+	Deleted    State = "deleted" // gone; kept only as a tombstone
 )
 
 // States lists every state.
-var States = []State{Creating, Running, Paused, Stopping, Stopped, Suspended, Failed, Deleted}
+var States = []State{Creating, Running, Paused, Stopping, Stopped, Suspended, Recovering, Failed, Deleted}
 
 func (s State) String() string { return string(s) }
 
@@ -42,14 +46,15 @@ func (s State) Valid() bool {
 
 // transitions is the table: from each state, the states that may follow.
 var transitions = map[State][]State{
-	Creating:  {Running, Failed, Stopping},
-	Running:   {Paused, Stopping, Failed, Creating}, // Creating: restored from a snapshot in place
-	Paused:    {Running, Stopping, Failed, Creating},
-	Stopping:  {Stopped, Suspended, Deleted, Failed}, // Suspended: a suspend's VM is gone
-	Stopped:   {Creating, Deleted},
-	Suspended: {Creating, Deleted}, // Creating: a resume
-	Failed:    {Stopping, Deleted},
-	Deleted:   {},
+	Creating:   {Running, Failed, Stopping},
+	Running:    {Paused, Stopping, Failed, Creating, Recovering}, // Creating: restored from a snapshot in place
+	Paused:     {Running, Stopping, Failed, Creating, Recovering},
+	Recovering: {Running, Failed, Stopping},
+	Stopping:   {Stopped, Suspended, Deleted, Failed}, // Suspended: a suspend's VM is gone
+	Stopped:    {Creating, Deleted},
+	Suspended:  {Creating, Deleted}, // Creating: a resume
+	Failed:     {Stopping, Deleted},
+	Deleted:    {},
 }
 
 // ErrTransition is returned by Check for a transition the table forbids.

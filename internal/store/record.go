@@ -351,6 +351,10 @@ type Worker struct {
 	// Capabilities describes what the worker can do (hypervisors, features):
 	// opaque JSON of at most 64 KiB, or nil.
 	Capabilities json.RawMessage
+	// Epoch is the worker's fencing epoch (workerproto.LeaseRequest): 0
+	// until its sandboxes are first taken away from it, then raised by
+	// RaiseWorkerEpoch only. UpsertWorker ignores it.
+	Epoch int64
 }
 
 const (

@@ -274,6 +274,11 @@ type Workers interface {
 	// DeleteWorker removes the worker id, or returns ErrNotFound. Its
 	// sandboxes keep their WorkerID.
 	DeleteWorker(ctx context.Context, id string) error
+	// RaiseWorkerEpoch sets worker id's Epoch to from+1 if it is from,
+	// and returns the new epoch; ErrVersionConflict if it is not from,
+	// ErrNotFound if there is no such worker. UpsertWorker never
+	// changes an epoch.
+	RaiseWorkerEpoch(ctx context.Context, id string, from int64) (int64, error)
 }
 
 // Leases coordinate control plane replicas that share one store: a lease
@@ -350,4 +355,5 @@ type FencedWrites interface {
 	UpdateSnapshot(ctx context.Context, sn Snapshot) (Snapshot, error)
 	DeleteSnapshot(ctx context.Context, teamID, id string) error
 	UpdateTemplate(ctx context.Context, t Template) (Template, error)
+	RaiseWorkerEpoch(ctx context.Context, id string, from int64) (int64, error)
 }

@@ -268,6 +268,10 @@ func (f fenced) DeleteSnapshot(ctx context.Context, teamID, id string) error {
 	return f.s.deleteSnapshot(ctx, &f.l, teamID, id)
 }
 
+func (f fenced) RaiseWorkerEpoch(ctx context.Context, id string, from int64) (int64, error) {
+	return f.s.raiseWorkerEpoch(ctx, &f.l, id, from)
+}
+
 func (f fenced) UpdateTemplate(ctx context.Context, t store.Template) (store.Template, error) {
 	return f.s.updateTemplate(ctx, &f.l, t)
 }

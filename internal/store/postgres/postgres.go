@@ -712,7 +712,7 @@ func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
 
 // ListWorkers implements [store.Workers].
 func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat, protocol, capabilities FROM workers ORDER BY id`)
+	rows, err := s.pool.Query(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat, protocol, capabilities, epoch FROM workers ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
@@ -721,7 +721,7 @@ func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
 			w    store.Worker
 			caps []byte
 		)
-		err := r.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &w.LastHeartbeat, &w.Protocol, &caps)
+		err := r.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &w.LastHeartbeat, &w.Protocol, &caps, &w.Epoch)
 		w.LastHeartbeat = w.LastHeartbeat.UTC()
 		w.Capabilities = caps
 		return w, err
@@ -730,6 +730,34 @@ func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
 	return ws, nil
+}
+
+// RaiseWorkerEpoch implements [store.Workers].
+func (s *Store) RaiseWorkerEpoch(ctx context.Context, id string, from int64) (int64, error) {
+	return s.raiseWorkerEpoch(ctx, nil, id, from)
+}
+
+// raiseWorkerEpoch is RaiseWorkerEpoch, fenced by fence unless it is nil.
+func (s *Store) raiseWorkerEpoch(ctx context.Context, fence *store.Lease, id string, from int64) (int64, error) {
+	err := s.write(ctx, fence, func(q querier) error {
+		tag, err := q.Exec(ctx, `UPDATE workers SET epoch = $1 WHERE id = $2 AND epoch = $3`, from+1, id, from)
+		if err != nil || tag.RowsAffected() == 1 {
+			return err
+		}
+		var cur int64
+		err = q.QueryRow(ctx, `SELECT epoch FROM workers WHERE id = $1`, id).Scan(&cur)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("epoch is %d, not %d: %w", cur, from, store.ErrVersionConflict)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("raise epoch of worker %s: %w", id, err)
+	}
+	return from + 1, nil
 }
 
 // DeleteWorker implements [store.Workers].

@@ -860,7 +860,7 @@ func (s *Store) UpsertWorker(ctx context.Context, w store.Worker) error {
 
 // ListWorkers implements [store.Workers].
 func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat_us, protocol, capabilities FROM workers ORDER BY id`)
+	rows, err := s.r.QueryContext(ctx, `SELECT id, address, vcpus, memory_mib, last_heartbeat_us, protocol, capabilities, epoch FROM workers ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
@@ -872,7 +872,7 @@ func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
 			hb   int64
 			caps []byte // scanned as []byte: database/sql copies it
 		)
-		if err := rows.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &hb, &w.Protocol, &caps); err != nil {
+		if err := rows.Scan(&w.ID, &w.Address, &w.VCPUs, &w.MemoryMiB, &hb, &w.Protocol, &caps, &w.Epoch); err != nil {
 			return nil, fmt.Errorf("list workers: %w", err)
 		}
 		w.LastHeartbeat = fromMicros(hb)
@@ -883,6 +883,37 @@ func (s *Store) ListWorkers(ctx context.Context) ([]store.Worker, error) {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
 	return ws, nil
+}
+
+// RaiseWorkerEpoch implements [store.Workers].
+func (s *Store) RaiseWorkerEpoch(ctx context.Context, id string, from int64) (int64, error) {
+	return s.raiseWorkerEpoch(ctx, nil, id, from)
+}
+
+// raiseWorkerEpoch is RaiseWorkerEpoch, fenced by fence unless it is nil.
+func (s *Store) raiseWorkerEpoch(ctx context.Context, fence *store.Lease, id string, from int64) (int64, error) {
+	err := s.writeFenced(ctx, fence, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE workers SET epoch = ? WHERE id = ? AND epoch = ?`, from+1, id, from)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
+			return err
+		}
+		var cur int64
+		err = tx.QueryRowContext(ctx, `SELECT epoch FROM workers WHERE id = ?`, id).Scan(&cur)
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("epoch is %d, not %d: %w", cur, from, store.ErrVersionConflict)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("raise epoch of worker %s: %w", id, err)
+	}
+	return from + 1, nil
 }
 
 // DeleteWorker implements [store.Workers].

@@ -626,6 +626,26 @@ func testWorkers(t *testing.T, h Harness) {
 	if diff := cmp.Diff([]store.Worker{w1, w2}, got); diff != "" {
 		t.Errorf("ListWorkers() (-want +got):\n%s", diff)
 	}
+
+	// The fencing epoch: raised by compare-and-set only, and kept by
+	// a later upsert.
+	if e, err := s.RaiseWorkerEpoch(ctx, "w1", 0); err != nil || e != 1 {
+		t.Fatalf("RaiseWorkerEpoch(w1, 0) = %d, %v; want 1", e, err)
+	}
+	if _, err := s.RaiseWorkerEpoch(ctx, "w1", 0); !errors.Is(err, store.ErrVersionConflict) {
+		t.Errorf("RaiseWorkerEpoch(w1, 0) again = %v, want ErrVersionConflict", err)
+	}
+	if _, err := s.RaiseWorkerEpoch(ctx, "nope", 0); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("RaiseWorkerEpoch(nope) = %v, want ErrNotFound", err)
+	}
+	w1.Epoch = 99 // ignored
+	if err := s.UpsertWorker(ctx, w1); err != nil {
+		t.Fatalf("UpsertWorker(w1 with an epoch) = %v", err)
+	}
+	got, err = s.ListWorkers(ctx)
+	if err != nil || len(got) != 2 || got[0].Epoch != 1 || got[1].Epoch != 0 {
+		t.Errorf("ListWorkers() after the raise = %+v, %v; want w1 at epoch 1, w2 at 0", got, err)
+	}
 }
 
 func testPersistence(t *testing.T, h Harness) {
