@@ -26,7 +26,8 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		newSandboxStateCmd(g, "pause", "Pause sandboxes (vCPUs stop; memory stays)", (*client.Client).PauseSandbox),
 		newSandboxStateCmd(g, "suspend", "Suspend sandboxes to storage (the VM stops; memory is freed)", (*client.Client).SuspendSandbox),
 		newSandboxStateCmd(g, "resume", "Resume paused or suspended sandboxes", (*client.Client).ResumeSandbox),
-		newSandboxRestoreCmd(g), newSandboxForkCmd(g), newSandboxNetworkCmd(g), newSandboxSecretsCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g))
+		newSandboxRestoreCmd(g), newSandboxForkCmd(g),
+		newSandboxCheckpointCmd(g), newSandboxCheckpointsCmd(g), newSandboxHistoryCmd(g), newSandboxNetworkCmd(g), newSandboxSecretsCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g))
 }
 
 func newSandboxCreateCmd(g *globals) *cobra.Command {
@@ -37,6 +38,8 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		output      string
 		nf          networkFlags
 		network     bool
+		pf          policyFlags
+		policy      string
 	)
 	c := &cobra.Command{
 		Use:   "create [flags]",
@@ -47,7 +50,11 @@ Every sandbox has a network interface behind an egress gateway of its own
 that lets through only what --allow-host and --allow-cidr name (without
 them, nothing: DNS answers NXDOMAIN). Change that later with
 "space sandbox network", and see what it decided with
-"space sandbox egress-log".`,
+"space sandbox egress-log".
+
+Without --checkpoints or a --checkpoint-* flag the sandbox takes the
+server's default checkpoint policy (none unless its operator set one);
+--checkpoints off takes none whatever the default.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
@@ -69,6 +76,12 @@ them, nothing: DNS answers NXDOMAIN). Change that later with
 					return err
 				}
 				req.Network = &n
+			}
+			if req.Checkpoints, err = createPolicy(cmd.Flags(), &pf, policy); err != nil {
+				return err
+			}
+			if req.FromSnapshot != "" && req.FromCheckpoint != "" {
+				return usagef("--from-snapshot and --from-checkpoint: give one of them")
 			}
 			cl, err := g.client()
 			if err != nil {
@@ -95,6 +108,9 @@ them, nothing: DNS answers NXDOMAIN). Change that later with
 	f.StringArrayVar(&env, "env", nil, "environment of every command, `KEY=VALUE` (repeatable)")
 	f.StringArrayVar(&labels, "label", nil, "a label, `key=value` (repeatable)")
 	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start as a copy of this `snapshot` (ID or name) instead of booting")
+	f.StringVar(&req.FromCheckpoint, "from-checkpoint", "", "start as a copy of this `checkpoint` (its ID, from \"space sandbox history\"): a branch from that point")
+	f.StringVar(&policy, "checkpoints", "", "the checkpoint `policy` in one flag, e.g. every=5m,after_exec,keep=20,keep_for=24h (also min_exec=D); off: none, whatever the server's default")
+	pf.register(f, "checkpoint-")
 	f.StringArrayVar(&req.Secrets, "secret", nil, "grant this secret of the team (`name`; repeatable): the sandbox sees a placeholder, its gateway adds the value for the secret's hosts (allowed as host:443 in the policy)")
 	f.BoolVar(&req.ColdBoot, "cold-boot", false, "boot the VM rather than restore the template's warm snapshot")
 	f.BoolVar(&network, "network", false, "a network allowing nothing (the default)")
@@ -196,7 +212,7 @@ func (g *globals) printSandbox(sb api.Sandbox) error {
 		kv = append(kv, "expires", sb.ExpiresAt.Local().Format(time.RFC3339))
 	}
 	kv = append(kv, "env", joinKV(sb.Env), "labels", joinKV(sb.Labels), "network", networkText(sb.Network),
-		"secrets", strings.Join(sb.Secrets, ", "))
+		"secrets", strings.Join(sb.Secrets, ", "), "checkpoints", policyText(sb.Checkpoints))
 	if vm := sb.VM; vm != nil {
 		kv = append(kv, "vm", fmt.Sprintf("%s %s (%s), %s in %d ms", vm.VMM, vm.VMMVersion, vm.Accel, vm.StartedBy, vm.BootMS))
 	}
@@ -354,24 +370,29 @@ func short(d time.Duration) string {
 }
 
 func newSandboxRestoreCmd(g *globals) *cobra.Command {
-	var snapshot string
+	var snapshot, checkpoint string
 	c := &cobra.Command{
-		Use:   "restore ID --snapshot S",
-		Short: "Roll a sandbox back to a snapshot, in place",
+		Use:   "restore ID (--snapshot S | --checkpoint C)",
+		Short: "Roll a sandbox back to a snapshot or a checkpoint, in place",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if snapshot == "" {
-				return usagef("--snapshot is required")
+			if (snapshot == "") == (checkpoint == "") {
+				return usagef("give --snapshot or --checkpoint, one of them")
 			}
 			cl, err := g.client()
 			if err != nil {
 				return err
 			}
-			_, err = cl.RestoreSandbox(cmd.Context(), args[0], snapshot)
+			if checkpoint != "" {
+				_, err = cl.RestoreCheckpoint(cmd.Context(), args[0], checkpoint)
+			} else {
+				_, err = cl.RestoreSandbox(cmd.Context(), args[0], snapshot)
+			}
 			return err
 		},
 	}
 	c.Flags().StringVar(&snapshot, "snapshot", "", "the `snapshot` (ID or name)")
+	c.Flags().StringVar(&checkpoint, "checkpoint", "", "the `checkpoint` (its ID, from \"space sandbox history\")")
 	return c
 }
 

@@ -5,10 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"space/api"
+	"space/internal/checkpoint"
 	"space/internal/chunkstore/chunkloc"
 	"space/internal/server"
 )
@@ -23,6 +26,8 @@ func newServerCmd(g *globals) *cobra.Command {
 		workerListen, workerAdvertise, adminKeyFile string
 		leaderElection, kubeNamespace, kubeconfig   string
 		workerDiscovery, guestKernel                string
+		checkpoints                                 string
+		chunkGCInterval                             time.Duration
 		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
@@ -42,6 +47,13 @@ server stops, and the next start re-adopts them.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkVMMFlag(vmm); err != nil {
 				return err
+			}
+			defaultCheckpoints, err := serverPolicy(checkpoints)
+			if err != nil {
+				return err
+			}
+			if chunkGCInterval <= 0 {
+				return usagef("--chunk-gc-interval %v: want a positive duration, e.g. 10m", chunkGCInterval)
 			}
 			if !noWorker && vmm.kind != server.VMMFake {
 				if err := checkAgent(agent); err != nil {
@@ -74,6 +86,7 @@ server stops, and the next start re-adopts them.`,
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, Chunks: chunks.store(g),
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
+				DefaultCheckpoints: defaultCheckpoints, ChunkGCInterval: chunkGCInterval,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
@@ -95,6 +108,8 @@ server stops, and the next start re-adopts them.`,
 	f.StringVar(&workerAdvertise, "worker-advertise", "", "`URL` other replicas reach the embedded worker at (default https://WORKER_LISTEN)")
 	f.StringVar(&workerID, "worker-id", "", "`ID` of the embedded worker (default: the one recorded in the data dir, or a new random one on the first start)")
 	chunksFlag(f, &chunks, "")
+	f.DurationVar(&chunkGCInterval, "chunk-gc-interval", server.DefaultChunkGCInterval, "how often the chunk store's garbage collection frees the chunks no snapshot uses")
+	f.StringVar(&checkpoints, "checkpoints", "", "the checkpoint `policy` of sandboxes created without one, e.g. every=5m,after_exec,keep=20,keep_for=24h (also min_exec=D; default: none)")
 	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers (default: 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
@@ -103,6 +118,22 @@ server stops, and the next start re-adopts them.`,
 	guestKernelFlag(f, &guestKernel)
 	vmmFlag(f, &vmm)
 	return c
+}
+
+// serverPolicy returns the default checkpoint policy --checkpoints
+// gives, checked (nil: none).
+func serverPolicy(flag string) (*api.CheckpointPolicy, error) {
+	p, err := checkpoint.Parse(flag)
+	if err == nil {
+		_, err = checkpoint.FromAPI("policy", p)
+	}
+	if err != nil {
+		return nil, usagef("--checkpoints %q: %v", flag, err)
+	}
+	if p == (api.CheckpointPolicy{}) {
+		return nil, nil
+	}
+	return &p, nil
 }
 
 // vmmFlags are the flags that choose and configure the worker's

@@ -56,12 +56,12 @@ func mib(n int64) string { return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)) }
 func newSnapshotGetCmd(g *globals) *cobra.Command {
 	return withOutput(g, &cobra.Command{
 		Use:   "get SNAPSHOT",
-		Short: "Describe a snapshot (by ID or name)",
+		Short: "Describe a snapshot (by ID or name) or a checkpoint",
 		Args:  cobra.ExactArgs(1),
 	}, func(cmd *cobra.Command, cl *client.Client, args []string) (api.Snapshot, error) {
 		return cl.Snapshot(cmd.Context(), args[0])
 	}, func(sn api.Snapshot) error {
-		return g.printFields("id", sn.ID, "name", sn.Name, "sandbox", sn.SandboxID, "state", sn.State,
+		return g.printFields("id", sn.ID, "name", sn.Name, "sandbox", sn.SandboxID, "checkpoint", sn.Checkpoint, "state", sn.State,
 			"worker", sn.Worker, "logical", mib(sn.LogicalBytes), "new", mib(sn.NewBytes),
 			"paused", fmt.Sprintf("%d ms", sn.PausedMS), "created", g.ago(sn.CreatedAt))
 	})

@@ -29,8 +29,10 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 
+	"space/api"
 	"space/internal/cachedir"
 	"space/internal/cgroup"
+	"space/internal/checkpoint"
 	"space/internal/chunkstore"
 	"space/internal/chunkstore/chunkloc"
 	"space/internal/controlplane"
@@ -155,6 +157,13 @@ type Config struct {
 	CrashAt string
 	// ReconcileInterval is controlplane.Config.ReconcileInterval.
 	ReconcileInterval time.Duration
+	// DefaultCheckpoints is the checkpoint policy of sandboxes created
+	// without one (controlplane.Config.DefaultCheckpoints); nil = none.
+	// Run checks it before anything is made.
+	DefaultCheckpoints *api.CheckpointPolicy
+	// ChunkGCInterval is how often the chunk store's garbage collection
+	// frees the chunks no snapshot uses; 0 = DefaultChunkGCInterval.
+	ChunkGCInterval time.Duration
 	// Chunks is the chunk store, where snapshots, template images and
 	// base images are kept: "" = DataDir/chunks. Standalone workers that
 	// share it (the same directory on this host, or one S3 bucket) can
@@ -192,6 +201,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	if err := checkVMM(cfg.VMM); err != nil {
 		return fmt.Errorf("server: %w", err)
+	}
+	if cfg.DefaultCheckpoints != nil {
+		if _, err := checkpoint.FromAPI("default checkpoint policy", *cfg.DefaultCheckpoints); err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+	}
+	if cfg.ChunkGCInterval < 0 {
+		return fmt.Errorf("server: chunk garbage collection interval %s is negative: %w", cfg.ChunkGCInterval, errkind.InvalidArgument)
+	}
+	if cfg.ChunkGCInterval == 0 {
+		cfg.ChunkGCInterval = DefaultChunkGCInterval
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultListen
@@ -290,7 +310,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		Store:   st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
-		Secrets: secretBox, ReplicaID: replica,
+		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints,
 	})
 	if err != nil {
 		return err
@@ -373,7 +393,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				}
 			})
 		}
-		wg.Go(func() { collectChunks(ctx, chunks, cfg.Log) })
+		wg.Go(func() { collectChunks(ctx, chunks, cfg.ChunkGCInterval, cfg.Log) })
 		if watcher != nil {
 			wg.Go(func() { watcher.Run(ctx) })
 		}
@@ -733,13 +753,14 @@ func openChunks(ctx context.Context, cs ChunkStore, dataDir string, log *slog.Lo
 	})
 }
 
-// chunkGCInterval is how often the server frees chunks no snapshot uses.
-const chunkGCInterval = 10 * time.Minute
+// DefaultChunkGCInterval is how often the server frees chunks no
+// snapshot uses, unless Config.ChunkGCInterval says otherwise.
+const DefaultChunkGCInterval = 10 * time.Minute
 
-// collectChunks runs the chunk store's garbage collection every
-// chunkGCInterval until ctx ends.
-func collectChunks(ctx context.Context, chunks *chunkstore.Store, log *slog.Logger) {
-	t := time.NewTicker(chunkGCInterval)
+// collectChunks runs the chunk store's garbage collection every interval
+// until ctx ends.
+func collectChunks(ctx context.Context, chunks *chunkstore.Store, interval time.Duration, log *slog.Logger) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
