@@ -175,6 +175,10 @@ type Status struct {
 	Sandboxes     int   `json:"sandboxes"`
 	// Cgroups is "v1", "v2" or "off" (VMMs run without limits).
 	Cgroups string `json:"cgroups"`
+	// Leased says a lease of the leader's holds now (see LeaseRequest):
+	// false from a worker that has taken none, which enforces no fence,
+	// as from one whose lease ran out, which serves nothing.
+	Leased bool `json:"leased,omitempty"`
 }
 
 // NIC kinds of Capabilities.NICs.
