@@ -154,10 +154,14 @@ func checkLease(req workerproto.LeaseRequest) error {
 // that keep does not list (internal ones aside), and returns those it
 // removed, in ID order. The caller holds w.lease.
 func (w *Worker) removeAllBut(ctx context.Context, keep []string, epoch int64) ([]string, error) {
+	kept := make(map[string]bool, len(keep))
+	for _, id := range keep {
+		kept[id] = true
+	}
 	w.mu.Lock()
 	var ids []string
 	for id, s := range w.sandboxes {
-		if !s.internal() && !slices.Contains(keep, id) {
+		if !s.internal() && !kept[id] {
 			ids = append(ids, id)
 		}
 	}
@@ -199,8 +203,13 @@ func (w *Worker) loadEpoch() error {
 		return fmt.Errorf("fencing epoch: %w", err)
 	}
 	var r fenceRecord
-	if err := json.Unmarshal(b, &r); err != nil || r.Epoch < 0 {
-		return fmt.Errorf("fencing epoch %s: not an epoch (%v): remove it only if no control plane took this worker's sandboxes away", filepath.Join(w.cfg.DataDir, fenceFile), err)
+	err = json.Unmarshal(b, &r)
+	if err == nil && r.Epoch < 0 {
+		err = fmt.Errorf("epoch %d is negative", r.Epoch)
+	}
+	if err != nil {
+		// Guessing an epoch could serve sandboxes recovered elsewhere.
+		return fmt.Errorf("fencing epoch in %s: %w", filepath.Join(w.cfg.DataDir, fenceFile), err)
 	}
 	w.mu.Lock()
 	w.epoch, w.fencing = r.Epoch, true

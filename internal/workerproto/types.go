@@ -276,6 +276,8 @@ func (c Capabilities) Validate() error {
 		return fmt.Errorf("capabilities: accel %.32q of the fake vmm, want none: %w", c.Accel, errkind.InvalidArgument)
 	case c.VMM != "fake" && !slices.Contains([]string{"", "kvm", "tcg"}, c.Accel):
 		return fmt.Errorf("capabilities: accel %.32q, want kvm or tcg: %w", c.Accel, errkind.InvalidArgument)
+	case len(c.ChunkStore) > 1024:
+		return fmt.Errorf("capabilities: chunk_store longer than 1024 bytes: %w", errkind.InvalidArgument)
 	case len(c.NICs) > 2:
 		return fmt.Errorf("capabilities: %d nic kinds, want at most socket and tap: %w", len(c.NICs), errkind.InvalidArgument)
 	}
