@@ -69,6 +69,9 @@ func (w *instantWorker) SnapshotInfo(_ context.Context, id string) (worker.Snaps
 func (w *instantWorker) Status(context.Context) (worker.Status, error) {
 	return worker.Status{ID: "instant", VCPUs: 1 << 20, MemoryMiB: 1 << 40}, nil
 }
+func (w *instantWorker) Lease(_ context.Context, req worker.LeaseRequest) (worker.LeaseReply, error) {
+	return worker.LeaseReply{Epoch: req.Epoch}, nil
+}
 func (w *instantWorker) ServeHTTP(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(204) }
 
 // addInstantWorker adds an instant worker to s. It counts as standalone,

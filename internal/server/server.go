@@ -229,6 +229,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
+	chunkName, err := cfg.Chunks.name(cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
@@ -276,7 +280,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB,
-			Chunks: chunks, Egress: cfg.Egress,
+			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
 		})
 		if err != nil {
 			return err
@@ -541,6 +545,7 @@ type workerConfig struct {
 	VCPUs                  int
 	MemoryMiB              int64
 	Chunks                 *chunkstore.Store
+	ChunkStore             string // names Chunks (worker.Config.ChunkStore)
 	CrashAt                string
 	Log                    *slog.Logger
 }
@@ -614,7 +619,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, BootTimeout: bootTimeout,
 		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
 		Cgroups:   cg, RunRoot: wc.Host.RunRoot, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
-		EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
+		ChunkStore: wc.ChunkStore, EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
 		VMM: info,
 	})
@@ -734,6 +739,16 @@ func (cs ChunkStore) location(dataDir string) (chunkloc.Location, error) {
 		return chunkloc.Location{Dir: filepath.Join(dataDir, "chunks")}, nil
 	}
 	return chunkloc.Parse(cs.Location)
+}
+
+// name is the name of cs's store that workers report
+// (chunkloc.Location.Name).
+func (cs ChunkStore) name(dataDir string) (string, error) {
+	loc, err := cs.location(dataDir)
+	if err != nil {
+		return "", err
+	}
+	return loc.Name(), nil
 }
 
 // openChunks opens the chunk store cs names for the process whose data

@@ -135,6 +135,10 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	chunkName, err := cfg.Chunks.name(cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
@@ -159,7 +163,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	w, err := newWorker(ctx, workerConfig{
 		VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
-		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, Egress: cfg.Egress,
+		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
 	})
 	if err != nil {
 		return err

@@ -24,6 +24,15 @@
 // the cgroup parent), so two workers on one host never touch each other's
 // sandboxes. Only Delete, and a failed create, destroy a VM.
 //
+// # Fencing
+//
+// Once the leader's lease (the Lease verb) has been taken, the worker
+// serves its sandboxes only while one holds; when it runs out the fence
+// pauses their guests (without recording them paused) and the data plane
+// answers 503 until a lease comes again. A newer fencing epoch removes
+// the sandboxes the leader took away, before the epoch is recorded in
+// DataDir. See fence.go.
+//
 // # Crash points
 //
 // Config.CrashAt names a step at which the process kills itself with
@@ -31,10 +40,12 @@
 //
 // # Locking
 //
-// Worker.mu guards the sandbox map. Each sandbox has op, held for the
+// Worker.mu guards the sandbox map and the fence's state. Each sandbox has op, held for the
 // whole of a lifecycle operation (create, delete, recover) so they never
-// interleave, and mu, which guards its fields and is never held across
-// I/O. Worker.admit serializes admitting new sandboxes against capacity.
-// Lock order: sandbox.op, then Worker.admit, then Worker.mu, then
-// sandbox.mu.
+// interleave, vcpus, held across one pause or resume of its VM (by its
+// user or the fence), and mu, which guards its fields and is never held
+// across I/O. Worker.admit serializes admitting new sandboxes against
+// capacity; Worker.lease serializes Lease calls, across their removals.
+// Lock order: Worker.lease, then sandbox.op, then sandbox.vcpus, then
+// Worker.admit, then Worker.mu, then sandbox.mu.
 package worker

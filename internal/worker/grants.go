@@ -16,8 +16,12 @@ import (
 // placeholders in their environment. A sandbox without network, or one
 // not running, is a FailedPrecondition. On error the record, the gateway
 // and the guest's placeholders are as they were, unless the error says
-// the gateway could not be replaced (see below).
+// the gateway could not be replaced (see below). While the worker holds
+// no lease it is ErrNoLease.
 func (w *Worker) SetSecrets(ctx context.Context, id string, req SecretsRequest) (Info, error) {
+	if err := w.checkServing("set secrets of " + id); err != nil {
+		return Info{}, err
+	}
 	n := req.Network
 	if _, err := n.Policy(); err != nil {
 		return Info{}, err

@@ -17,13 +17,14 @@ import (
 )
 
 // Handler returns the worker's HTTP API: the worker protocol's verbs
-// (workerproto.Mount) and the data plane below workerproto.DataPattern.
-// When token is not empty every request must carry it as a bearer token.
+// (workerproto.Mount) and the data plane below workerproto.DataPattern,
+// which answers 503 (ErrNoLease, with Retry-After) while the worker's
+// fence holds no lease (see Lease). When token is not empty every request must carry it as a bearer token.
 func (w *Worker) Handler(token string) http.Handler {
 	mux := http.NewServeMux()
 	workerproto.Mount(mux, w, w.log)
 	for _, r := range w.dataRoutes() {
-		mux.HandleFunc(r.pattern, w.inUse(r.h))
+		mux.HandleFunc(r.pattern, w.fenced(w.inUse(r.h)))
 	}
 	if token == "" {
 		return mux

@@ -63,7 +63,7 @@ func TestStatusProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Status = %v", err)
 	}
-	want := workerproto.Capabilities{VMM: "qemu", VMMVersion: "7.2.19", Accel: "tcg", NICs: []string{workerproto.NICSocket}}
+	want := workerproto.Capabilities{VMM: "qemu", VMMVersion: "7.2.19", Accel: "tcg", NICs: []string{workerproto.NICSocket}, Fencing: true}
 	if st.Protocol != workerproto.Version {
 		t.Errorf("Status().Protocol = %d, want %d", st.Protocol, workerproto.Version)
 	}

@@ -69,6 +69,9 @@ var ErrNotRunning = fmt.Errorf("sandbox is not running: %w", errkind.FailedPreco
 // once its agent answers. On error nothing of it remains. The record is
 // durable before Create returns.
 func (w *Worker) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	if err := w.checkServing("create " + req.ID); err != nil {
+		return Info{}, err
+	}
 	if req.FromSnapshot != "" {
 		return w.createFromSnapshot(ctx, req.ID, req.Team, req.FromSnapshot, req.Overrides(), req.SecretValues, req.TakeSnapshot)
 	}
@@ -278,6 +281,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 	}
 	w.watch(s, gv.VMM)
 	w.log.Info("sandbox started", "sandbox_id", id, "vm_pid", h.PID, "by", startedBy, "took", gv.BootTime, "confinement", h.Confinement)
+	w.holdFence(ctx, s) // the lease ran out while it started
 	return nil
 }
 
@@ -479,11 +483,17 @@ func (w *Worker) Pause(ctx context.Context, id string) (Info, error) {
 }
 
 // Resume continues a paused sandbox. Resuming a running one is a no-op.
+// While the worker holds no lease it is ErrNoLease.
 func (w *Worker) Resume(ctx context.Context, id string) (Info, error) {
+	if err := w.checkServing("resume " + id); err != nil {
+		return Info{}, err
+	}
 	return w.setRunning(ctx, id, true)
 }
 
-// setRunning pauses or resumes the VM and persists the new state.
+// setRunning pauses or resumes the VM and persists the new state. A
+// guest the fence paused is paused already: pausing it only records it
+// so, and the fence then leaves it paused.
 func (w *Worker) setRunning(ctx context.Context, id string, run bool) (Info, error) {
 	s, err := w.get(id)
 	if err != nil {
@@ -491,6 +501,11 @@ func (w *Worker) setRunning(ctx context.Context, id string, run bool) (Info, err
 	}
 	s.op.Lock()
 	defer s.op.Unlock()
+	s.vcpus.Lock()
+	defer s.vcpus.Unlock()
+	if run && !w.serving() { // the lease ran out since Resume checked
+		return Info{}, fmt.Errorf("resume %s: %w", id, ErrNoLease)
+	}
 	from, to := sandbox.Running, sandbox.Paused
 	if run {
 		from, to = to, from
@@ -516,6 +531,7 @@ func (w *Worker) setRunning(ctx context.Context, id string, run bool) (Info, err
 	if err != nil {
 		return Info{}, fmt.Errorf("%s: %w", id, err)
 	}
+	s.fenced = false // the vCPUs are as the user asks now, not the fence
 	s.mu.Lock()
 	err = s.setStateLocked(to)
 	s.mu.Unlock()

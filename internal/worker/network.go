@@ -317,8 +317,11 @@ func (s *sbx) closeGateway() {
 
 // SetNetwork replaces a running sandbox's egress policy: new connections
 // and DNS queries follow it. A sandbox created without network has no NIC
-// to give one.
+// to give one. While the worker holds no lease it is ErrNoLease.
 func (w *Worker) SetNetwork(ctx context.Context, id string, n Network) (Info, error) {
+	if err := w.checkServing("set network of " + id); err != nil {
+		return Info{}, err
+	}
 	if _, err := n.Policy(); err != nil {
 		return Info{}, err
 	}

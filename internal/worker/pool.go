@@ -91,6 +91,9 @@ func (w *Worker) poolLoop() {
 // fillPools restores members until every pool has its size, one at a
 // time (each restore takes a CPU for a moment).
 func (w *Worker) fillPools(ctx context.Context) {
+	if !w.serving() {
+		return // no create takes a member until a lease comes
+	}
 	w.mu.Lock()
 	targets := make([]poolTarget, 0, len(w.pools))
 	for _, t := range w.pools {

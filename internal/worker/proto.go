@@ -15,6 +15,8 @@ type (
 	SnapshotRequest = workerproto.SnapshotRequest
 	SecretsRequest  = workerproto.SecretsRequest
 	SnapshotInfo    = workerproto.SnapshotInfo
+	LeaseRequest    = workerproto.LeaseRequest
+	LeaseReply      = workerproto.LeaseReply
 )
 
 // PathPrefix starts every route of the worker API (workerproto.PathPrefix).

@@ -38,6 +38,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.hostAddrs = addrs
+	// Before the records: a worker that enforces re-adopts its guests
+	// paused.
+	if err := w.loadEpoch(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	entries, err := os.ReadDir(w.sandboxesDir())
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
@@ -78,6 +83,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.watchers.Add(1)
 	go w.poolLoop()
+	w.watchers.Add(1)
+	go w.fenceLoop()
 	w.watchers.Go(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() {
@@ -122,7 +129,7 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 		s.vm = vm
 		s.mu.Unlock()
 		if rec.State != sandbox.Creating {
-			if err := settleVCPUs(ctx, vm, rec.State); err != nil {
+			if err := w.settleVCPUs(ctx, s, vm, rec.State); err != nil {
 				log.Warn("sandbox vm does not answer", "err", err)
 				return w.fail(ctx, s, fmt.Sprintf("vm does not answer after the worker restarted: %v", err))
 			}
@@ -157,6 +164,7 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 		}
 		log.Info("completed interrupted create", "vm_pid", rec.Handle.PID)
 		w.watch(s, vm)
+		w.holdFence(ctx, s)
 		return nil
 	case sandbox.Stopping:
 		log.Info("finishing interrupted delete")
@@ -170,15 +178,27 @@ func (w *Worker) recover(ctx context.Context, s *sbx) error {
 
 // settleVCPUs makes a re-adopted VM's vCPUs match its record: a worker
 // that died while a snapshot had the guest paused leaves it paused, and a
-// running sandbox must not stay frozen. Both calls are no-ops when the VM
-// is already in that state.
-func settleVCPUs(ctx context.Context, vm vmm.VM, state sandbox.State) error {
+// running sandbox must not stay frozen, unless the worker enforces a
+// fence and holds no lease (as at every start after its first lease):
+// then the fence pauses it until the next. The calls are no-ops when the
+// VM is already in that state.
+func (w *Worker) settleVCPUs(ctx context.Context, s *sbx, vm vmm.VM, state sandbox.State) error {
 	p, ok := vm.(vmm.Pauser)
 	if !ok {
 		return nil
 	}
 	if state == sandbox.Paused {
 		return p.Pause(ctx)
+	}
+	if !w.serving() && !s.internal() {
+		s.vcpus.Lock()
+		defer s.vcpus.Unlock()
+		if err := p.Pause(ctx); err != nil {
+			return err
+		}
+		s.fenced = true
+		w.log.Info("sandbox paused: no lease of the control plane", "sandbox_id", s.id())
+		return nil
 	}
 	return p.Resume(ctx)
 }

@@ -53,7 +53,11 @@ var ErrSnapshotNotFound = fmt.Errorf("snapshot not found on this worker: %w", er
 // req.SnapshotID: memory, device state and writable disk at one instant.
 // The sandbox keeps running (it is paused only while its state is saved).
 // With a chunk store the snapshot goes there too, unless req.Local.
+// While the worker holds no lease it is ErrNoLease.
 func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotRequest) (SnapshotInfo, error) {
+	if err := w.checkServing("snapshot " + sandboxID); err != nil {
+		return SnapshotInfo{}, err
+	}
 	snapID := req.SnapshotID
 	dir, err := w.snapshotDir(snapID)
 	if err != nil {
@@ -65,6 +69,9 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 	}
 	s.op.Lock()
 	defer s.op.Unlock()
+	// The driver resumes a guest it paused for the snapshot: one the
+	// fence paused meanwhile is paused again.
+	defer w.holdFence(context.WithoutCancel(ctx), s)
 	s.mu.Lock()
 	state, vm, spec := s.rec.State, s.vm, s.rec.Spec
 	s.mu.Unlock()
@@ -335,6 +342,9 @@ func (w *Worker) DeleteSnapshot(ctx context.Context, id string) error {
 // template and resources and gives its own exec defaults (Env, Workdir,
 // User).
 func (w *Worker) CreateFromSnapshot(ctx context.Context, id, team, snapID string, spec *Spec) (Info, error) {
+	if err := w.checkServing("create " + id); err != nil {
+		return Info{}, err
+	}
 	return w.createFromSnapshot(ctx, id, team, snapID, spec, nil, false)
 }
 
@@ -371,8 +381,11 @@ func (w *Worker) createFromSnapshot(ctx context.Context, id, team, snapID string
 // replaced by one restored from the snapshot (same sandbox ID, the
 // snapshot's memory, processes and disk). A crash during the restore
 // finishes it on the next start: the record names the snapshot until the
-// new VM answers.
+// new VM answers. While the worker holds no lease it is ErrNoLease.
 func (w *Worker) Restore(ctx context.Context, id, snapID string) (Info, error) {
+	if err := w.checkServing("restore " + id); err != nil {
+		return Info{}, err
+	}
 	if _, err := w.fetch(ctx, snapID); err != nil {
 		return Info{}, err
 	}

@@ -68,6 +68,11 @@ type Config struct {
 	// hosts): a snapshot one worker took, another can restore. Nil keeps
 	// snapshots on this worker's disk only.
 	Chunks *chunkstore.Store
+	// ChunkStore names Chunks for the worker's capabilities
+	// (workerproto.Capabilities.ChunkStore): "s3://BUCKET/PREFIX?endpoint=HOST"
+	// for an S3 store, "local" for a directory of this host's; "" says
+	// none. It needs Chunks.
+	ChunkStore string
 	// VCPUs and MemoryMiB are the capacity offered to sandboxes; 0 = four
 	// vCPUs per host CPU, and 80% of the host's RAM.
 	VCPUs     int
@@ -151,6 +156,9 @@ type Worker struct {
 	stop     chan struct{}  // closed by Close: watchers end
 	watchers sync.WaitGroup // one per running VM
 	admit    sync.Mutex     // serializes reserve's capacity check and insertion
+	// lease serializes Lease calls: their removals and the epoch file.
+	lease     sync.Mutex
+	fenceKick chan struct{} // wakes the fence loop (see fence.go)
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -160,6 +168,14 @@ type Worker struct {
 	// +checklocks:mu
 	pools    map[string]poolTarget // by shape key
 	poolKick chan struct{}         // wakes the pool's refill
+	// +checklocks:mu
+	fencing bool // a lease was taken, or Start found an epoch: serve only while one holds
+	// +checklocks:mu
+	epoch int64 // the fencing epoch the worker knows (workerproto.LeaseRequest)
+	// +checklocks:mu
+	leaseUntil time.Time // when the latest lease runs out (monotonic clock); zero = none came
+	// +checklocks:mu
+	leaseHeld bool // the fence loop has not yet seen the latest lease run out (for its log)
 
 	// hostAddrs are the host's own addresses, which no sandbox may
 	// reach; set by Start before any gateway exists.
@@ -178,6 +194,10 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.EgressWildcardNames < 0 || cfg.EgressWildcardNamesPerMinute < 0 {
 		return nil, fmt.Errorf("worker: egress wildcard name limits %d, %d per minute: not negative: %w",
 			cfg.EgressWildcardNames, cfg.EgressWildcardNamesPerMinute, errkind.InvalidArgument)
+	}
+	if cfg.ChunkStore != "" && (cfg.Chunks == nil || cfg.ChunkStore != "local" && !strings.HasPrefix(cfg.ChunkStore, "s3://")) {
+		return nil, fmt.Errorf("worker: chunk store %.80q: want local or s3://BUCKET/PREFIX?endpoint=HOST, with a chunk store: %w",
+			cfg.ChunkStore, errkind.InvalidArgument)
 	}
 	if cfg.RunRoot == "" {
 		cfg.RunRoot = filepath.Join("/dev/shm", "space-"+cfg.ID)
@@ -211,6 +231,7 @@ func New(cfg Config) (*Worker, error) {
 		stop:      make(chan struct{}),
 		pools:     make(map[string]poolTarget),
 		poolKick:  make(chan struct{}, 1),
+		fenceKick: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -240,6 +261,7 @@ func (w *Worker) capabilities() Capabilities {
 	c := Capabilities{
 		VMM: w.cfg.VMM.Kind, VMMVersion: w.cfg.VMM.Version, Accel: w.cfg.VMM.Accel,
 		ChunkedSnapshots: w.cfg.Chunks != nil, NICs: []string{workerproto.NICSocket},
+		ChunkStore: w.cfg.ChunkStore, Fencing: true,
 	}
 	if _, ok := w.cfg.Driver.(vmm.Restorer); ok {
 		c.Snapshots = true
@@ -257,7 +279,7 @@ func (w *Worker) capabilities() Capabilities {
 // does not: a create that needs their room evicts them.
 func (w *Worker) status(withPool bool) Status {
 	st := Status{ID: w.cfg.ID, Protocol: workerproto.Version, Capabilities: w.capabilities(),
-		VCPUs: w.cfg.VCPUs, MemoryMiB: w.cfg.MemoryMiB, Cgroups: "off"}
+		VCPUs: w.cfg.VCPUs, MemoryMiB: w.cfg.MemoryMiB, Cgroups: "off", Leased: w.leased()}
 	if w.cfg.Cgroups != nil {
 		st.Cgroups = fmt.Sprintf("v%d", w.cfg.Cgroups.Version())
 	}
@@ -351,6 +373,12 @@ type sbx struct {
 	runDir string // RunRoot/<id>: the VM's run files
 
 	op sync.Mutex // held across a lifecycle operation; see the package doc
+	// vcpus is held across pausing or resuming the VM's vCPUs (by Pause,
+	// Resume or the fence), so that the fence and the sandbox's user
+	// never undo each other; it guards fenced.
+	vcpus sync.Mutex
+	// +checklocks:vcpus
+	fenced bool // the fence paused the VM while its record says running: a lease resumes it
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -401,6 +429,13 @@ func (s *sbx) use(now func() time.Time) func() {
 		s.lastActive = now()
 		s.mu.Unlock()
 	}
+}
+
+// internal reports whether the sandbox is the worker's own (record.Internal).
+func (s *sbx) internal() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rec.Internal
 }
 
 func (s *sbx) info() Info {

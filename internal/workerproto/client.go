@@ -202,6 +202,9 @@ func (c *Client) Pause(ctx context.Context, id string) (Info, error) {
 func (c *Client) Resume(ctx context.Context, id string) (Info, error) {
 	return call(ctx, c, &resumeVerb, id, None{})
 }
+func (c *Client) Lease(ctx context.Context, req LeaseRequest) (LeaseReply, error) {
+	return call(ctx, c, &leaseVerb, "", req)
+}
 func (c *Client) Delete(ctx context.Context, id string) error {
 	_, err := call(ctx, c, &deleteVerb, id, None{})
 	return err

@@ -175,6 +175,10 @@ type Status struct {
 	Sandboxes     int   `json:"sandboxes"`
 	// Cgroups is "v1", "v2" or "off" (VMMs run without limits).
 	Cgroups string `json:"cgroups"`
+	// Leased says a lease of the leader's holds now (see LeaseRequest):
+	// false from a worker that has taken none, which enforces no fence,
+	// as from one whose lease ran out, which serves nothing.
+	Leased bool `json:"leased,omitempty"`
 }
 
 // NIC kinds of Capabilities.NICs.
@@ -211,7 +215,54 @@ type Capabilities struct {
 	// ChunkedSnapshots says the worker stores snapshots in a chunk store,
 	// from which the other workers of that store restore them too.
 	ChunkedSnapshots bool `json:"chunked_snapshots"`
+	// ChunkStore names the chunk store the worker's snapshots go to:
+	// "s3://BUCKET/PREFIX?endpoint=HOST" for an S3 one (workers that name
+	// the same share it, and restore each other's snapshots and
+	// checkpoints), "local" for a directory of the worker's own, "" for
+	// none. Credentials are never in it.
+	ChunkStore string `json:"chunk_store,omitempty"`
+	// Fencing says the worker takes the leader's lease (the Lease verb):
+	// it stops serving and freezes its guests when a lease runs out, and
+	// removes what a newer epoch took from it. Only such a worker's
+	// sandboxes are recovered elsewhere when it is lost.
+	Fencing bool `json:"fencing,omitempty"`
 }
+
+// LeaseRequest is the body of the Lease verb. The leader sends it to
+// every worker that states Capabilities.Fencing, every few seconds.
+//
+// A worker that has taken a lease serves its sandboxes only while one
+// holds: TTLMS after it received the latest (by its own monotonic clock).
+// Once that passes, it freezes its guests and answers data-plane requests
+// 503, until a lease comes again. The leader restores a lost worker's
+// sandboxes elsewhere only after a longer time without a successful
+// Lease call (the recovery delay, at least twice TTLMS), so by then the
+// lost worker has stopped them, wherever its clock stands.
+//
+// Epoch is the worker's fencing epoch as the store records it. The
+// leader raises it when it takes the worker's sandboxes away (to recover
+// them elsewhere); a worker that then comes back sees an epoch newer
+// than the one it knows, and before it answers it stops and removes
+// every sandbox it holds that Keep does not list, so it never serves
+// them again, and records the new epoch (on disk: a restart does not
+// forget it).
+type LeaseRequest struct {
+	Epoch int64 `json:"epoch"`
+	TTLMS int64 `json:"ttl_ms"`
+	// Keep lists the sandboxes the store places on the worker.
+	Keep []string `json:"keep"`
+}
+
+// LeaseReply is the answer of the Lease verb.
+type LeaseReply struct {
+	Epoch int64 `json:"epoch"` // the worker's epoch now
+	// Removed lists the sandboxes the worker stopped and removed because
+	// a newer epoch took them away.
+	Removed []string `json:"removed,omitempty"`
+}
+
+// MaxLeaseTTL bounds LeaseRequest.TTLMS.
+const MaxLeaseTTL = 5 * time.Minute
 
 // Validate checks c as a worker reports it: known accelerator, VMM and
 // NIC kinds, bounded strings. Errors are InvalidArgument.
@@ -225,6 +276,8 @@ func (c Capabilities) Validate() error {
 		return fmt.Errorf("capabilities: accel %.32q of the fake vmm, want none: %w", c.Accel, errkind.InvalidArgument)
 	case c.VMM != "fake" && !slices.Contains([]string{"", "kvm", "tcg"}, c.Accel):
 		return fmt.Errorf("capabilities: accel %.32q, want kvm or tcg: %w", c.Accel, errkind.InvalidArgument)
+	case len(c.ChunkStore) > 1024:
+		return fmt.Errorf("capabilities: chunk_store longer than 1024 bytes: %w", errkind.InvalidArgument)
 	case len(c.NICs) > 2:
 		return fmt.Errorf("capabilities: %d nic kinds, want at most socket and tap: %w", len(c.NICs), errkind.InvalidArgument)
 	}

@@ -16,6 +16,16 @@ type Service interface {
 	Lifecycle
 	Snapshotter
 	Egress
+	Fencer
+}
+
+// Fencer takes the leader's lease: the right to run and serve its
+// sandboxes for a while, under a fencing epoch. See LeaseRequest.
+type Fencer interface {
+	// Lease grants the worker req.TTLMS more, once it has removed the
+	// sandboxes a newer epoch took from it; an epoch older than the
+	// worker's is a Conflict error.
+	Lease(ctx context.Context, req LeaseRequest) (LeaseReply, error)
 }
 
 // Inspector reports on the worker and its sandboxes and snapshots.
@@ -107,6 +117,8 @@ const (
 	policyTimeout  = 15 * time.Second
 	secretsTimeout = 30 * time.Second
 	logTimeout     = time.Minute
+	// leaseTimeout covers removing the sandboxes a new epoch took away.
+	leaseTimeout = time.Minute
 )
 
 var (
@@ -189,6 +201,14 @@ var (
 	// EgressLog streams: its answer is the log itself, with the log's
 	// name in EgressLogHeader. Its deadline covers reading it (the log
 	// is bounded).
+	// Lease is idempotent: a repeat grants the same lease again, and
+	// finds the sandboxes a new epoch removes gone.
+	leaseVerb = Verb[LeaseRequest, LeaseReply]{
+		Def{"Lease", http.MethodPost, "/lease", leaseTimeout, true, http.StatusOK},
+		func(ctx context.Context, s Service, _ string, req LeaseRequest) (LeaseReply, error) {
+			return s.Lease(ctx, req)
+		},
+	}
 	egressLogVerb = Verb[None, EgressLog]{
 		Def{"EgressLog", http.MethodGet, "/sandboxes/{id}/egress", logTimeout, true, http.StatusOK},
 		func(ctx context.Context, s Service, id string, _ None) (EgressLog, error) {
@@ -217,7 +237,7 @@ var verbs = []route{
 	&statusVerb, &listVerb, &sandboxVerb, &snapshotInfoVerb,
 	&createVerb, &pauseVerb, &resumeVerb, &deleteVerb,
 	&snapshotVerb, &restoreVerb, &deleteSnapshotVerb,
-	&setNetworkVerb, &setSecretsVerb, &egressLogVerb,
+	&setNetworkVerb, &setSecretsVerb, &egressLogVerb, &leaseVerb,
 }
 
 // Defs returns the definitions of every verb.

@@ -108,6 +108,9 @@ func (f *fake) SetSecrets(ctx context.Context, id string, req SecretsRequest) (I
 	inf.Spec.Secrets = req.Secrets
 	return inf, f.do(ctx, "SetSecrets")
 }
+func (f *fake) Lease(ctx context.Context, req LeaseRequest) (LeaseReply, error) {
+	return LeaseReply{Epoch: req.Epoch, Removed: []string{"gone"}}, f.do(ctx, "Lease")
+}
 func (f *fake) EgressLog(ctx context.Context, id string) (string, io.ReadCloser, error) {
 	if err := f.do(ctx, "EgressLog"); err != nil {
 		return "", nil, err
@@ -217,6 +220,9 @@ func TestClientRoundTrip(t *testing.T) {
 		},
 		"SetSecrets": func(s Service) (any, error) {
 			return s.SetSecrets(ctx, "sbx_1", SecretsRequest{Secrets: grants, SecretValues: map[string][]byte{"k": []byte("v")}})
+		},
+		"Lease": func(s Service) (any, error) {
+			return s.Lease(ctx, LeaseRequest{Epoch: 3, TTLMS: 5000, Keep: []string{"sbx_1"}})
 		},
 		"EgressLog": func(s Service) (any, error) {
 			id, rc, err := s.EgressLog(ctx, "sbx_1")

@@ -78,6 +78,22 @@ func (l Location) String() string {
 	return u.String()
 }
 
+// Name names the store l is for workers to compare (a worker's
+// Capabilities.ChunkStore): "s3://BUCKET[/PREFIX]?endpoint=HOST[:PORT]"
+// for S3, whose workers that name the same share it, or "local" for a
+// directory, which no other host shares. TLS and region, which do not
+// change which store it is, are left out; credentials are never in it.
+func (l Location) Name() string {
+	if l.S3 == nil {
+		return "local"
+	}
+	u := url.URL{Scheme: "s3", Host: l.S3.Bucket, RawQuery: "endpoint=" + l.S3.Endpoint}
+	if l.S3.Prefix != "" {
+		u.Path = "/" + l.S3.Prefix
+	}
+	return u.String()
+}
+
 // Parse parses a --chunks value: an s3:// URL (see the package doc), or
 // else a directory. It does no I/O. An empty s, a bad URL, an unknown query key or a
 // missing endpoint is an error wrapping errkind.InvalidArgument.

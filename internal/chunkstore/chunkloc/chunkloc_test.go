@@ -21,17 +21,19 @@ import (
 
 func TestParse(t *testing.T) {
 	tests := []struct {
-		name string
-		in   string
-		want Location
+		name, in string
+		want     Location
+		wantName string // Name()
 	}{
-		{"directory", "/var/lib/space-chunks", Location{Dir: "/var/lib/space-chunks"}},
-		{"relative directory", "chunks", Location{Dir: "chunks"}},
-		{"bucket", "s3://snaps?endpoint=s3.example.com", Location{S3: &S3{Bucket: "snaps", Endpoint: "s3.example.com", TLS: true}}},
+		{"directory", "/var/lib/space-chunks", Location{Dir: "/var/lib/space-chunks"}, "local"},
+		{"relative directory", "chunks", Location{Dir: "chunks"}, "local"},
+		{"bucket", "s3://snaps?endpoint=s3.example.com", Location{S3: &S3{Bucket: "snaps", Endpoint: "s3.example.com", TLS: true}},
+			"s3://snaps?endpoint=s3.example.com"},
 		{"prefix and options", "s3://snaps/space/prod/?endpoint=10.0.0.5:8333&tls=false&region=eu-west-1",
-			Location{S3: &S3{Bucket: "snaps", Prefix: "space/prod", Endpoint: "10.0.0.5:8333", Region: "eu-west-1"}}},
+			Location{S3: &S3{Bucket: "snaps", Prefix: "space/prod", Endpoint: "10.0.0.5:8333", Region: "eu-west-1"}},
+			"s3://snaps/space/prod?endpoint=10.0.0.5:8333"},
 		{"tls spelled out", "s3://snaps?endpoint=s3.example.com:443&tls=true",
-			Location{S3: &S3{Bucket: "snaps", Endpoint: "s3.example.com:443", TLS: true}}},
+			Location{S3: &S3{Bucket: "snaps", Endpoint: "s3.example.com:443", TLS: true}}, "s3://snaps?endpoint=s3.example.com:443"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,6 +50,9 @@ func TestParse(t *testing.T) {
 			}
 			if got.Remote() != (tt.want.S3 != nil) {
 				t.Errorf("Parse(%q).Remote() = %v", tt.in, got.Remote())
+			}
+			if n := got.Name(); n != tt.wantName {
+				t.Errorf("Parse(%q).Name() = %q, want %q", tt.in, n, tt.wantName)
 			}
 		})
 	}
