@@ -144,6 +144,20 @@ type Checkpoint struct {
 	PausedMS int64 `json:"paused_ms"`
 }
 
+// Recovery describes how a sandbox came back after its worker was lost.
+type Recovery struct {
+	Checkpoint   string    `json:"checkpoint"`    // the checkpoint it was restored from
+	CheckpointAt time.Time `json:"checkpoint_at"` // when that checkpoint was taken
+	// LostWorkSeconds is the age of the checkpoint when the lost worker
+	// was last heard from (LastSeen): at least that much of the work the
+	// sandbox did is gone (and whatever it did until the worker died).
+	LostWorkSeconds float64   `json:"lost_work_seconds"`
+	LostWorker      string    `json:"lost_worker"`
+	LastSeen        time.Time `json:"last_seen"`    // the worker's last answer to the leader
+	LostAt          time.Time `json:"lost_at"`      // when the worker was declared lost
+	RecoveredAt     time.Time `json:"recovered_at"` // when it ran again
+}
+
 // CheckpointList is the reply of GET /v1/sandboxes/{id}/checkpoints:
 // the sandbox's checkpoints, newest first, and the policy in force.
 type CheckpointList struct {
@@ -177,6 +191,12 @@ type Sandbox struct {
 	SuspendedSnapshot string `json:"suspended_snapshot,omitempty"`
 	// Checkpoints is the checkpoint policy in force (absent: none).
 	Checkpoints *CheckpointPolicy `json:"checkpoints,omitempty"`
+	// Reason says why the sandbox is failed or recovering, when the
+	// platform knows (e.g. its worker was lost and it had no checkpoint).
+	Reason string `json:"reason,omitempty"`
+	// RecoveredFrom is set once a sandbox whose worker was lost runs
+	// again on another, from its latest checkpoint.
+	RecoveredFrom *Recovery `json:"recovered_from,omitempty"`
 	// DataPlane is where the sandbox's data-plane requests (exec,
 	// processes, files, ports) go while its VM runs; absent otherwise.
 	DataPlane *DataPlane `json:"data_plane,omitempty"`
@@ -430,6 +450,14 @@ type WorkerCapabilities struct {
 	// ChunkedSnapshots: snapshots go to a chunk store that the store's
 	// other workers restore from too.
 	ChunkedSnapshots bool `json:"chunked_snapshots"`
+	// ChunkStore names the chunk store its snapshots go to:
+	// "s3://BUCKET/PREFIX?endpoint=HOST" (workers that name the same one
+	// share it and can recover each other's sandboxes), "local" (its own
+	// disk), or "".
+	ChunkStore string `json:"chunk_store,omitempty"`
+	// Fencing: it takes the leader's lease, so its sandboxes are
+	// recovered elsewhere if it is lost (docs/recovery.md).
+	Fencing bool `json:"fencing,omitempty"`
 }
 
 // Worker is a worker as GET /v1/workers (admin) shows it.

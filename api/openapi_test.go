@@ -180,7 +180,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"RegisterWorker": RegisterWorker{}, "WorkerCapabilities": WorkerCapabilities{}, "Worker": Worker{}, "WorkerList": WorkerList{},
 		"CreateSnapshot": CreateSnapshot{}, "DataPlane": DataPlane{}, "Snapshot": Snapshot{}, "SnapshotList": SnapshotList{},
 		"RestoreSandbox": RestoreSandbox{}, "ForkSandbox": ForkSandbox{},
-		"CheckpointPolicy": CheckpointPolicy{}, "Checkpoint": Checkpoint{}, "CheckpointList": CheckpointList{},
+		"CheckpointPolicy": CheckpointPolicy{}, "Checkpoint": Checkpoint{}, "CheckpointList": CheckpointList{}, "Recovery": Recovery{},
 		"Template": Template{}, "TemplateList": TemplateList{},
 		"BuildReport": BuildReport{}, "BuildEvent": BuildEvent{},
 		"Network": Network{}, "EgressEvent": EgressEvent{},

@@ -13,6 +13,7 @@ import (
 	"space/api"
 	"space/internal/checkpoint"
 	"space/internal/chunkstore/chunkloc"
+	"space/internal/controlplane"
 	"space/internal/server"
 )
 
@@ -28,6 +29,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		workerDiscovery, guestKernel                string
 		checkpoints                                 string
 		chunkGCInterval                             time.Duration
+		recoverAfter                                time.Duration
 		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
@@ -54,6 +56,9 @@ server stops, and the next start re-adopts them.`,
 			}
 			if chunkGCInterval <= 0 {
 				return usagef("--chunk-gc-interval %v: want a positive duration, e.g. 10m", chunkGCInterval)
+			}
+			if recoverAfter >= 0 && recoverAfter < 6*time.Second {
+				return usagef("--recover-after %v: want at least 6s, or a negative duration to turn recovery off", recoverAfter)
 			}
 			if !noWorker && vmm.kind != server.VMMFake {
 				if err := checkAgent(agent); err != nil {
@@ -86,7 +91,7 @@ server stops, and the next start re-adopts them.`,
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, Chunks: chunks.store(g),
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
-				DefaultCheckpoints: defaultCheckpoints, ChunkGCInterval: chunkGCInterval,
+				DefaultCheckpoints: defaultCheckpoints, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
@@ -109,6 +114,7 @@ server stops, and the next start re-adopts them.`,
 	f.StringVar(&workerID, "worker-id", "", "`ID` of the embedded worker (default: the one recorded in the data dir, or a new random one on the first start)")
 	chunksFlag(f, &chunks, "")
 	f.DurationVar(&chunkGCInterval, "chunk-gc-interval", server.DefaultChunkGCInterval, "how often the chunk store's garbage collection frees the chunks no snapshot uses")
+	f.DurationVar(&recoverAfter, "recover-after", controlplane.DefaultRecoverAfter, "how long a standalone worker may go without the leader's lease before its sandboxes are restored elsewhere from their latest checkpoints (at least 6s; negative: never; docs/recovery.md)")
 	f.StringVar(&checkpoints, "checkpoints", "", "the checkpoint `policy` of sandboxes created without one, e.g. every=5m,after_exec,keep=20,keep_for=24h (also min_exec=D; default: none)")
 	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers (default: 4 per host CPU)")

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"encoding/json"
 	"crypto/subtle"
 	"fmt"
 	"net/http"
@@ -80,6 +81,12 @@ func (s *Server) loadWorkers(ctx context.Context, recent bool) error {
 					return
 				}
 				rm.stated(st.Protocol, st.Capabilities)
+			} else {
+				// What it registered with, until it answers.
+				var c workerproto.Capabilities
+				if len(w.Capabilities) > 0 && json.Unmarshal(w.Capabilities, &c) == nil {
+					rm.stated(w.Protocol, c)
+				}
 			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -117,6 +124,11 @@ func (s *Server) healthy(w Worker) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// One that takes leases and holds none refuses new sandboxes: the
+	// leader has not leased it yet, or lost it.
+	if p := s.probes[w.ID()]; p != nil && p.answered && p.status.Capabilities.Fencing && !p.status.Leased {
+		return false
+	}
 	return s.liveLocked(w.ID(), s.now())
 }
 
@@ -209,8 +221,16 @@ func (s *Server) register(ctx context.Context, req api.RegisterWorker, seen time
 	if err := caps.Validate(); err != nil {
 		return nil, err
 	}
+	capsJSON, err := json.Marshal(caps)
+	if err != nil {
+		return nil, fmt.Errorf("worker %s: encode capabilities: %w", req.ID, err)
+	}
+	// The capabilities are kept so that a control plane that starts while
+	// the worker is down still knows it (recovery.go: whether it fences,
+	// which chunk store it shares).
 	if err := s.cfg.Store.UpsertWorker(ctx, store.Worker{
 		ID: req.ID, Address: req.Address, VCPUs: req.VCPUs, MemoryMiB: req.MemoryMiB, LastHeartbeat: seen,
+		Protocol: req.Protocol, Capabilities: capsJSON,
 	}); err != nil {
 		return nil, err
 	}

@@ -165,6 +165,9 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 		return err
 	}
 	log := s.log.With("sandbox_id", rec.ID, "worker_id", wk.ID())
+	if rec.State == sandbox.Recovering {
+		return nil // the leader's recovery drives it (recovery.go)
+	}
 	if snap != "" {
 		switch rec.State {
 		case sandbox.Stopping: // a suspend: its snapshot is safe; finish it
@@ -264,6 +267,7 @@ func (s *Server) lead(ctx context.Context) {
 	var ckpts sync.WaitGroup
 	defer ckpts.Wait()
 	ckpts.Go(func() { s.runCheckpoints(ctx) })
+	ckpts.Go(func() { s.runFencing(ctx) })
 	watch := time.NewTicker(deadClaimsEvery)
 	defer watch.Stop()
 	for {

@@ -89,6 +89,29 @@ type stored struct {
 	// Suspended is the snapshot a suspended sandbox resumes from, set
 	// from the moment a suspend has taken it until a resume completes.
 	Suspended string `json:"suspended,omitempty"`
+	// Recovery is the plan of a recovering sandbox (recovery.go).
+	Recovery *recovery `json:"recovery,omitempty"`
+	// Recovered says how a recovered sandbox came back.
+	Recovered *api.Recovery `json:"recovered,omitempty"`
+	// Reason says why the sandbox failed, when the control plane
+	// decided it.
+	Reason string `json:"reason,omitempty"`
+	// LostWorker is the worker that was lost with the sandbox, while the
+	// record still names it: nothing is asked of it (it removes the
+	// sandbox itself if it comes back, see recovery.go).
+	LostWorker string `json:"lost_worker,omitempty"`
+}
+
+// lostWith reports whether sb's worker is one it was lost with.
+func lostWith(sb store.Sandbox) bool {
+	st, err := handleOf(sb)
+	if err != nil {
+		return false
+	}
+	if st.Recovery != nil && st.Recovery.LostWorker == sb.WorkerID {
+		return true
+	}
+	return st.LostWorker != "" && st.LostWorker == sb.WorkerID
 }
 
 func setSuspended(sb *store.Sandbox, snapID string) {
@@ -198,16 +221,6 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 	// A client that goes away mid-create must not leave it half done: the
 	// create runs to its end either way.
 	ctx := context.WithoutCancel(r.Context())
-	var pl placement
-	if built && b.FromSnapshot == nil {
-		tsp, tpl, err := s.fromTemplate(ctx, c.team, *b.Template, b)
-		if err != nil {
-			httpapi.WriteError(w, err)
-			return
-		}
-		tsp.TimeoutSeconds, tsp.OnTimeout, tsp.Checkpoints = sp.TimeoutSeconds, sp.OnTimeout, sp.Checkpoints
-		sp, pl = tsp, tpl
-	}
 	from := "from_snapshot"
 	if b.FromCheckpoint != nil {
 		if b.FromSnapshot != nil {
@@ -219,6 +232,16 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		b.FromSnapshot, from = b.FromCheckpoint, "from_checkpoint"
+	}
+	var pl placement
+	if built && b.FromSnapshot == nil {
+		tsp, tpl, err := s.fromTemplate(ctx, c.team, *b.Template, b)
+		if err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		tsp.TimeoutSeconds, tsp.OnTimeout, tsp.Checkpoints = sp.TimeoutSeconds, sp.OnTimeout, sp.Checkpoints
+		sp, pl = tsp, tpl
 	}
 	if b.FromSnapshot != nil {
 		if b.Template != nil || b.VCPUs != nil || b.MemoryMiB != nil || b.DiskMiB != nil || b.Env != nil || b.ColdBoot || b.Network != nil || b.Secrets != nil {
@@ -491,6 +514,10 @@ func (s *Server) view(sb store.Sandbox) (api.Sandbox, error) {
 	}
 	v.VM = st.VM
 	v.SuspendedSnapshot = st.Suspended
+	v.RecoveredFrom, v.Reason = st.Recovered, st.Reason
+	if st.Recovery != nil && v.Reason == "" {
+		v.Reason = st.Recovery.reason()
+	}
 	v.Checkpoints = sp.Checkpoints
 	v.DataPlane = s.dataPlaneOf(sb)
 	return v, nil
@@ -632,7 +659,7 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 		}
 	}
 	s.crash("api.delete.stopping-saved")
-	if sb.WorkerID != "" {
+	if sb.WorkerID != "" && !lostWith(sb) {
 		wk, err := s.worker(sb.WorkerID)
 		if err != nil {
 			return err
@@ -662,6 +689,11 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.load(r)
 	if err != nil {
 		httpapi.WriteError(w, err)
+		return
+	}
+	if sb.State == sandbox.Recovering {
+		w.Header().Set("Retry-After", "2")
+		httpapi.WriteError(w, fmt.Errorf("sandbox %s is recovering: its worker was lost, and it is being restored from its latest checkpoint on another: %w", sb.ID, errkind.Unavailable))
 		return
 	}
 	if sb.State != sandbox.Running {

@@ -93,6 +93,12 @@ type Config struct {
 	// DefaultCheckpoints is the checkpoint policy of sandboxes created
 	// without one; nil = none. New checks it.
 	DefaultCheckpoints *api.CheckpointPolicy
+	// RecoverAfter is how long a standalone worker that takes leases
+	// (workerproto.Capabilities.Fencing) may go without one before the
+	// leader fences it and restores its sandboxes on other workers from
+	// their latest checkpoints (recovery.go); 0 = DefaultRecoverAfter,
+	// negative = never. At least 6s.
+	RecoverAfter time.Duration
 	// CheckpointInterval is how often the leader looks for sandboxes
 	// whose checkpoint is due; 0 = 1s.
 	CheckpointInterval time.Duration
@@ -198,13 +204,19 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ReconcileInterval == 0 {
 		cfg.ReconcileInterval = 30 * time.Second
 	}
+	if cfg.RecoverAfter == 0 {
+		cfg.RecoverAfter = DefaultRecoverAfter
+	}
+	if cfg.RecoverAfter > 0 && cfg.RecoverAfter < 6*time.Second {
+		return nil, fmt.Errorf("controlplane: recover after %v: want at least 6s (or negative: never): %w", cfg.RecoverAfter, errkind.InvalidArgument)
+	}
 	if cfg.CheckpointInterval == 0 {
 		cfg.CheckpointInterval = time.Second
 	}
 	if cfg.DefaultCheckpoints != nil {
-		pol, err := checkpoint.FromAPI("default checkpoint policy", *cfg.DefaultCheckpoints)
+		pol, err := checkpoint.FromAPI("checkpoints", *cfg.DefaultCheckpoints)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("controlplane: default checkpoint policy: %w", err)
 		}
 		cfg.DefaultCheckpoints = nil
 		if !pol.Off() {

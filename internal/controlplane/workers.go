@@ -90,6 +90,9 @@ func NewRemote(id, base, token string) (*Remote, error) {
 		},
 		FlushInterval: -1, // stream exec output as it comes
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			// The worker may be lost, and its sandboxes about to be
+			// recovered elsewhere (recovery.go): worth asking again.
+			w.Header().Set("Retry-After", "2")
 			httpapi.WriteError(w, fmt.Errorf("worker %s: %v: %w", id, err, errkind.Unavailable))
 		},
 	}

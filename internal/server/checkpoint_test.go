@@ -17,7 +17,7 @@ import (
 
 // apiJSON calls the API with body (JSON, or "") and decodes the answer
 // into out (nil: not decoded); it returns the status and the raw answer.
-func apiJSON(t *testing.T, ts *testServer, method, path, body string, out any) (int, string) {
+func apiJSON(t testing.TB, ts *testServer, method, path, body string, out any) (int, string) {
 	t.Helper()
 	code, raw := rawCall(t, ts, method, path, body)
 	if out != nil && code < 300 {
@@ -28,7 +28,7 @@ func apiJSON(t *testing.T, ts *testServer, method, path, body string, out any) (
 	return code, raw
 }
 
-func history(t *testing.T, ts *testServer, id string) api.CheckpointList {
+func history(t testing.TB, ts *testServer, id string) api.CheckpointList {
 	t.Helper()
 	var l api.CheckpointList
 	if code, raw := apiJSON(t, ts, "GET", "/v1/sandboxes/"+id+"/checkpoints", "", &l); code != http.StatusOK {

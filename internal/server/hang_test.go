@@ -15,6 +15,7 @@ import (
 	"space/api"
 	"space/client"
 	"space/internal/agent/guesttest"
+	"space/internal/chunkstore/chunkloc"
 	"space/internal/testenv"
 )
 
@@ -43,7 +44,7 @@ func workerChildMain() int {
 	err := RunWorker(ctx, WorkerConfig{
 		ID: os.Getenv(envWorkerOwnID), DataDir: os.Getenv(envWorkerDataDir), Listen: "127.0.0.1:0", ControlPlane: os.Getenv(envWorkerCP),
 		Token: os.Getenv(envWorkerToken), CacheBase: guesttest.CacheBase(), AgentPath: os.Getenv(envAgent), VMM: vmm,
-		Chunks: ChunkStore{Location: os.Getenv(envWorkerChunks)}, VCPUs: vcpus, MemoryMiB: memoryMiB, Progress: os.Stderr, Log: childLog(),
+		Chunks: ChunkStore{Location: os.Getenv(envWorkerChunks), Credentials: chunkloc.CredentialsFromEnv(os.Getenv)}, VCPUs: vcpus, MemoryMiB: memoryMiB, Progress: os.Stderr, Log: childLog(),
 		Ready: func(url string) { fmt.Printf("READY %s\n", url) },
 	})
 	if err != nil {
@@ -119,7 +120,9 @@ func TestStoppedWorker(t *testing.T) {
 	testenv.RequireSlow(t)
 	release := guesttest.AcquireAllSlots(t)
 	defer release()
-	ts := startServerWith(t, Config{VCPUs: 1, MemoryMiB: 64}) // takes nothing
+	// (Recovery waits longer than the test stops the worker: this is
+	// the worker taken back, recovery_test.go the worker replaced.)
+	ts := startServerWith(t, Config{VCPUs: 1, MemoryMiB: 64, RecoverAfter: 5 * time.Minute}) // takes nothing
 	stopped := startWorkerChild(t, ts)
 	workers := func() map[string]bool {
 		status, body := rawCall(t, ts, "GET", "/v1/workers", "")

@@ -128,6 +128,11 @@ type Config struct {
 	// token) or DiscoveryKubernetes (also through the workers' Leases in
 	// KubeNamespace).
 	WorkerDiscovery string
+	// RecoverAfter is how long a standalone worker may go without the
+	// leader's lease before its sandboxes are restored on other workers
+	// from their latest checkpoints (controlplane.Config.RecoverAfter);
+	// 0 = 30s, negative = never.
+	RecoverAfter time.Duration
 	// NoWorker runs the control plane alone, with no embedded worker:
 	// sandboxes run on standalone workers only (`space worker`). For
 	// replicas of one control plane on PostgreSQL.
@@ -314,7 +319,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		Store:   st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
-		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints,
+		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints, RecoverAfter: cfg.RecoverAfter,
 	})
 	if err != nil {
 		return err

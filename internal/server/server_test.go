@@ -183,7 +183,7 @@ func newWorkerID(t testing.TB) string {
 	return id
 }
 
-func execOut(t *testing.T, c *client.Client, id string, req api.Exec) (string, string, int) {
+func execOut(t testing.TB, c *client.Client, id string, req api.Exec) (string, string, int) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	exit, err := c.Exec(t.Context(), id, req, &stdout, &stderr)
@@ -474,7 +474,7 @@ func TestConcurrentSandboxes(t *testing.T) {
 }
 
 // rawCall sends a request with the admin key and returns status and body.
-func rawCall(t *testing.T, ts *testServer, method, path, body string) (int, string) {
+func rawCall(t testing.TB, ts *testServer, method, path, body string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(t.Context(), method, ts.url+path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+ts.key)

@@ -294,6 +294,7 @@ func (c Capabilities) API() api.WorkerCapabilities {
 	return api.WorkerCapabilities{
 		VMM: c.VMM, VMMVersion: c.VMMVersion, Accel: c.Accel, Snapshots: c.Snapshots,
 		DiffSnapshots: c.DiffSnapshots, NICs: slices.Clone(c.NICs), ChunkedSnapshots: c.ChunkedSnapshots,
+		ChunkStore: c.ChunkStore, Fencing: c.Fencing,
 	}
 }
 
@@ -302,6 +303,7 @@ func CapabilitiesOf(a api.WorkerCapabilities) Capabilities {
 	return Capabilities{
 		VMM: a.VMM, VMMVersion: a.VMMVersion, Accel: a.Accel, Snapshots: a.Snapshots,
 		DiffSnapshots: a.DiffSnapshots, NICs: slices.Clone(a.NICs), ChunkedSnapshots: a.ChunkedSnapshots,
+		ChunkStore: a.ChunkStore, Fencing: a.Fencing,
 	}
 }
 
