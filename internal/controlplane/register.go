@@ -2,8 +2,8 @@ package controlplane
 
 import (
 	"context"
-	"encoding/json"
 	"crypto/subtle"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
