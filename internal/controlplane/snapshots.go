@@ -278,12 +278,26 @@ func (s *Server) deleteSnapshot(ctx context.Context, sn store.Snapshot) error {
 		}
 	}
 	// Every worker may hold a copy (a chunked snapshot is cached where
-	// it was restored); the one that took it must answer.
+	// it was restored); the one that took it must answer, unless the
+	// snapshot is chunked and another worker removed it from the chunk
+	// store (the one that took it may be lost for good: its sandbox was
+	// recovered elsewhere).
+	m, _ := metaOf(sn)
+	var ownerDown error
+	removed := false
 	for _, wk := range s.workerList() {
 		err := wk.DeleteSnapshot(ctx, sn.ID)
-		if err != nil && !errors.Is(err, errkind.NotFound) && (wk.ID() == sn.WorkerID || !errors.Is(err, errkind.Unavailable)) {
+		switch {
+		case err == nil || errors.Is(err, errkind.NotFound):
+			removed = removed || wk.ID() != sn.WorkerID
+		case !errors.Is(err, errkind.Unavailable):
 			return err
+		case wk.ID() == sn.WorkerID:
+			ownerDown = err
 		}
+	}
+	if ownerDown != nil && !(m.Chunked && removed) {
+		return ownerDown
 	}
 	if err := s.writes(ctx).DeleteSnapshot(ctx, sn.TeamID, sn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
