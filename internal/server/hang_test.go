@@ -2,8 +2,10 @@ package server
 
 import (
 	"bufio"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,7 +32,40 @@ const (
 	// its VMM.
 	envWorkerOwnID = "SPACE_TEST_WORKER_ID"
 	envWorkerVMM   = "SPACE_TEST_WORKER_VMM"
+	// envWorkerEgress is the gateways' Egress of a worker child, for
+	// an upstream of package egresstest: "NETNS;CA_FILE;HOST=ADDR,..."
+	// ("" = the defaults).
+	envWorkerEgress = "SPACE_TEST_WORKER_EGRESS"
 )
+
+// childEgress decodes envWorkerEgress.
+func childEgress() (Egress, error) {
+	v := os.Getenv(envWorkerEgress)
+	if v == "" {
+		return Egress{}, nil
+	}
+	parts := strings.Split(v, ";")
+	if len(parts) != 3 {
+		return Egress{}, fmt.Errorf("%s=%q: want NETNS;CA_FILE;HOST=ADDR,...", envWorkerEgress, v)
+	}
+	pem, err := os.ReadFile(parts[1])
+	if err != nil {
+		return Egress{}, err
+	}
+	e := Egress{Netns: parts[0], Roots: x509.NewCertPool(), Hosts: map[string][]netip.Addr{}}
+	if !e.Roots.AppendCertsFromPEM(pem) {
+		return Egress{}, fmt.Errorf("%s: no certificate", parts[1])
+	}
+	for _, kv := range strings.Split(parts[2], ",") {
+		host, addr, _ := strings.Cut(kv, "=")
+		a, err := netip.ParseAddr(addr)
+		if err != nil {
+			return Egress{}, fmt.Errorf("%s: %q: %v", envWorkerEgress, kv, err)
+		}
+		e.Hosts[host] = append(e.Hosts[host], a)
+	}
+	return e, nil
+}
 
 func workerChildMain() int {
 	ctx, stop := signalContext()
@@ -41,11 +76,16 @@ func workerChildMain() int {
 		// Fake guests use neither: room for hundreds of sandboxes.
 		vcpus, memoryMiB = 512, 512<<10
 	}
-	err := RunWorker(ctx, WorkerConfig{
+	egress, err := childEgress()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	err = RunWorker(ctx, WorkerConfig{
 		ID: os.Getenv(envWorkerOwnID), DataDir: os.Getenv(envWorkerDataDir), Listen: "127.0.0.1:0", ControlPlane: os.Getenv(envWorkerCP),
 		Token: os.Getenv(envWorkerToken), CacheBase: guesttest.CacheBase(), AgentPath: os.Getenv(envAgent), VMM: vmm,
 		Chunks: ChunkStore{Location: os.Getenv(envWorkerChunks), Credentials: chunkloc.CredentialsFromEnv(os.Getenv)}, VCPUs: vcpus, MemoryMiB: memoryMiB, Progress: os.Stderr, Log: childLog(),
-		Ready: func(url string) { fmt.Printf("READY %s\n", url) },
+		Ready: func(url string) { fmt.Printf("READY %s\n", url) }, Egress: egress,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)

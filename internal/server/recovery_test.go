@@ -15,6 +15,7 @@ import (
 	"space/client"
 	"space/internal/agent/guesttest"
 	"space/internal/controlplane"
+	"space/internal/egress/egresstest"
 	"space/internal/testenv"
 	"space/internal/testenv/weedtest"
 	"space/internal/workerproto"
@@ -34,7 +35,7 @@ type s3Worker struct {
 }
 
 // startS3Worker runs a worker registered with ts on srv's bucket.
-func startS3Worker(t testing.TB, ts *testServer, srv weedtest.Server, logDir string) *s3Worker {
+func startS3Worker(t testing.TB, ts *testServer, srv weedtest.Server, logDir string, env ...string) *s3Worker {
 	t.Helper()
 	agent, err := guesttest.BuildAgent(t.Context())
 	if err != nil {
@@ -49,6 +50,7 @@ func startS3Worker(t testing.TB, ts *testServer, srv weedtest.Server, logDir str
 		envWorkerToken + "=" + strings.TrimSpace(string(token)), envAgent + "=" + agent, envWorkerOwnID + "=" + w.id,
 		envWorkerChunks + "=" + s3Chunks(srv).Location, "SPACE_S3_ACCESS_KEY=" + srv.AccessKey, "SPACE_S3_SECRET_KEY=" + srv.SecretKey,
 		"SPACE_TEST_LOG=1"}
+	w.env = append(w.env, env...)
 	w.start(t, logDir)
 	t.Cleanup(func() {
 		if w.p != nil {
@@ -98,40 +100,63 @@ func alive(pid int) bool {
 	return len(f) > 0 && f[0] != "Z"
 }
 
+// startRecoveryRig starts, on all the VM slots, an S3 chunk store, a
+// control plane without a worker that recovers after recoveryAfter, and
+// two standalone workers on real VMs, and waits until both are healthy.
+// The workers' gateways reach an egresstest upstream as api.test and
+// other.test. It returns the workers' log dir too (for restarts).
+func startRecoveryRig(tb testing.TB) (ts *testServer, a, b *s3Worker, logDir string, up *egresstest.Upstream) {
+	tb.Helper()
+	testenv.RequireSlow(tb)
+	tb.Cleanup(guesttest.AcquireAllSlots(tb))
+	srv := weedtest.Start(tb)
+	up = egresstest.Start(tb)
+	ca := filepath.Join(tb.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, up.CAPEM, 0o600); err != nil {
+		tb.Fatalf("setup: %v", err)
+	}
+	egress := envWorkerEgress + "=" + up.Netns + ";" + ca + ";api.test=" + egresstest.Addr.String() + ",other.test=" + egresstest.Addr.String()
+	ts = startServerTB(tb, Config{NoWorker: true, Chunks: s3Chunks(srv), RecoverAfter: recoveryAfter})
+	logDir = tb.TempDir()
+	a, b = startS3Worker(tb, ts, srv, logDir, egress), startS3Worker(tb, ts, srv, logDir, egress)
+	ts.deleteAllOnCleanup(tb) // before the workers stop
+	waitWorkersHealthy(tb, ts, 2)
+	return ts, a, b, logDir, up
+}
+
+// waitWorkersHealthy waits until ts lists n workers healthy.
+func waitWorkersHealthy(tb testing.TB, ts *testServer, n int) {
+	tb.Helper()
+	testenv.Eventually(tb, time.Minute, func() bool {
+		status, body := rawCall(tb, ts, "GET", "/v1/workers", "")
+		return status == 200 && strings.Count(body, `"healthy":true`) == n
+	})
+}
+
 // TestRecoverFromLostWorker: two standalone workers on real VMs and an S3
 // chunk store; a sandbox with a 5 s checkpoint policy, a network policy,
 // a secret and labels counts in a file every 0.2 s on worker A. Worker A
 // and its VMM are killed (the host is gone): the sandbox comes back on B
 // with the same ID, its counter continuing from no more than one policy
 // interval (plus the time a checkpoint takes) before the kill, and exec,
-// files, policy and secret work there. A restarted afterwards removes its
+// files, the network policy and the secret work there (through a real
+// TLS upstream in a namespace). A restarted afterwards removes its
 // stale record without touching B's copy. Then the partition: a second
 // sandbox on A, A's worker process SIGSTOPped past the recovery delay,
 // the sandbox recovered on B, A SIGCONTed: its guest is stopped and it
 // never serves the sandbox again.
 func TestRecoverFromLostWorker(t *testing.T) {
-	testenv.RequireSlow(t)
-	release := guesttest.AcquireAllSlots(t)
-	defer release()
-	srv := weedtest.Start(t)
-	ts := startServerWith(t, Config{NoWorker: true, Chunks: s3Chunks(srv), RecoverAfter: recoveryAfter})
-	logDir := t.TempDir()
-	a := startS3Worker(t, ts, srv, logDir)
-	b := startS3Worker(t, ts, srv, logDir)
-	ts.deleteAllOnCleanup(t) // before the workers stop
+	ts, a, b, logDir, up := startRecoveryRig(t)
 	c := ts.client
 	ctx := t.Context()
-	testenv.Eventually(t, time.Minute, func() bool {
-		status, body := rawCall(t, ts, "GET", "/v1/workers", "")
-		return status == 200 && strings.Count(body, `"healthy":true`) == 2
-	})
-	if _, err := c.CreateSecret(ctx, api.CreateSecret{Name: "token", Value: []byte("s3cr3t"), Hosts: []string{"api.example.test"}, Header: "Authorization", Format: "Bearer {}"}); err != nil {
+	secret := "sk-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := c.CreateSecret(ctx, api.CreateSecret{Name: "token", Value: []byte(secret), Hosts: []string{"api.test"}}); err != nil {
 		t.Fatalf("CreateSecret = %v", err)
 	}
 	create := func(label string) api.Sandbox {
 		t.Helper()
 		var sb api.Sandbox
-		body := `{"memory_mib":384,"labels":{"run":"` + label + `"},"secrets":["token"],"network":{"allow":["example.test:443"]},"checkpoints":{"every":"5s"}}`
+		body := `{"memory_mib":384,"labels":{"run":"` + label + `"},"secrets":["token"],"network":{"allow":["other.test:443"]},"checkpoints":{"every":"5s"}}`
 		if code, raw := apiJSON(t, ts, "POST", "/v1/sandboxes", body, &sb); code != 201 {
 			t.Fatalf("create = %d %s", code, raw)
 		}
@@ -166,7 +191,7 @@ func TestRecoverFromLostWorker(t *testing.T) {
 	})
 	back := time.Since(killedAt)
 	got, err := c.Sandbox(ctx, x.ID)
-	if err != nil || got.RecoveredFrom == nil || got.Labels["run"] != "x" || len(got.Secrets) != 1 || got.Network == nil || !slices.Contains(got.Network.Allow, "example.test:443") {
+	if err != nil || got.RecoveredFrom == nil || got.Labels["run"] != "x" || len(got.Secrets) != 1 || got.Network == nil || !slices.Contains(got.Network.Allow, "other.test:443") {
 		t.Fatalf("recovered sandbox = %+v, %v; want it with recovered_from, its labels, secret and network", got, err)
 	}
 	t.Logf("kill → recovering seen after %v, running on the other worker after %v; recovered_from %+v", sawRecovering, back, *got.RecoveredFrom)
@@ -183,6 +208,20 @@ func TestRecoverFromLostWorker(t *testing.T) {
 	if _, err := c.WriteFile(ctx, x.ID, "/root/after", strings.NewReader("on b\n"), client.WriteOptions{Mode: 0o600}); err != nil {
 		t.Errorf("WriteFile after recovery = %v", err)
 	}
+	// The network policy and the secret hold on B: the gateway adds the
+	// secret for api.test, lets other.test through without it, and
+	// nothing else.
+	if out, errOut, code := execOut(t, c, x.ID, sh(`curl -sS --max-time 10 -H "Authorization: Bearer $TOKEN" https://api.test/after`)); code != 0 || out != "hello api.test" {
+		t.Errorf("curl api.test after recovery = %q %q (exit %d)", out, errOut, code)
+	} else if got := up.Requests(); len(got) == 0 || !strings.HasPrefix(got[len(got)-1].String(), "api.test /after Bearer "+secret) {
+		t.Errorf("the upstream saw %q; want the secret added on the recovered sandbox's request", got)
+	}
+	if _, _, code := execOut(t, c, x.ID, sh(`curl -sS --max-time 10 https://other.test/`)); code != 0 {
+		t.Errorf("curl other.test after recovery: exit %d, want it allowed", code)
+	}
+	if _, _, code := execOut(t, c, x.ID, sh(`curl -sS --max-time 5 https://`+egresstest.Addr.String()+`/`)); code == 0 {
+		t.Errorf("curl to an address the policy does not allow succeeded after recovery")
+	}
 
 	// A comes back (a new process on its data dir): it drops its stale
 	// record, and B's copy runs on.
@@ -193,10 +232,7 @@ func TestRecoverFromLostWorker(t *testing.T) {
 	}
 
 	// The partition: y on A (B is busier), A stopped past the delay.
-	testenv.Eventually(t, time.Minute, func() bool {
-		status, body := rawCall(t, ts, "GET", "/v1/workers", "")
-		return status == 200 && strings.Count(body, `"healthy":true`) == 2
-	})
+	waitWorkersHealthy(t, ts, 2)
 	y := create("y")
 	if y.Worker != a.id {
 		t.Fatalf("second sandbox placed on %s, want %s (the emptier)", y.Worker, a.id)
@@ -232,21 +268,9 @@ func TestRecoverFromLostWorker(t *testing.T) {
 // fencing and marking, then the restore from the latest checkpoint
 // (fetching it from S3 into the other worker and starting the VM).
 func BenchmarkRecovery(b *testing.B) {
-	testenv.RequireSlow(b)
-	release := guesttest.AcquireAllSlots(b)
-	defer release()
-	srv := weedtest.Start(b)
-	ts := startServerTB(b, Config{NoWorker: true, Chunks: s3Chunks(srv), RecoverAfter: recoveryAfter})
-	logDir := b.TempDir()
-	wa := startS3Worker(b, ts, srv, logDir)
-	wb := startS3Worker(b, ts, srv, logDir)
-	ts.deleteAllOnCleanup(b) // before the workers stop
+	ts, wa, wb, logDir, _ := startRecoveryRig(b)
 	c := ts.client
 	ctx := b.Context()
-	testenv.Eventually(b, time.Minute, func() bool {
-		status, body := rawCall(b, ts, "GET", "/v1/workers", "")
-		return status == 200 && strings.Count(body, `"healthy":true`) == 2
-	})
 	for b.Loop() {
 		var sb api.Sandbox
 		if code, raw := apiJSON(b, ts, "POST", "/v1/sandboxes", `{"memory_mib":384,"checkpoints":{"every":"5s"}}`, &sb); code != 201 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -537,5 +538,49 @@ func TestStartRefusesBadEpochFile(t *testing.T) {
 				t.Errorf("Start with epoch file %q = %v, want an error naming %s", content, err, fenceFile)
 			}
 		})
+	}
+}
+
+// TestLeaseFencesEgress: while no lease holds, the gateways' dialer and
+// resolver refuse, so no guest opens a connection or resolves a name;
+// under a lease they work (a listener on loopback, reached through
+// EgressDial's default).
+func TestLeaseFencesEgress(t *testing.T) {
+	w := newTestWorker(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	ctx := t.Context()
+	if _, err := w.Lease(ctx, workerproto.LeaseRequest{TTLMS: time.Minute.Milliseconds()}); err != nil {
+		t.Fatalf("Lease = %v", err)
+	}
+	c, err := w.fencedDial(ctx, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("dial under a lease = %v", err)
+	}
+	c.Close()
+	if _, err := w.Lease(ctx, workerproto.LeaseRequest{TTLMS: 1}); err != nil {
+		t.Fatalf("Lease = %v", err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return !w.leased() })
+	if c, err := w.fencedDial(ctx, "tcp", ln.Addr().String()); !errors.Is(err, ErrNoLease) {
+		if c != nil {
+			c.Close()
+		}
+		t.Errorf("dial with no lease = %v, want ErrNoLease", err)
+	}
+	if _, err := w.fencedResolve(ctx, "localhost"); !errors.Is(err, ErrNoLease) {
+		t.Errorf("resolve with no lease = %v, want ErrNoLease", err)
 	}
 }

@@ -239,7 +239,7 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	gw, err := egress.New(egress.Config{
 		Frames: frames, MTU: mtu, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
 		Gateway6: addrs.gateway6(), Guest6: addrs.guest6(),
-		Resolve: w.cfg.EgressResolve, Dial: w.cfg.EgressDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
+		Resolve: w.fencedResolve, Dial: w.fencedDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
 		HostAddr: w.hostAddrs.Contains, Reserved: []netip.Prefix{netBlocks, netBlocks6},
 		WildcardNames: w.cfg.EgressWildcardNames, WildcardNamesPerMinute: w.cfg.EgressWildcardNamesPerMinute,
 		Log: w.log.With("sandbox_id", s.id()),
@@ -417,4 +417,30 @@ func (w *Worker) handleExposed(rw http.ResponseWriter, r *http.Request) {
 		},
 	}
 	rp.ServeHTTP(rw, r)
+}
+
+// fencedDial is the gateways' dialer: the configured one (or a 10 s
+// net.Dialer), refusing while the worker serves nothing (fence.go), so a
+// guest whose lease ran out opens no connection, even in the moments
+// before the fence pauses it, or after a stopped worker resumes.
+func (w *Worker) fencedDial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if err := w.checkServing("egress to " + addr); err != nil {
+		return nil, err
+	}
+	if w.cfg.EgressDial != nil {
+		return w.cfg.EgressDial(ctx, network, addr)
+	}
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	return d.DialContext(ctx, network, addr)
+}
+
+// fencedResolve is the gateways' resolver, refusing as fencedDial does.
+func (w *Worker) fencedResolve(ctx context.Context, host string) ([]netip.Addr, error) {
+	if err := w.checkServing("resolve " + host); err != nil {
+		return nil, err
+	}
+	if w.cfg.EgressResolve != nil {
+		return w.cfg.EgressResolve(ctx, host)
+	}
+	return net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
 }
