@@ -90,14 +90,23 @@ func (w *s3Worker) holds(t testing.TB, id string) bool {
 	return slices.ContainsFunc(infos, func(i workerproto.Info) bool { return i.ID == id })
 }
 
-// alive reports whether process pid exists (and is not a zombie).
-func alive(pid int) bool {
+// procState returns the state letter of process pid ("" if it is gone).
+func procState(pid int) string {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return false
+		return ""
 	}
 	f := strings.Fields(string(b)[strings.LastIndexByte(string(b), ')')+1:])
-	return len(f) > 0 && f[0] != "Z"
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
+
+// alive reports whether process pid exists (and is not a zombie).
+func alive(pid int) bool {
+	st := procState(pid)
+	return st != "" && st != "Z"
 }
 
 // startRecoveryRig starts, on all the VM slots, an S3 chunk store, a
@@ -142,9 +151,10 @@ func waitWorkersHealthy(tb testing.TB, ts *testServer, n int) {
 // files, the network policy and the secret work there (through a real
 // TLS upstream in a namespace). A restarted afterwards removes its
 // stale record without touching B's copy. Then the partition: a second
-// sandbox on A, A's worker process SIGSTOPped past the recovery delay,
-// the sandbox recovered on B, A SIGCONTed: its guest is stopped and it
-// never serves the sandbox again.
+// sandbox on A, A's worker process SIGSTOPped past the recovery delay:
+// A's fence watchdog stops A's guest before the sandbox is recovered on
+// B; A SIGCONTed: its guest is removed and it never serves the sandbox
+// again.
 func TestRecoverFromLostWorker(t *testing.T) {
 	ts, a, b, logDir, up := startRecoveryRig(t)
 	c := ts.client
@@ -240,10 +250,16 @@ func TestRecoverFromLostWorker(t *testing.T) {
 	startCounter(t, c, y.ID)
 	testenv.Eventually(t, time.Minute, func() bool { return len(history(t, ts, y.ID).Checkpoints) >= 1 })
 	a.p.cmd.Process.Signal(syscall.SIGSTOP)
+	// A's fence watchdog stops A's guest once A is silent past its lease,
+	// before the leader recovers the sandbox: never two running.
+	testenv.Eventually(t, time.Minute, func() bool { return procState(y.VM.PID) == "T" })
 	testenv.Eventually(t, 3*time.Minute, func() bool {
 		sb, err := c.Sandbox(ctx, y.ID)
 		return err == nil && sb.State == "running" && sb.Worker == b.id
 	})
+	if st := procState(y.VM.PID); st != "T" {
+		t.Errorf("A's guest of %s is in state %q while B runs it, want stopped (T)", y.ID, st)
+	}
 	a.p.cmd.Process.Signal(syscall.SIGCONT)
 	testenv.Eventually(t, time.Minute, func() bool { return !alive(y.VM.PID) })
 	testenv.Eventually(t, time.Minute, func() bool { return !a.holds(t, y.ID) })

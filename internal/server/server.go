@@ -551,6 +551,7 @@ type workerConfig struct {
 	MemoryMiB              int64
 	Chunks                 *chunkstore.Store
 	ChunkStore             string // names Chunks (worker.Config.ChunkStore)
+	Fencing                bool   // worker.Config.Fencing: a standalone worker
 	CrashAt                string
 	Log                    *slog.Logger
 }
@@ -624,7 +625,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, BootTimeout: bootTimeout,
 		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
 		Cgroups:   cg, RunRoot: wc.Host.RunRoot, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, Chunks: wc.Chunks,
-		ChunkStore: wc.ChunkStore, EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
+		ChunkStore: wc.ChunkStore, Fencing: wc.Fencing, EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
 		VMM: info,
 	})

@@ -164,6 +164,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
 		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
+		Fencing: true,
 	})
 	if err != nil {
 		return err

@@ -85,6 +85,9 @@ const noLeaseRetryAfter = "2"
 // a time.
 func (w *Worker) Lease(ctx context.Context, req workerproto.LeaseRequest) (workerproto.LeaseReply, error) {
 	received := time.Now() // the lease counts from here: never longer than the leader thinks
+	if !w.cfg.Fencing {
+		return workerproto.LeaseReply{}, fmt.Errorf("worker %s takes no lease (it is embedded in its control plane, or not configured to fence): %w", w.cfg.ID, errkind.FailedPrecondition)
+	}
 	if err := checkLease(req); err != nil {
 		return workerproto.LeaseReply{}, err
 	}

@@ -81,7 +81,7 @@ func (h *fakeHost) start(t *testing.T) *Worker {
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	w, err := New(Config{ID: h.id, DataDir: h.data, RunRoot: h.run, Driver: drv, Templates: oneTemplate{fakeImages},
+	w, err := New(Config{ID: h.id, DataDir: h.data, RunRoot: h.run, Driver: drv, Templates: oneTemplate{fakeImages}, Fencing: true,
 		Cgroups: h.cg, BootTimeout: 10 * time.Second, Log: testLog(), VMM: VMMInfo{Kind: "fake", Version: fake.Version, Accel: fake.Accel}})
 	if err != nil {
 		t.Fatalf("setup: %v", err)
@@ -529,7 +529,7 @@ func TestStartRefusesBadEpochFile(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(data, fenceFile), []byte(content), 0o600); err != nil {
 				t.Fatalf("setup: %v", err)
 			}
-			w, err := New(Config{ID: "unit", DataDir: data, RunRoot: t.TempDir(), Driver: neverBoots{}, Templates: noTemplates{}})
+			w, err := New(Config{ID: "unit", DataDir: data, RunRoot: t.TempDir(), Driver: neverBoots{}, Templates: noTemplates{}, Fencing: true})
 			if err != nil {
 				t.Fatalf("setup: %v", err)
 			}

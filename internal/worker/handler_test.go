@@ -53,7 +53,7 @@ func TestHandlerRoutes(t *testing.T) {
 // TestStatusProtocol checks the worker states its protocol version and
 // capabilities in its status.
 func TestStatusProtocol(t *testing.T) {
-	w, err := New(Config{ID: "unit", DataDir: t.TempDir(), RunRoot: t.TempDir(), Driver: neverBoots{}, Templates: noTemplates{},
+	w, err := New(Config{ID: "unit", DataDir: t.TempDir(), RunRoot: t.TempDir(), Driver: neverBoots{}, Templates: noTemplates{}, Fencing: true,
 		VMM: VMMInfo{Kind: "qemu", Version: "7.2.19", Accel: "tcg", DiffSnapshots: true}})
 	if err != nil {
 		t.Fatalf("setup: %v", err)

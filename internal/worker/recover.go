@@ -40,9 +40,14 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.hostAddrs = addrs
 	// Before the records: a worker that enforces re-adopts its guests
 	// paused.
-	if err := w.loadEpoch(); err != nil {
-		return fmt.Errorf("worker: %w", err)
+	if w.cfg.Fencing {
+		if err := w.loadEpoch(); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
 	}
+	// An earlier life's watchdog may have stopped the guests (watchdog.go):
+	// it goes, and they are continued before they are re-adopted.
+	stoppedGuests := w.killEarlierWatchdog()
 	entries, err := os.ReadDir(w.sandboxesDir())
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
@@ -58,6 +63,9 @@ func (w *Worker) Start(ctx context.Context) error {
 				return fmt.Errorf("worker: remove leftover %s: %w", dir, err)
 			}
 			continue
+		}
+		if stoppedGuests && rec.VM != nil {
+			continueGuest(rec.VM.PID)
 		}
 		s := &sbx{dir: dir, runDir: filepath.Join(w.cfg.RunRoot, rec.slot())}
 		s.mu.Lock()
@@ -85,6 +93,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	go w.poolLoop()
 	w.watchers.Add(1)
 	go w.fenceLoop()
+	if w.cfg.Fencing {
+		w.watchers.Add(1)
+		go w.watchdogLoop()
+	}
 	w.watchers.Go(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() {

@@ -73,6 +73,13 @@ type Config struct {
 	// for an S3 store, "local" for a directory of this host's; "" says
 	// none. It needs Chunks.
 	ChunkStore string
+	// Fencing makes the worker take the leader's leases (fence.go,
+	// Capabilities.Fencing), so that its sandboxes can be recovered on
+	// other workers if it is lost, and run the fence watchdog
+	// (watchdog.go). For standalone workers; a worker embedded in a
+	// control plane shares its fate, takes no lease, and is never
+	// recovered elsewhere.
+	Fencing bool
 	// VCPUs and MemoryMiB are the capacity offered to sandboxes; 0 = four
 	// vCPUs per host CPU, and 80% of the host's RAM.
 	VCPUs     int
@@ -261,7 +268,7 @@ func (w *Worker) capabilities() Capabilities {
 	c := Capabilities{
 		VMM: w.cfg.VMM.Kind, VMMVersion: w.cfg.VMM.Version, Accel: w.cfg.VMM.Accel,
 		ChunkedSnapshots: w.cfg.Chunks != nil, NICs: []string{workerproto.NICSocket},
-		ChunkStore: w.cfg.ChunkStore, Fencing: true,
+		ChunkStore: w.cfg.ChunkStore, Fencing: w.cfg.Fencing,
 	}
 	if _, ok := w.cfg.Driver.(vmm.Restorer); ok {
 		c.Snapshots = true

@@ -37,7 +37,7 @@ func (noTemplates) Template(_ context.Context, name string) (*imagebuild.Artifac
 
 func newTestWorker(t *testing.T) *Worker {
 	t.Helper()
-	w, err := New(Config{ID: "unit", DataDir: t.TempDir(), RunRoot: t.TempDir(), Driver: neverBoots{}, Templates: noTemplates{}})
+	w, err := New(Config{ID: "unit", DataDir: t.TempDir(), RunRoot: t.TempDir(), Driver: neverBoots{}, Templates: noTemplates{}, Fencing: true})
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
