@@ -58,7 +58,9 @@ type leaseTimes struct {
 
 func (s *Server) leaseTimes() leaseTimes {
 	ra := s.cfg.RecoverAfter
-	lt := leaseTimes{ttl: ra / 3}
+	// Half the delay: a leader that fails over (a few seconds) leases
+	// again well before a lease runs out.
+	lt := leaseTimes{ttl: ra / 2}
 	lt.every = min(2*time.Second, lt.ttl/5)
 	lt.call = min(3*time.Second, lt.ttl/3)
 	lt.suspectAfter = ra - lt.ttl - lt.call - time.Second
@@ -123,11 +125,11 @@ func (s *Server) runFencing(ctx context.Context) {
 	t := time.NewTicker(s.leaseTimes().every)
 	defer t.Stop()
 	for {
+		s.fenceRound(ctx, f) // at once in a new term: the workers wait for it
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.fenceRound(ctx, f)
 		}
 	}
 }

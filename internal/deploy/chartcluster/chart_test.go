@@ -279,6 +279,10 @@ func writeValues(t *testing.T, dsn, cacheBase string, img hostimage.Image) strin
 		"server": map[string]any{
 			"replicas":       2,
 			"leaderElection": "kubernetes",
+			// The worker pod is deleted and replaced, and upgraded: a
+			// restart the control plane waits for, not a lost host (its
+			// chunk store is the node's own: nothing could be recovered).
+			"recoverAfter": "10m",
 			"store":          map[string]any{"type": "postgres", "postgres": map[string]any{"dsn": dsn}},
 			"resources":      map[string]any{"requests": map[string]any{"cpu": "10m", "memory": "64Mi"}},
 		},
