@@ -283,8 +283,8 @@ func writeValues(t *testing.T, dsn, cacheBase string, img hostimage.Image) strin
 			// restart the control plane waits for, not a lost host (its
 			// chunk store is the node's own: nothing could be recovered).
 			"recoverAfter": "10m",
-			"store":          map[string]any{"type": "postgres", "postgres": map[string]any{"dsn": dsn}},
-			"resources":      map[string]any{"requests": map[string]any{"cpu": "10m", "memory": "64Mi"}},
+			"store":        map[string]any{"type": "postgres", "postgres": map[string]any{"dsn": dsn}},
+			"resources":    map[string]any{"requests": map[string]any{"cpu": "10m", "memory": "64Mi"}},
 		},
 		"workerDiscovery": "kubernetes",
 		"worker": map[string]any{
