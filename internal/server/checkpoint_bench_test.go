@@ -118,17 +118,19 @@ func (f *checkpointFigures) String() string {
 // checkpoint a minute (goal: under 5%). The phases are timed on the
 // host, not by the guest, whose clock need not count its pauses.
 //
-// Measured on a 2-core TCG host (2026-12-03), one run of 240 s:
+// Measured on a 2-core TCG host (2026-12-03), one run of 240 s with
+// nothing else running (a run while other VMs ran paused the idle guest
+// 15 ms median, 26 max, and cost the busy one 0.4% at one a minute):
 //
-//	first checkpoint       stored 19.6 MiB, read 93.3 MiB, paused 17 ms
-//	idle, 8 spaced 3 s     stored 0.43 MiB median, 1.09 max; read 22.2 MiB median, 36.1 max;
-//	                       paused 15 ms median, 26 max; call 209 ms median
-//	idle, 3 spaced 30 s    stored 0.70 MiB median, 0.92 max (0.92, 0.70, 0.50); paused 11 ms median
-//	busy, 12 every 5 s     stored 5.1 MiB median, 7.3 max; paused 21 ms median, 31 max;
-//	                       call 406 ms median
-//	busy throughput        with/without 0.956 (4.35 against 4.55 iterations/s; the
-//	                       phases ranged 4.43-4.67 without, 4.10-4.60 with)
-//	cost per checkpoint    0.22 s of guest work: 0.4% at one checkpoint a minute
+//	first checkpoint       stored 19.4 MiB, read 93.3 MiB, paused 15 ms
+//	idle, 8 spaced 3 s     stored 0.45 MiB median, 1.09 max (the first after the guest's
+//	                       start; the others 0.42-0.76); read 23.7 MiB median, 39.7 max;
+//	                       paused 10 ms median, 11 max; call 146 ms median
+//	idle, 3 spaced 30 s    stored 0.70 MiB median, 0.92 max (0.92, 0.70, 0.54); paused 10 ms median
+//	busy, 12 every 5 s     stored 5.0 MiB median, 7.3 max; paused 21 ms median, 27 max;
+//	                       call 279 ms median
+//	busy throughput        with/without 1.004 (4.72 against 4.70 iterations/s): below the
+//	                       noise, so about 0% at one checkpoint a minute
 //
 //	go test -timeout 20m -run '^$' -bench BenchmarkCheckpoints -benchtime 1x ./internal/server/
 func BenchmarkCheckpoints(b *testing.B) {
