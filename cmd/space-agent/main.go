@@ -16,6 +16,7 @@ import (
 
 	"space/internal/agent/guestinit"
 	"space/internal/agent/guestsys"
+	"space/internal/agent/ring"
 	"space/internal/agent/server"
 	"space/internal/agent/transport"
 )
@@ -88,11 +89,23 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		}
 		l = port
 	}
+	// A ring in the guest's RAM carries bulk bytes where the host can map
+	// that RAM; without it everything moves over the connection.
+	var rg *ring.Region
+	mem, chunks, err := ring.AllocGuest(ring.DefaultSize)
+	if err == nil {
+		rg, err = ring.New(mem, ring.Guest)
+	}
+	if err != nil {
+		log.Warn("no ring for bulk bytes", "err", err)
+	}
 	srv, err := server.New(server.Config{
-		Version: version,
-		Log:     log,
-		ReapAll: true,
-		System:  guestsys.New(log, guestinit.SyncDisks),
+		Version:    version,
+		Log:        log,
+		ReapAll:    true,
+		System:     guestsys.New(log, guestinit.SyncDisks),
+		Ring:       rg,
+		RingChunks: chunks,
 	})
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"space/internal/agent/client"
 	"space/internal/agent/guestinit"
 	"space/internal/agent/proto"
+	"space/internal/agent/ring"
 	"space/internal/errkind"
 	"space/internal/image/kernel"
 	"space/internal/image/rootfs"
@@ -154,6 +155,10 @@ func start(ctx context.Context, cfg Config, launch func(context.Context) (vmm.VM
 	return v, nil
 }
 
+// rings maps each VM's ring file once per process: the host's slot
+// allocator must be one per VM, whichever connection uses it.
+var rings = ring.NewShared()
+
 // Connect dials the VM's agent channel and waits until the agent answers,
 // failing early if the VM exits.
 func Connect(ctx context.Context, vm vmm.VM) (*client.Client, error) {
@@ -167,9 +172,17 @@ func Connect(ctx context.Context, vm vmm.VM) (*client.Client, error) {
 		}
 	}()
 	ep := vm.Handle().Agent
+	var opts []client.Option
+	if m := vm.Handle().Memory; m != nil {
+		gm := ring.GuestMemory{Path: m.Path}
+		for _, r := range m.Ranges {
+			gm.Ranges = append(gm.Ranges, ring.MemRange{GPA: r.GPA, Offset: r.Offset, Size: r.Size})
+		}
+		opts = append(opts, client.WithRing(func(chunks []uint64) (*ring.Region, error) { return rings.Open(gm, chunks) }))
+	}
 	switch ep.Kind {
 	case "unix":
-		return client.DialUnixWait(ctx, ep.Path)
+		return client.DialUnixWait(ctx, ep.Path, opts...)
 	case "hybrid-vsock":
 		return client.DialWait(ctx, func(ctx context.Context) (*client.Client, error) {
 			return client.DialHybridVsock(ctx, ep.Path, ep.Port)

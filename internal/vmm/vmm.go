@@ -145,6 +145,10 @@ type Handle struct {
 	// Confinement is how the VMM process is confined, or nil where the
 	// driver does not say.
 	Confinement *Confinement `json:"confinement,omitempty"`
+	// Memory is where the guest's RAM lives on the host, or nil where the
+	// driver does not keep it in a file the host may map. The agent
+	// client reaches the guest's ring through it (package ring).
+	Memory *GuestMemory `json:"memory,omitempty"`
 }
 
 // Confinement is how a VMM process is confined on its host, as observed
@@ -269,4 +273,19 @@ type Snapshotter interface {
 // snapshot of another VMM, version or device layout is ErrIncompatible.
 type Restorer interface {
 	Restore(ctx context.Context, dir string, spec Spec) (VM, error)
+}
+
+// GuestMemory is a VM's RAM as a file on the host: its path, and where
+// each range of guest-physical addresses lies in it.
+type GuestMemory struct {
+	Path   string     `json:"path"`
+	Ranges []MemRange `json:"ranges"`
+}
+
+// MemRange is a range of guest-physical memory at an offset of the
+// memory file.
+type MemRange struct {
+	GPA    uint64 `json:"gpa"`
+	Offset int64  `json:"offset"`
+	Size   uint64 `json:"size"`
 }

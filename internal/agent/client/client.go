@@ -23,6 +23,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"space/internal/agent/proto"
+	"space/internal/agent/ring"
 	"space/internal/errkind"
 )
 
@@ -33,16 +34,28 @@ var ErrClosed = fmt.Errorf("agent connection closed: %w", errkind.Unavailable)
 type Client struct {
 	sess         *yamux.Session
 	agentVersion string
+	ring         *ring.Session // or nil: bulk bytes go inline
+	ringStream   *stream       // the OpRing call, carrying releases; nil without a ring
 }
 
 // Dial runs the handshake on conn and starts the session. conn is owned by
 // the Client from here on (closed by Close, or on error). ctx bounds the
 // handshake only; a conn without deadlines is closed when ctx ends first.
-func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
+func Dial(ctx context.Context, conn io.ReadWriteCloser, opts ...Option) (*Client, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	c, err := dial(ctx, conn)
 	if err != nil {
 		conn.Close()
 		return nil, err
+	}
+	if o.ring != nil {
+		if err := c.attachRing(ctx, o.ring); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -104,13 +117,13 @@ func dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
 
 // DialUnix connects to an agent channel exposed as a unix socket (QEMU's
 // virtio-serial chardev) and runs the handshake.
-func DialUnix(ctx context.Context, path string) (*Client, error) {
+func DialUnix(ctx context.Context, path string, opts ...Option) (*Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent: %w", err)
 	}
-	return Dial(ctx, conn)
+	return Dial(ctx, conn, opts...)
 }
 
 // AgentVersion is the version the agent announced in the handshake. It is
@@ -275,8 +288,8 @@ func (c *Client) OpenRaw() (io.ReadWriteCloser, error) {
 // that is still booting). QEMU accepts the connection before the guest
 // opens its port and holds the hello until it does, so one attempt usually
 // suffices.
-func DialUnixWait(ctx context.Context, path string) (*Client, error) {
-	return DialWait(ctx, func(ctx context.Context) (*Client, error) { return DialUnix(ctx, path) })
+func DialUnixWait(ctx context.Context, path string, opts ...Option) (*Client, error) {
+	return DialWait(ctx, func(ctx context.Context) (*Client, error) { return DialUnix(ctx, path, opts...) })
 }
 
 // DialWait calls dial until it yields a client whose agent answers a health

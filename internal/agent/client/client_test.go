@@ -17,16 +17,24 @@ import (
 // agent is an agent server in the test process; connect gives it a new
 // host connection over a socketpair, as a virtio-serial port would.
 type agent struct {
-	t   *testing.T
-	srv *server.Server
-	ctx context.Context
+	t    *testing.T
+	srv  *server.Server
+	ctx  context.Context
+	opts []client.Option
 }
 
 // inProcess starts an agent server in the test process and connects a
 // client to it. The server is closed when t ends.
 func inProcess(t *testing.T) (*agent, *client.Client) {
 	t.Helper()
-	srv, err := server.New(server.Config{Version: "test"})
+	return inProcessWith(t, server.Config{Version: "test"})
+}
+
+// inProcessWith is inProcess with the server's config, and the client's
+// dial options.
+func inProcessWith(t *testing.T, cfg server.Config, opts ...client.Option) (*agent, *client.Client) {
+	t.Helper()
+	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatalf("setup: server.New: %v", err)
 	}
@@ -35,7 +43,7 @@ func inProcess(t *testing.T) (*agent, *client.Client) {
 		cancel()
 		srv.Close()
 	})
-	a := &agent{t: t, srv: srv, ctx: ctx}
+	a := &agent{t: t, srv: srv, ctx: ctx, opts: opts}
 	c, err := a.connect(t.Context())
 	if err != nil {
 		t.Fatalf("setup: %v", err)
@@ -61,7 +69,7 @@ func (a *agent) connect(ctx context.Context) (*client.Client, error) {
 	}()
 	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer hcancel()
-	c, err := client.Dial(hctx, host)
+	c, err := client.Dial(hctx, host, a.opts...)
 	if err != nil {
 		guest.Close()
 		<-done

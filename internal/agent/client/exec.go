@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"space/internal/agent/proto"
+	"space/internal/agent/ring"
 	"space/internal/errkind"
 )
 
@@ -210,9 +211,16 @@ func (c *Client) Exec(ctx context.Context, req proto.ExecRequest, pio IO) (proto
 
 func (p *Process) readOutput(stdout, stderr io.Writer) {
 	defer close(p.done)
+	ended := false
+	defer func() {
+		if !ended {
+			p.c.drain(p.s)
+		}
+	}()
 	for {
 		f, err := p.s.r.Next()
 		if err != nil {
+			ended = true
 			p.err = p.endErr(p.c.callErr(p.ctx, p.op, err))
 			return
 		}
@@ -227,6 +235,20 @@ func (p *Process) readOutput(stdout, stderr io.Writer) {
 			}
 			if _, err := w.Write(f.Payload); err != nil {
 				p.err = p.endErr(fmt.Errorf("%s: write output: %w", p.op, err))
+				return
+			}
+		case proto.TypeDataRef:
+			ref, err := ring.ParseRef(f.Payload)
+			if err != nil {
+				p.err = protocolErr(p.op, "%v", err)
+				return
+			}
+			w, want := stdout, proto.TypeStdout
+			if proto.Type(ref.Type) == proto.TypeStderr {
+				w, want = stderr, proto.TypeStderr
+			}
+			if _, err := p.c.copyRef(p.op, f, want, w, ring.SlotSize); err != nil {
+				p.err = p.endErr(err)
 				return
 			}
 		case proto.TypeExit:

@@ -7,7 +7,13 @@ import (
 	"strings"
 
 	"space/internal/agent/proto"
+	"space/internal/agent/ring"
 )
+
+// growth is how far past its announced size a file read may go: a file may
+// grow while it is read, by at most the one read the agent had under way
+// (a ring slot at most).
+const growth = ring.SlotSize
 
 // ReadFile streams the guest file at path into w and returns its info. The
 // bytes written never exceed the size the agent announced; an agent that
@@ -31,24 +37,38 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (proto.
 		return proto.FileInfo{}, protocolErr(op, "negative size")
 	}
 	var got int64
+	ended := false
+	defer func() {
+		if !ended {
+			c.drain(s)
+		}
+	}()
 	for {
 		f, err := s.r.Next()
 		if err != nil {
+			ended = true
 			return info, c.callErr(ctx, op, err)
 		}
 		switch f.Type {
 		case proto.TypeData:
 			// A file may grow while it is read; allow what was announced
 			// plus one chunk, never unbounded.
-			if got+int64(len(f.Payload)) > info.Size+proto.DataChunk {
+			if got+int64(len(f.Payload)) > info.Size+growth {
 				return info, protocolErr(op, "more data than the announced %d bytes", info.Size)
 			}
 			if _, err := w.Write(f.Payload); err != nil {
 				return info, fmt.Errorf("%s: write: %w", op, err)
 			}
 			got += int64(len(f.Payload))
+		case proto.TypeDataRef:
+			n, err := c.copyRef(op, f, proto.TypeData, w, info.Size+growth-got)
+			if err != nil {
+				return info, err
+			}
+			got += int64(n)
 		case proto.TypeEnd:
 			info.Size = got
+			ended = true
 			return info, nil
 		default:
 			var v struct{}
@@ -81,24 +101,11 @@ func (c *Client) WriteFile(ctx context.Context, args proto.WriteArgs, r io.Reade
 	}()
 	sendErr := make(chan error, 1)
 	go func() {
-		buf := make([]byte, proto.DataChunk)
-		for {
-			n, err := r.Read(buf)
-			if n > 0 {
-				if err := s.write(proto.TypeData, buf[:n]); err != nil {
-					sendErr <- err
-					return
-				}
-			}
-			if err == io.EOF {
-				sendErr <- s.write(proto.TypeEnd, nil)
-				return
-			}
-			if err != nil {
-				sendErr <- fmt.Errorf("%s: read source: %w", op, err)
-				return
-			}
+		if err := c.sendFrom(ctx, op, s, r); err != nil {
+			sendErr <- err
+			return
 		}
+		sendErr <- s.write(proto.TypeEnd, nil)
 	}()
 	select {
 	case err := <-replied:

@@ -52,7 +52,28 @@ const (
 	// shipped: those answer it with an invalid_argument error ("unknown
 	// op"), at once.
 	OpPortProbe Op = "port.probe"
+
+	// OpRing attaches the session to the agent's ring: a region of guest
+	// RAM the host reaches through the VM's memory file (package ring).
+	// args {} -> Result RingOffer (the region's guest-physical chunks, and
+	// a token the agent wrote in one of its slots); the host maps the
+	// chunks, finds the token, and accepts by releasing that slot
+	// (Release) -> Result {} once the agent uses the ring too. The stream
+	// then carries Release frames both ways until the session ends, and
+	// either side may send DataRef frames in place of data, stdout and
+	// stderr frames. A host that declines closes the stream. Agents
+	// without a ring answer failed_precondition; agents older than the
+	// op, invalid_argument.
+	OpRing Op = "ring"
 )
+
+// RingOffer is the agent's reply to OpRing.
+type RingOffer struct {
+	Size   int64    `json:"size"`   // bytes, both halves
+	Chunks []uint64 `json:"chunks"` // guest-physical address of each ring.ChunkSize piece, in order
+	Slot   int      `json:"slot"`   // the agent's slot holding Token
+	Token  string   `json:"token"`  // hex
+}
 
 // Port probe timeouts (PortProbe.TimeoutMS).
 const (

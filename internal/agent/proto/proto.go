@@ -54,13 +54,20 @@ const (
 	TypeResize   Type = 11 // host→ JSON WinSize
 	TypeStarted  Type = 12 // guest→ JSON Started
 	TypeExit     Type = 13 // guest→ JSON Exit; ends an exec
+	// TypeDataRef stands for a data, stdout or stderr frame whose bytes
+	// are in the session's ring region (package ring: a ring.Ref).
+	// Either direction, only after an OpRing call succeeded.
+	TypeDataRef Type = 14
+	// TypeRelease gives ring slots back to their sender (ring.AppendRelease);
+	// either direction, on the OpRing stream only.
+	TypeRelease Type = 15
 )
 
 var typeNames = map[Type]string{
 	TypeRequest: "request", TypeResult: "result", TypeError: "error", TypeData: "data",
 	TypeEnd: "end", TypeStdin: "stdin", TypeStdinEOF: "stdin_eof", TypeStdout: "stdout",
 	TypeStderr: "stderr", TypeSignal: "signal", TypeResize: "resize", TypeStarted: "started",
-	TypeExit: "exit",
+	TypeExit: "exit", TypeDataRef: "data_ref", TypeRelease: "release",
 }
 
 func (t Type) String() string {

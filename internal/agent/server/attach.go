@@ -120,6 +120,16 @@ func (s *Server) deliver(p *process, a *attachment) error {
 		return nil
 	}
 	defer p.out.release()
+	// A wait for a ring slot ends with the attachment.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-a.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	for {
 		ch, ok := p.out.next(a.stop)
 		if !ok {
@@ -136,7 +146,7 @@ func (s *Server) deliver(p *process, a *attachment) error {
 			}
 			return nil
 		}
-		if err := a.c.send(ch.typ, ch.data); err != nil {
+		if err := a.c.sendOutput(ctx, ch.typ, ch.data); err != nil {
 			s.hostGone(p, a)
 			return err
 		}

@@ -89,6 +89,7 @@ func (s *Server) startProcess(ps proto.ProcStart, a *attachment) (*process, erro
 				closeAll([]*os.File{stdin})
 				return nil, fmt.Errorf("output pipe: %w", err)
 			}
+			growPipe(r)
 			if t == proto.TypeStdout {
 				cmd.Stdout = w
 			} else {
@@ -226,4 +227,17 @@ func startError(err error) error {
 		return fmt.Errorf("exec: %w: %w", err, errkind.PermissionDenied)
 	}
 	return fmt.Errorf("exec: %w", err)
+}
+
+// outputPipeSize is the buffer an output pipe gets, where the kernel
+// allows it: a process writing in small pieces then fills it while the
+// agent is busy, and the agent moves it in large reads.
+const outputPipeSize = 1 << 20
+
+// growPipe enlarges a pipe's buffer to outputPipeSize if it can; a pipe
+// of the default size works too, only in smaller pieces.
+func growPipe(f *os.File) {
+	if rc, err := f.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, outputPipeSize) })
+	}
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 
 	"space/internal/agent/proto"
+	"space/internal/agent/ring"
 	"space/internal/errkind"
 )
 
@@ -79,7 +81,7 @@ func statFile(a proto.PathArgs) (proto.FileInfo, error) {
 }
 
 // readFile sends a result with the file's info, its bytes, and an end frame.
-func (s *Server) readFile(c *call, a proto.PathArgs) error {
+func (s *Server) readFile(ctx context.Context, c *call, a proto.PathArgs) error {
 	p, err := guestPath(a.Path)
 	if err != nil {
 		return c.fail(err)
@@ -100,18 +102,23 @@ func (s *Server) readFile(c *call, a proto.PathArgs) error {
 		return err
 	}
 	buf := make([]byte, proto.DataChunk)
+	var readErr error
+	read := func(b []byte) (int, error) {
+		n, err := f.Read(b)
+		readErr = err
+		return n, nil
+	}
 	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			if err := c.send(proto.TypeData, buf[:n]); err != nil {
-				return err
-			}
+		// Ask for a whole slot: a file read straight into the ring is
+		// the only copy its bytes take in the guest.
+		if _, err := c.sendBulk(ctx, proto.TypeData, ring.SlotSize, buf, read); err != nil {
+			return err
 		}
-		if err == io.EOF {
+		if readErr == io.EOF {
 			return c.send(proto.TypeEnd, nil)
 		}
-		if err != nil {
-			return c.fail(err)
+		if readErr != nil {
+			return c.fail(readErr)
 		}
 	}
 }
@@ -120,6 +127,12 @@ func (s *Server) readFile(c *call, a proto.PathArgs) error {
 // renames it into place at the end frame, after an fsync: the target holds
 // the old or the new content, never a part.
 func (s *Server) writeFile(c *call, a proto.WriteArgs) (err error) {
+	drained := false
+	defer func() {
+		if !drained {
+			c.drain() // the host's slots in frames never read go back
+		}
+	}()
 	p, err := guestPath(a.Path)
 	if err != nil {
 		return c.fail(err)
@@ -156,16 +169,30 @@ func (s *Server) writeFile(c *call, a proto.WriteArgs) (err error) {
 	for {
 		f, err := c.r.Next()
 		if err != nil {
+			drained = true
 			return fmt.Errorf("write %s: host stream: %w", p, err) // host gone: nothing to answer
 		}
 		if f.Type == proto.TypeEnd {
+			drained = true
 			break
 		}
-		if f.Type != proto.TypeData {
+		data, slot := f.Payload, -1
+		switch f.Type {
+		case proto.TypeData:
+		case proto.TypeDataRef:
+			if slot, data, err = c.sess.view(f, proto.TypeData); err != nil {
+				return c.fail(fmt.Errorf("write %s: %w", p, err))
+			}
+		default:
 			return c.fail(fmt.Errorf("write %s: unexpected %s frame: %w", p, f.Type, errkind.InvalidArgument))
 		}
-		n, err := tmp.Write(f.Payload)
+		n, err := tmp.Write(data)
 		size += int64(n)
+		if slot >= 0 {
+			if rerr := c.sess.release(slot); rerr != nil && err == nil {
+				return fmt.Errorf("write %s: %w", p, rerr) // the session is going
+			}
+		}
 		if err != nil {
 			return c.fail(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"space/internal/agent/proto"
+	"space/internal/agent/ring"
 )
 
 // outputLog is the output of one process of the table: stdout and stderr
@@ -44,6 +45,11 @@ type outputLog struct {
 	// +checklocks:mu
 	changed chan struct{} // closed and replaced on every change
 }
+
+// maxChunk is the most output one chunk gathers: a ring slot, which one
+// reference frame carries. Without a ring a chunk goes out as several
+// data frames of at most proto.DataChunk.
+const maxChunk = ring.SlotSize
 
 type outputChunk struct {
 	typ  proto.Type // TypeStdout or TypeStderr
@@ -92,7 +98,7 @@ func (l *outputLog) write(t proto.Type, p []byte) {
 	if l.closed {
 		return
 	}
-	if n := len(l.chunks); n > 0 && l.chunks[n-1].typ == t && len(l.chunks[n-1].data)+len(p) <= proto.DataChunk {
+	if n := len(l.chunks); n > 0 && l.chunks[n-1].typ == t && len(l.chunks[n-1].data)+len(p) <= maxChunk {
 		// Appending past the end never touches bytes a reader was handed.
 		l.chunks[n-1].data = append(l.chunks[n-1].data, p...)
 	} else {
@@ -117,7 +123,7 @@ func (l *outputLog) fitsLocked(t proto.Type, n int) bool {
 		return false
 	}
 	last := l.chunks[len(l.chunks)-1]
-	return len(l.chunks) < l.maxChunks || last.typ == t && len(last.data)+n <= proto.DataChunk
+	return len(l.chunks) < l.maxChunks || last.typ == t && len(last.data)+n <= maxChunk
 }
 
 // trimLocked drops the oldest bytes until the log is within its limits.

@@ -324,7 +324,9 @@ wait:
 // in the background may hold the pipe open for ever. While an attachment
 // holds the log and it is full, pump waits, and so does the process.
 func pump(f *os.File, t proto.Type, out *outputLog, leaderGone *atomic.Bool, grace time.Duration) {
-	buf := make([]byte, proto.DataChunk)
+	// Reads as large as a chunk: when the host lags, output gathers in
+	// the pipe and moves in few large pieces.
+	buf := make([]byte, maxChunk)
 	for {
 		if leaderGone.Load() {
 			f.SetReadDeadline(time.Now().Add(grace))

@@ -32,6 +32,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"space/internal/agent/proto"
+	"space/internal/agent/ring"
 	"space/internal/errkind"
 )
 
@@ -65,6 +66,12 @@ type Config struct {
 	// exited, while background children hold the pipes open and stay
 	// silent. 0 = 200ms.
 	ExitGrace time.Duration
+	// Ring is the guest's side of a region of its RAM that the host maps
+	// for bulk bytes (ring.AllocGuest), or nil for none: everything then
+	// goes inline on the connection. RingChunks are its guest-physical
+	// addresses.
+	Ring       *ring.Region
+	RingChunks []uint64
 }
 
 // Server serves agent connections. Create it with New; Close stops it.
@@ -79,7 +86,7 @@ type Server struct {
 
 	mu sync.Mutex
 	// +checklocks:mu
-	sessions map[*yamux.Session]struct{}
+	sessions map[*yamux.Session]io.Writer // to the connection it runs on
 	// +checklocks:mu
 	closed bool
 	wg     sync.WaitGroup // one per running session and stream
@@ -108,7 +115,7 @@ func New(cfg Config) (*Server, error) {
 		procs:    newProcTable(cfg.Log, cfg.ExitGrace),
 		bootID:   string(trimNL(boot)),
 		runDone:  make(chan struct{}),
-		sessions: map[*yamux.Session]struct{}{},
+		sessions: map[*yamux.Session]io.Writer{},
 	}, nil
 }
 
@@ -164,6 +171,24 @@ func (s *Server) Close() error {
 	return nil
 }
 
+// flusher is a connection that buffers writes (transport.VirtioPort's).
+type flusher interface{ Flush() error }
+
+// flush waits until what every session wrote is on its connection.
+func (s *Server) flush() {
+	s.mu.Lock()
+	var fs []flusher
+	for _, w := range s.sessions {
+		if f, ok := w.(flusher); ok {
+			fs = append(fs, f)
+		}
+	}
+	s.mu.Unlock()
+	for _, f := range fs {
+		f.Flush()
+	}
+}
+
 // ServeConn runs the handshake and one session on conn and returns when the
 // host goes away. conn is closed on return.
 func (s *Server) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
@@ -200,7 +225,7 @@ func (s *Server) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
 		sess.Close()
 		return errors.New("server closed")
 	}
-	s.sessions[sess] = struct{}{}
+	s.sessions[sess] = conn
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -209,8 +234,12 @@ func (s *Server) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
 		sess.Close()
 	}()
 	s.log.Info("host connected")
+	ss := &session{}
 	var streams sync.WaitGroup
 	defer streams.Wait()
+	// Before the wait: a stream waiting for a ring slot gives up once the
+	// ring session ended, and a slot being filled stays its writer's.
+	defer ss.end()
 	for {
 		st, err := sess.AcceptStreamWithContext(ctx)
 		if err != nil {
@@ -219,7 +248,7 @@ func (s *Server) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
 		streams.Add(1)
 		go func() {
 			defer streams.Done()
-			s.handle(ctx, st)
+			s.handle(ctx, ss, st)
 		}()
 	}
 }
@@ -233,9 +262,10 @@ type stream interface {
 
 // call is one stream: a request and its reply frames.
 type call struct {
-	st stream
-	r  *proto.Reader
-	mu sync.Mutex // serializes frames on st
+	st   stream
+	sess *session
+	r    *proto.Reader
+	mu   sync.Mutex // serializes frames on st
 }
 
 func (c *call) send(t proto.Type, payload []byte) error {
@@ -258,9 +288,9 @@ func (c *call) fail(err error) error {
 
 func (c *call) result(v any) error { return c.sendJSON(proto.TypeResult, v) }
 
-func (s *Server) handle(ctx context.Context, st *yamux.Stream) {
+func (s *Server) handle(ctx context.Context, ss *session, st *yamux.Stream) {
 	defer st.Close()
-	c := &call{st: st, r: proto.NewReader(st, 0)}
+	c := &call{st: st, sess: ss, r: proto.NewReader(st, 0)}
 	f, err := c.r.Next()
 	if err != nil {
 		if !errors.Is(err, io.EOF) {
@@ -321,7 +351,7 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 		if err := decodeArgs(req, &a); err != nil {
 			return c.fail(err)
 		}
-		return s.readFile(c, a)
+		return s.readFile(ctx, c, a)
 	case proto.OpFileWrite:
 		var a proto.WriteArgs
 		if err := decodeArgs(req, &a); err != nil {
@@ -377,6 +407,12 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 			return c.fail(err)
 		}
 		return s.shutdown(c, a)
+	case proto.OpRing:
+		var a proto.Empty
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.ringAttach(c)
 	case proto.OpPortProbe:
 		var a proto.PortProbe
 		if err := decodeArgs(req, &a); err != nil {

@@ -135,6 +135,7 @@ func (s *Server) shutdown(c *call, a proto.Shutdown) error {
 		return err
 	}
 	c.st.Close()
+	s.flush() // the reply must leave before the power goes
 	s.log.Info("powering off on host request", "reboot", a.Reboot)
 	return s.cfg.System.PowerOff(a.Reboot)
 }

@@ -53,10 +53,11 @@ type VirtioPort struct {
 	active *portConn // the session in progress, or nil
 }
 
-// OpenVirtioPort opens the port's device node. The fd stays blocking: reads
-// and writes park in the kernel, which costs no CPU while the guest idles.
+// OpenVirtioPort opens the port's device node, non-blocking: reads and
+// writes that would block wait in poll, which costs no CPU while the guest
+// idles and which Close can interrupt.
 func OpenVirtioPort(dev string) (*VirtioPort, error) {
-	fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", dev, err)
 	}
@@ -159,9 +160,18 @@ func (p *VirtioPort) setAsync(on bool) error {
 	return nil
 }
 
-// portConn is one host session on the port. Reads and writes first poll the
-// port together with an eventfd, so Close can interrupt them: a blocking
-// read on the port itself could only be ended by the host.
+// portConn is one host session on the port. Reads and writes are
+// non-blocking and, when the port is not ready, poll it together with an
+// eventfd, so Close can interrupt them: a blocking read on the port itself
+// could only be ended by the host.
+//
+// Writes are batched. Every write to the port is one virtqueue buffer and
+// one notification of the VMM (a VM exit), and the session above writes
+// many small pieces (a 12-byte mux header, then its body; window updates).
+// Write copies into a pending batch and returns; one flusher goroutine
+// writes whatever has gathered, in as few port writes as the driver takes
+// (at most 32 KiB each). A full batch makes Write wait (backpressure), and
+// a port error fails the next Write. Flush waits until the batch is out.
 type portConn struct {
 	p      *VirtioPort
 	efd    int           // eventfd written by Close
@@ -173,14 +183,36 @@ type portConn struct {
 	closed bool
 	// +checklocks:mu
 	inflight int
+
+	wmu   sync.Mutex
+	wcond *sync.Cond // +checklocksignore: on wmu, signalled when the batch, flushing, werr or wclosed changed; immutable
+	// +checklocks:wmu
+	pending []byte // written by Write, not yet taken by the flusher
+	// +checklocks:wmu
+	flushing bool // the flusher is writing a batch to the port
+	// +checklocks:wmu
+	werr error // the port write that failed; later writes fail with it
+	// +checklocks:wmu
+	wclosed bool
 }
+
+// maxBatch bounds the bytes Write holds for the flusher. It is several
+// mux frames, so the flusher writes full driver buffers while the session
+// prepares the next ones.
+const maxBatch = 256 << 10
 
 func newPortConn(p *VirtioPort) (*portConn, error) {
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	return &portConn{p: p, efd: efd, idle: make(chan struct{})}, nil
+	c := &portConn{p: p, efd: efd, idle: make(chan struct{})}
+	c.wcond = sync.NewCond(&c.wmu)
+	if err := c.enter(); err != nil { // the flusher is in flight until it ends
+		return nil, err
+	}
+	go c.flusher()
+	return c, nil
 }
 
 // The guest's virtio console can miss the wake-up for a poll on the port:
@@ -191,7 +223,9 @@ func newPortConn(p *VirtioPort) (*portConn, error) {
 // for room, or for the host's yamux window update) until the host happened
 // to send something else. So a waiting write, and a waiting read while the
 // session is busy, poll again every repoll. An idle session polls without
-// a timeout: an idle guest does not wake.
+// a timeout: an idle guest does not wake. Reads and writes try the port
+// first and poll only when it is not ready, so a busy transfer rarely
+// waits at all.
 const (
 	repoll     = 100             // ms
 	busyWindow = 2 * time.Second // a session that moved bytes this recently is busy
@@ -215,7 +249,7 @@ func (c *portConn) wait(events int16) (int16, error) {
 			return 0, fmt.Errorf("poll port: %w", err)
 		}
 		if n == 0 {
-			continue // timed out: poll again, which looks for room afresh
+			return 0, nil // timed out: the caller tries the port again
 		}
 		if fds[1].Revents != 0 {
 			return 0, io.ErrClosedPipe
@@ -250,18 +284,19 @@ func (c *portConn) Read(b []byte) (int, error) {
 		return 0, err
 	}
 	defer c.leave()
-	if _, err := c.wait(unix.POLLIN); err != nil {
-		return 0, err
-	}
 	for {
 		n, err := unix.Read(c.p.fd, b)
-		if errors.Is(err, unix.EINTR) {
+		switch {
+		case errors.Is(err, unix.EINTR):
 			continue
-		}
-		if err != nil {
+		case errors.Is(err, unix.EAGAIN):
+			if _, err := c.wait(unix.POLLIN); err != nil {
+				return 0, err
+			}
+			continue
+		case err != nil:
 			return 0, fmt.Errorf("read port: %w", err)
-		}
-		if n == 0 && len(b) > 0 {
+		case n == 0 && len(b) > 0:
 			return 0, io.EOF
 		}
 		c.lastIO.Store(time.Now().UnixNano())
@@ -269,37 +304,105 @@ func (c *portConn) Read(b []byte) (int, error) {
 	}
 }
 
-// Write waits for room on the port, then writes everything.
+// Write adds b to the batch the flusher writes, waiting while the batch is
+// full. It fails once an earlier batch could not be written.
 func (c *portConn) Write(b []byte) (int, error) {
-	if err := c.enter(); err != nil {
-		return 0, err
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	for c.werr == nil && !c.wclosed && len(c.pending) > 0 && len(c.pending)+len(b) > maxBatch {
+		c.wcond.Wait()
 	}
+	switch {
+	case c.werr != nil:
+		return 0, c.werr
+	case c.wclosed:
+		return 0, io.ErrClosedPipe
+	}
+	c.pending = append(c.pending, b...)
+	c.wcond.Broadcast()
+	return len(b), nil
+}
+
+// Flush waits until everything written so far is on the port.
+func (c *portConn) Flush() error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	for c.werr == nil && !c.wclosed && (len(c.pending) > 0 || c.flushing) {
+		c.wcond.Wait()
+	}
+	if c.werr != nil {
+		return c.werr
+	}
+	if len(c.pending) > 0 {
+		return io.ErrClosedPipe
+	}
+	return nil
+}
+
+// flusher writes batches to the port until the session is closed or a
+// write fails. It holds one in-flight registration for its life.
+func (c *portConn) flusher() {
 	defer c.leave()
-	written := 0
-	for written < len(b) {
-		ev, err := c.wait(unix.POLLOUT)
+	var batch []byte
+	for {
+		c.wmu.Lock()
+		for len(c.pending) == 0 && !c.wclosed {
+			c.wcond.Wait()
+		}
+		if c.wclosed {
+			c.wmu.Unlock()
+			return
+		}
+		batch, c.pending = c.pending, batch[:0]
+		c.flushing = true
+		c.wmu.Unlock()
+		err := c.writePort(batch)
+		c.wmu.Lock()
+		c.flushing = false
 		if err != nil {
-			return written, err
+			c.werr = err
 		}
-		if ev&unix.POLLHUP != 0 {
-			return written, io.ErrClosedPipe // host gone: the session is over
+		c.wcond.Broadcast()
+		c.wmu.Unlock()
+		if err != nil {
+			return
 		}
+	}
+}
+
+// writePort writes all of b to the port, waiting for room.
+func (c *portConn) writePort(b []byte) error {
+	for written := 0; written < len(b); {
 		n, err := unix.Write(c.p.fd, b[written:])
-		if errors.Is(err, unix.EINTR) {
+		switch {
+		case errors.Is(err, unix.EINTR):
 			continue
-		}
-		if err != nil {
-			return written, fmt.Errorf("write port: %w", err)
+		case errors.Is(err, unix.EAGAIN):
+			ev, err := c.wait(unix.POLLOUT)
+			if err != nil {
+				return err
+			}
+			if ev&unix.POLLHUP != 0 {
+				return io.ErrClosedPipe // host gone: the session is over
+			}
+			continue
+		case err != nil:
+			return fmt.Errorf("write port: %w", err)
 		}
 		written += n
 		c.lastIO.Store(time.Now().UnixNano())
 	}
-	return written, nil
+	return nil
 }
 
-// Close ends the session and wakes its blocked reads and writes; the port
-// stays open for the next host.
+// Close ends the session and wakes its blocked reads, writes and flusher;
+// bytes still in the batch are dropped (Flush first to keep them). The
+// port stays open for the next host.
 func (c *portConn) Close() error {
+	c.wmu.Lock()
+	c.wclosed = true
+	c.wcond.Broadcast()
+	c.wmu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

@@ -78,6 +78,7 @@ func (v *VM) Handle() vmm.Handle {
 		StartTime:   v.startTime,
 		RunDir:      v.spec.Dir,
 		Agent:       v.agentEndpoint(),
+		Memory:      v.spec.guestMemory(),
 		Accel:       v.accel,
 		State:       state,
 	}

@@ -216,6 +216,12 @@ func (v *VM) waitMigration(ctx context.Context) error {
 			ErrorDesc string `json:"error-desc"`
 		}
 		if err := v.qmp.Execute(ctx, "query-migrate", nil, &st); err != nil {
+			// A lost monitor is usually QEMU dying: say why it did.
+			select {
+			case <-v.done:
+				return fmt.Errorf("migration: %w", v.exitErr)
+			case <-time.After(time.Second):
+			}
 			return err
 		}
 		switch st.Status {

@@ -349,3 +349,21 @@ func (n *NIC) closeTap() {
 		n.Tap.Close()
 	}
 }
+
+// guestMemory is the guest's RAM file and where q35 puts it: all of it
+// from address 0 when it fits below the PCI hole, else the part below
+// the hole there and the rest from 4 GiB (QEMU's pc_q35_init).
+func (s Spec) guestMemory() *vmm.GuestMemory {
+	ram := uint64(s.MemoryMiB) << 20
+	lowmem := uint64(0xb0000000)
+	if ram >= lowmem {
+		lowmem = 0x80000000
+	}
+	m := &vmm.GuestMemory{Path: s.memoryPath()}
+	if ram <= lowmem {
+		m.Ranges = []vmm.MemRange{{GPA: 0, Offset: 0, Size: ram}}
+		return m
+	}
+	m.Ranges = []vmm.MemRange{{GPA: 0, Offset: 0, Size: lowmem}, {GPA: 4 << 30, Offset: int64(lowmem), Size: ram - lowmem}}
+	return m
+}

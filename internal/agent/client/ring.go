@@ -1,0 +1,222 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+
+	"space/internal/agent/proto"
+	"space/internal/agent/ring"
+)
+
+// ringMin is the smallest payload the host sends through the ring.
+const ringMin = 16 << 10
+
+// Option tunes Dial.
+type Option func(*options)
+
+type options struct {
+	ring RingOpener
+}
+
+// RingOpener maps the ring an agent offers: the guest-physical addresses
+// of its chunks, in the VM's memory (ring.Shared.Open). It is given
+// guest-chosen addresses and must refuse any outside the VM's RAM.
+type RingOpener func(chunks []uint64) (*ring.Region, error)
+
+// WithRing has the client move bulk bytes through the agent's ring,
+// mapped with open, when the agent offers one; otherwise they go inline.
+func WithRing(open RingOpener) Option { return func(o *options) { o.ring = open } }
+
+// attachRing attaches the session to the agent's ring (proto.OpRing). A
+// guest without one, an agent without the op, or an offer that does not
+// check out leaves the client without a ring and no error: the ring only
+// makes transfers faster.
+func (c *Client) attachRing(ctx context.Context, open RingOpener) error {
+	s, release, err := c.open(context.WithoutCancel(ctx), proto.OpRing, proto.Empty{})
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, release)
+	defer stop()
+	fail := func(err error) error {
+		release()
+		if ctx.Err() != nil || c.sess.IsClosed() {
+			return c.callErr(ctx, proto.OpRing, err)
+		}
+		return nil // no ring here: inline it is
+	}
+	f, err := s.r.Next()
+	if err != nil {
+		return fail(err)
+	}
+	var offer proto.RingOffer
+	if err := decodeResult(proto.OpRing, f, 0, &offer); err != nil {
+		return fail(err)
+	}
+	r, err := open(offer.Chunks)
+	if err != nil {
+		return fail(err)
+	}
+	token, err := hex.DecodeString(offer.Token)
+	if err != nil || len(token) < 16 || int64(r.Size()) != offer.Size {
+		return fail(protocolErr(proto.OpRing, "bad offer"))
+	}
+	got, err := r.View(offer.Slot, len(token))
+	if err != nil || !bytes.Equal(got, token) {
+		return fail(protocolErr(proto.OpRing, "token not in the offered memory"))
+	}
+	if err := s.write(proto.TypeRelease, ring.AppendRelease(nil, offer.Slot)); err != nil {
+		return fail(err)
+	}
+	if f, err = s.r.Next(); err == nil {
+		err = decodeResult(proto.OpRing, f, 0, &proto.Empty{})
+	}
+	if err != nil {
+		return fail(err)
+	}
+	rs := r.Begin()
+	c.ring, c.ringStream = rs, s
+	go c.readReleases(rs, s, release)
+	return nil
+}
+
+// readReleases applies the guest's releases until the session ends, then
+// ends the ring session.
+func (c *Client) readReleases(rs *ring.Session, s *stream, release func()) {
+	defer rs.End()
+	defer release()
+	for {
+		f, err := s.r.Next()
+		if err != nil {
+			return
+		}
+		if f.Type != proto.TypeRelease {
+			continue
+		}
+		slots, err := ring.ParseRelease(f.Payload)
+		if err != nil {
+			c.sess.Close() // the agent broke the protocol
+			return
+		}
+		rs.Release(slots...)
+	}
+}
+
+// Ring reports whether bulk bytes move through a ring on this connection.
+func (c *Client) Ring() bool { return c.ring != nil }
+
+// copyRef writes to w the bytes a reference frame names, checking they are
+// of type want, then gives the slot back to the guest. It returns how many
+// bytes it wrote.
+func (c *Client) copyRef(op proto.Op, f proto.Frame, want proto.Type, w io.Writer, limit int64) (int, error) {
+	if c.ring == nil {
+		return 0, protocolErr(op, "%s frame without a ring", f.Type)
+	}
+	ref, err := ring.ParseRef(f.Payload)
+	if err != nil {
+		return 0, protocolErr(op, "%v", err)
+	}
+	if proto.Type(ref.Type) != want {
+		return 0, protocolErr(op, "ring reference to %s bytes, want %s", proto.Type(ref.Type), want)
+	}
+	if int64(ref.Len) > limit {
+		return 0, protocolErr(op, "ring reference of %d bytes, more than the %d allowed", ref.Len, limit)
+	}
+	b, err := c.ring.Region().View(int(ref.Slot), int(ref.Len))
+	if err != nil {
+		return 0, protocolErr(op, "%v", err)
+	}
+	var werr error
+	if w != nil {
+		_, werr = w.Write(b)
+	}
+	// Released even after a failed write: the bytes are not needed.
+	if err := c.ringStream.write(proto.TypeRelease, ring.AppendRelease(nil, int(ref.Slot))); err != nil && werr == nil {
+		return len(b), c.callErr(context.Background(), op, err)
+	}
+	if werr != nil {
+		return 0, fmt.Errorf("%s: write: %w", op, werr)
+	}
+	return len(b), nil
+}
+
+// sendFrom sends the bytes of r as data frames on s, through ring slots
+// when the client has a ring, and returns at EOF (sending no end frame).
+func (c *Client) sendFrom(ctx context.Context, op proto.Op, s *stream, r io.Reader) error {
+	if c.ring == nil {
+		buf := make([]byte, proto.DataChunk)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				if err := s.write(proto.TypeData, buf[:n]); err != nil {
+					return err
+				}
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("%s: read source: %w", op, err)
+			}
+		}
+	}
+	rs := c.ring
+	for {
+		slot, buf, err := rs.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		n, rerr := io.ReadFull(r, buf)
+		switch {
+		case n == 0:
+			rs.Abandon(slot)
+		case n < ringMin:
+			err = s.write(proto.TypeData, buf[:n])
+			rs.Abandon(slot)
+		default:
+			rs.Sent(slot, nil)
+			if err = s.write(proto.TypeDataRef, ring.Ref{Type: byte(proto.TypeData), Slot: uint32(slot), Len: uint32(n)}.Append(nil)); err != nil {
+				rs.Unsent(slot)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		switch rerr {
+		case nil:
+		case io.EOF, io.ErrUnexpectedEOF:
+			return nil
+		default:
+			return fmt.Errorf("%s: read source: %w", op, rerr)
+		}
+	}
+}
+
+// drain reads what is left of a call the caller gave up on, giving back
+// the ring slots its frames name, until the agent ends the stream. The
+// agent sends no more once it sees the host closed its side, and every
+// slot it sent is released here, so giving up mid-transfer leaks none.
+func (c *Client) drain(s *stream) {
+	if c.ring == nil {
+		return
+	}
+	go func() {
+		for {
+			f, err := s.r.Next()
+			if err != nil {
+				return
+			}
+			if f.Type != proto.TypeDataRef {
+				continue
+			}
+			if ref, err := ring.ParseRef(f.Payload); err == nil {
+				if c.ringStream.write(proto.TypeRelease, ring.AppendRelease(nil, int(ref.Slot))) != nil {
+					return
+				}
+			}
+		}
+	}()
+}

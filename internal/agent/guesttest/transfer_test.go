@@ -1,0 +1,157 @@
+package guesttest
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"space/internal/agent/agenttest"
+	"space/internal/agent/client"
+	"space/internal/agent/proto"
+)
+
+// BenchmarkTransfer measures, in one run on one booted guest, how fast
+// bytes cross the agent connection against the guest's own rate: the
+// guest writing /dev/zero to /dev/null is the reference, and every bulk
+// path is reported as a ratio of it. It also reports the exec round trip
+// and how busy the VMM was during each transfer (VMM CPU seconds per wall
+// second: near 1 per vCPU means the guest is CPU bound; low means waits).
+//
+//	go test -run '^$' -bench Transfer -benchtime 1x ./internal/agent/guesttest
+func BenchmarkTransfer(b *testing.B) {
+	vm := Boot(b, Options{VCPUs: 1, MemoryMiB: 512})
+	c := vm.Client
+	if !c.Ring() {
+		b.Logf("the agent connection has no ring: bulk bytes go inline")
+	}
+	ctx := b.Context()
+	const size = 64 << 20
+	cpu := func() time.Duration {
+		inf, err := vm.VMM.Info()
+		if err != nil {
+			b.Fatalf("vmm info: %v", err)
+		}
+		return inf.CPUTime
+	}
+	// timed runs f and returns its MB/s over n bytes and the VMM's CPU
+	// share meanwhile.
+	timed := func(n int64, f func()) (mbps, busy float64) {
+		c0, t0 := cpu(), time.Now()
+		f()
+		wall := time.Since(t0)
+		return float64(n) / wall.Seconds() / 1e6, float64(cpu()-c0) / float64(wall)
+	}
+	for b.Loop() {
+		// The guest's own rate: dd reports its own elapsed time, without
+		// the exec round trip.
+		out := agenttest.Output(b, c, fmt.Sprintf("dd if=/dev/zero of=/dev/null bs=64k count=%d 2>&1 | tail -1", size>>16))
+		guest, err := ddRate(out)
+		if err != nil {
+			b.Fatalf("guest rate: %v (%q)", err, out)
+		}
+		b.ReportMetric(guest, "guest-MB/s")
+		// The guest's own rate through a pipe from head, which is what an
+		// exec's stdout is.
+		out = agenttest.Output(b, c, fmt.Sprintf("head -c %d /dev/zero | dd of=/dev/null bs=64k 2>&1 | tail -1", size))
+		pipe, err := ddRate(out)
+		if err != nil {
+			b.Fatalf("guest pipe rate: %v (%q)", err, out)
+		}
+		b.ReportMetric(pipe, "guest-pipe-MB/s")
+
+		stdout, stdoutBusy := timed(size, func() {
+			var n countWriter
+			if _, err := c.Exec(ctx, proto.ExecRequest{Shell: fmt.Sprintf("head -c %d /dev/zero", size)}, client.IO{Stdout: &n}); err != nil || n != size {
+				b.Fatalf("exec stdout: %d bytes, %v", n, err)
+			}
+		})
+		b.ReportMetric(stdout, "exec-stdout-MB/s")
+		b.ReportMetric(stdout/guest, "exec-stdout/guest")
+		b.ReportMetric(stdout/pipe, "exec-stdout/guest-pipe")
+		b.ReportMetric(stdoutBusy, "exec-stdout-vmm-busy")
+
+		data := bytes.Repeat([]byte{0x5a}, size)
+		put, putBusy := timed(size, func() {
+			if _, err := c.WriteFile(ctx, proto.WriteArgs{Path: "/dev/shm/bench", NoSync: true}, bytes.NewReader(data)); err != nil {
+				b.Fatalf("write file: %v", err)
+			}
+		})
+		b.ReportMetric(put, "file-put-MB/s")
+		b.ReportMetric(put/guest, "file-put/guest")
+		b.ReportMetric(putBusy, "file-put-vmm-busy")
+
+		get, getBusy := timed(size, func() {
+			var n countWriter
+			if _, err := c.ReadFile(ctx, "/dev/shm/bench", &n); err != nil || n != size {
+				b.Fatalf("read file: %d bytes, %v", n, err)
+			}
+		})
+		b.ReportMetric(get, "file-get-MB/s")
+		b.ReportMetric(get/guest, "file-get/guest")
+		b.ReportMetric(getBusy, "file-get-vmm-busy")
+		agenttest.Output(b, c, "rm -f /dev/shm/bench")
+
+		spawn := agenttest.Output(b, c, "s=$(date +%s%N); for i in 1 2 3 4 5 6 7 8 9 10; do /bin/true; done; e=$(date +%s%N); echo $(( (e-s)/10000 ))")
+		if v, err := strconv.ParseFloat(strings.TrimSpace(spawn), 64); err == nil {
+			b.ReportMetric(v/100, "guest-spawn-ms")
+		}
+		var rtts []time.Duration
+		for range 30 {
+			t0 := time.Now()
+			if _, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"true"}}, client.IO{}); err != nil {
+				b.Fatalf("exec true: %v", err)
+			}
+			rtts = append(rtts, time.Since(t0))
+		}
+		slices.Sort(rtts)
+		b.ReportMetric(float64(rtts[len(rtts)/2].Microseconds())/1000, "exec-true-p50-ms")
+		b.ReportMetric(float64(rtts[len(rtts)*9/10].Microseconds())/1000, "exec-true-p90-ms")
+		var health []time.Duration
+		for range 30 {
+			t0 := time.Now()
+			if _, err := c.Health(ctx); err != nil {
+				b.Fatalf("health: %v", err)
+			}
+			health = append(health, time.Since(t0))
+		}
+		slices.Sort(health)
+		b.ReportMetric(float64(health[len(health)/2].Microseconds())/1000, "health-p50-ms")
+	}
+}
+
+// ddRate parses the rate of dd's last line ("... copied, 0.61 s, 110 MB/s")
+// into MB/s.
+func ddRate(line string) (float64, error) {
+	f := strings.Split(strings.TrimSpace(line), ",")
+	if len(f) < 3 {
+		return 0, fmt.Errorf("no rate in dd output")
+	}
+	r := strings.Fields(f[len(f)-1])
+	if len(r) != 2 {
+		return 0, fmt.Errorf("no rate in dd output")
+	}
+	v, err := strconv.ParseFloat(r[0], 64)
+	if err != nil {
+		return 0, err
+	}
+	switch r[1] {
+	case "kB/s":
+		return v / 1e3, nil
+	case "MB/s":
+		return v, nil
+	case "GB/s":
+		return v * 1e3, nil
+	}
+	return 0, fmt.Errorf("unknown unit %q", r[1])
+}
+
+type countWriter int64
+
+func (n *countWriter) Write(p []byte) (int, error) { *n += countWriter(len(p)); return len(p), nil }
+
+var _ io.Writer = (*countWriter)(nil)
