@@ -169,7 +169,7 @@ func (c *Client) sendFrom(ctx context.Context, op proto.Op, s *stream, r io.Read
 		if err != nil {
 			return err
 		}
-		n, rerr := io.ReadFull(r, buf)
+		n, rerr := fill(r, buf)
 		switch {
 		case n == 0:
 			rs.Abandon(slot)
@@ -185,11 +185,10 @@ func (c *Client) sendFrom(ctx context.Context, op proto.Op, s *stream, r io.Read
 		if err != nil {
 			return err
 		}
-		switch rerr {
-		case nil:
-		case io.EOF, io.ErrUnexpectedEOF:
+		switch {
+		case rerr == io.EOF:
 			return nil
-		default:
+		case rerr != nil:
 			return fmt.Errorf("%s: read source: %w", op, rerr)
 		}
 	}
@@ -219,4 +218,20 @@ func (c *Client) drain(s *stream) {
 			}
 		}
 	}()
+}
+
+// fill reads from r until buf is full, r ends (io.EOF, with what it read)
+// or r fails. Unlike io.ReadFull it keeps the source's own errors apart
+// from its end: a body cut short (io.ErrUnexpectedEOF from an HTTP server)
+// must fail the write, never commit a truncated file.
+func fill(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }

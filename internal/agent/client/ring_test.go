@@ -5,9 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -101,6 +104,23 @@ func TestAgentInProcessRing(t *testing.T) {
 			if !bytes.Equal(got.Bytes(), data) {
 				t.Errorf("ReadFile after WriteFile of %d bytes: %d bytes back, not the same", n, got.Len())
 			}
+		}
+	})
+
+	t.Run("CutSourceFails", func(t *testing.T) {
+		// A source that breaks off (an HTTP body cut short reads as
+		// io.ErrUnexpectedEOF) fails the write and leaves the old file.
+		path := dir + "/keep"
+		if _, err := c.WriteFile(ctx, proto.WriteArgs{Path: path}, strings.NewReader("old")); err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		src := io.MultiReader(bytes.NewReader(make([]byte, 3*ring.SlotSize+5)), iotest.ErrReader(io.ErrUnexpectedEOF))
+		if _, err := c.WriteFile(ctx, proto.WriteArgs{Path: path}, src); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("WriteFile from a cut source = %v, want its error", err)
+		}
+		var got bytes.Buffer
+		if _, err := c.ReadFile(ctx, path, &got); err != nil || got.String() != "old" {
+			t.Errorf("after the cut write the file holds %d bytes (%v), want the old 3", got.Len(), err)
 		}
 	})
 
