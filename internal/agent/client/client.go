@@ -36,6 +36,7 @@ type Client struct {
 	agentVersion string
 	ring         *ring.Session // or nil: bulk bytes go inline
 	ringStream   *stream       // the OpRing call, carrying releases; nil without a ring
+	ringUnmap    func()        // lets go of the ring's mapping; nil without a ring
 }
 
 // Dial runs the handshake on conn and starts the session. conn is owned by
@@ -131,7 +132,13 @@ func DialUnix(ctx context.Context, path string, opts ...Option) (*Client, error)
 func (c *Client) AgentVersion() string { return c.agentVersion }
 
 // Close ends the session and closes the connection. Calls in flight fail.
-func (c *Client) Close() error { return c.sess.Close() }
+func (c *Client) Close() error {
+	err := c.sess.Close()
+	if c.ringUnmap != nil {
+		c.ringUnmap() // waits for a copy under way; later ones fail
+	}
+	return err
+}
 
 // Done is closed when the session ends, whoever ended it.
 func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"space/internal/agent/proto"
 	"space/internal/agent/ring"
@@ -23,8 +25,9 @@ type options struct {
 
 // RingOpener maps the ring an agent offers: the guest-physical addresses
 // of its chunks, in the VM's memory (ring.Shared.Open). It is given
-// guest-chosen addresses and must refuse any outside the VM's RAM.
-type RingOpener func(chunks []uint64) (*ring.Region, error)
+// guest-chosen addresses and must refuse any outside the VM's RAM. The
+// client calls release once, when it is closed.
+type RingOpener func(chunks []uint64) (r *ring.Region, release func(), err error)
 
 // WithRing has the client move bulk bytes through the agent's ring,
 // mapped with open, when the agent offers one; otherwise they go inline.
@@ -56,15 +59,21 @@ func (c *Client) attachRing(ctx context.Context, open RingOpener) error {
 	if err := decodeResult(proto.OpRing, f, 0, &offer); err != nil {
 		return fail(err)
 	}
-	r, err := open(offer.Chunks)
+	r, unmap, err := open(offer.Chunks)
 	if err != nil {
 		return fail(err)
 	}
+	attached := false
+	defer func() {
+		if !attached {
+			unmap()
+		}
+	}()
 	token, err := hex.DecodeString(offer.Token)
-	if err != nil || len(token) < 16 || int64(r.Size()) != offer.Size {
+	if err != nil || len(token) < 16 || len(token) > 64 || int64(r.Size()) != offer.Size {
 		return fail(protocolErr(proto.OpRing, "bad offer"))
 	}
-	got, err := r.View(offer.Slot, len(token))
+	got, err := r.CopyOut(offer.Slot, len(token), make([]byte, len(token)))
 	if err != nil || !bytes.Equal(got, token) {
 		return fail(protocolErr(proto.OpRing, "token not in the offered memory"))
 	}
@@ -78,7 +87,8 @@ func (c *Client) attachRing(ctx context.Context, open RingOpener) error {
 		return fail(err)
 	}
 	rs := r.Begin()
-	c.ring, c.ringStream = rs, s
+	c.ring, c.ringStream, c.ringUnmap = rs, s, unmap
+	attached = true
 	go c.readReleases(rs, s, release)
 	return nil
 }
@@ -125,17 +135,23 @@ func (c *Client) copyRef(op proto.Op, f proto.Frame, want proto.Type, w io.Write
 	if int64(ref.Len) > limit {
 		return 0, protocolErr(op, "ring reference of %d bytes, more than the %d allowed", ref.Len, limit)
 	}
-	b, err := c.ring.Region().View(int(ref.Slot), int(ref.Len))
+	// Copy out and release before writing: the slot goes back to the
+	// guest at once, and a slow writer never holds the mapping.
+	buf := slotBufs.Get().(*[]byte)
+	defer slotBufs.Put(buf)
+	b, err := c.ring.Region().CopyOut(int(ref.Slot), int(ref.Len), *buf)
+	if errors.Is(err, ring.ErrUnmapped) {
+		return 0, fmt.Errorf("%s: %w", op, ErrClosed)
+	}
 	if err != nil {
 		return 0, protocolErr(op, "%v", err)
+	}
+	if err := c.ringStream.write(proto.TypeRelease, ring.AppendRelease(nil, int(ref.Slot))); err != nil {
+		return 0, c.callErr(context.Background(), op, err)
 	}
 	var werr error
 	if w != nil {
 		_, werr = w.Write(b)
-	}
-	// Released even after a failed write: the bytes are not needed.
-	if err := c.ringStream.write(proto.TypeRelease, ring.AppendRelease(nil, int(ref.Slot))); err != nil && werr == nil {
-		return len(b), c.callErr(context.Background(), op, err)
 	}
 	if werr != nil {
 		return 0, fmt.Errorf("%s: write: %w", op, werr)
@@ -164,19 +180,27 @@ func (c *Client) sendFrom(ctx context.Context, op proto.Op, s *stream, r io.Read
 		}
 	}
 	rs := c.ring
+	bufp := slotBufs.Get().(*[]byte)
+	defer slotBufs.Put(bufp)
+	buf := *bufp
 	for {
-		slot, buf, err := rs.Acquire(ctx)
-		if err != nil {
-			return err
-		}
+		// Read the source into a buffer of our own first: a slow source
+		// then holds neither a slot nor the mapping.
 		n, rerr := fill(r, buf)
+		var err error
 		switch {
 		case n == 0:
-			rs.Abandon(slot)
 		case n < ringMin:
 			err = s.write(proto.TypeData, buf[:n])
-			rs.Abandon(slot)
 		default:
+			var slot int
+			if slot, _, err = rs.Acquire(ctx); err != nil {
+				return err
+			}
+			if err = rs.Region().CopyIn(slot, buf[:n]); err != nil {
+				rs.Abandon(slot)
+				return err
+			}
 			rs.Sent(slot, nil)
 			if err = s.write(proto.TypeDataRef, ring.Ref{Type: byte(proto.TypeData), Slot: uint32(slot), Len: uint32(n)}.Append(nil)); err != nil {
 				rs.Unsent(slot)
@@ -235,3 +259,6 @@ func fill(r io.Reader, buf []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// slotBufs are the host's private buffers of a slot's size.
+var slotBufs = sync.Pool{New: func() any { b := make([]byte, ring.SlotSize); return &b }}

@@ -58,11 +58,11 @@ func sharedRegions(t *testing.T, size int) (host, guest *ring.Region) {
 // opener stands in for mapping the guest's RAM: it hands out r, after
 // checking the agent offered the chunks of its region.
 func opener(t *testing.T, r *ring.Region) client.RingOpener {
-	return func(chunks []uint64) (*ring.Region, error) {
+	return func(chunks []uint64) (*ring.Region, func(), error) {
 		if len(chunks)*ring.ChunkSize != r.Size() {
-			return nil, fmt.Errorf("offer of %d chunks for a region of %d bytes", len(chunks), r.Size())
+			return nil, nil, fmt.Errorf("offer of %d chunks for a region of %d bytes", len(chunks), r.Size())
 		}
-		return r, nil
+		return r, func() {}, nil
 	}
 }
 

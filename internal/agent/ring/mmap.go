@@ -4,13 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"unsafe"
-	"weak"
 
 	"golang.org/x/sys/unix"
 
@@ -116,13 +114,20 @@ func (m GuestMemory) offset(gpa, n uint64) (int64, bool) {
 
 // Shared keeps one host Region per VM ring, so every connection to a VM's
 // agent, including a reconnect while an older one winds down, takes slots
-// from the same allocator. A region is unmapped once nothing holds it any
-// more (its users hold the Region, or a Session of it, while they touch
-// its memory). It is safe for concurrent use.
+// from the same allocator. Open counts users; the region is unmapped when
+// the last one calls its release, after any copy under way (the host only
+// touches a region through CopyIn and CopyOut, which fail from then on).
+// So a VM's memory file is mapped only while a connection uses it, and a
+// stopped VM's storage can be unmounted. It is safe for concurrent use.
 type Shared struct {
 	mu sync.Mutex
 	// +checklocks:mu
-	regions map[regionKey]weak.Pointer[Region]
+	regions map[regionKey]*shared
+}
+
+type shared struct {
+	r    *Region
+	refs int
 }
 
 type regionKey struct {
@@ -131,61 +136,71 @@ type regionKey struct {
 }
 
 // NewShared returns an empty set of shared regions.
-func NewShared() *Shared { return &Shared{regions: map[regionKey]weak.Pointer[Region]{}} }
+func NewShared() *Shared { return &Shared{regions: map[regionKey]*shared{}} }
 
 // Open returns the host's Region over the guest RAM at chunks (guest-
 // physical addresses of ChunkSize pieces, as the agent offered them),
-// mapping it from the VM's memory file on first use. Chunks outside the
-// VM's RAM are refused: the agent chooses them.
-func (sh *Shared) Open(m GuestMemory, chunks []uint64) (*Region, error) {
+// mapping it from the VM's memory file on first use, and the release the
+// caller must call once when done with it. Chunks outside the VM's RAM are
+// refused: the agent chooses them.
+func (sh *Shared) Open(m GuestMemory, chunks []uint64) (*Region, func(), error) {
 	if len(chunks) == 0 || len(chunks)*ChunkSize%(2*SlotSize) != 0 || len(chunks) > 64 {
-		return nil, fmt.Errorf("ring of %d chunks: %w", len(chunks), errkind.InvalidArgument)
+		return nil, nil, fmt.Errorf("ring of %d chunks: %w", len(chunks), errkind.InvalidArgument)
 	}
 	offsets := make([]int64, len(chunks))
 	for i, gpa := range chunks {
 		off, ok := m.offset(gpa, ChunkSize)
 		if !ok || gpa%4096 != 0 {
-			return nil, fmt.Errorf("ring chunk at guest address %#x is not in the VM's memory: %w", gpa, errkind.InvalidArgument)
+			return nil, nil, fmt.Errorf("ring chunk at guest address %#x is not in the VM's memory: %w", gpa, errkind.InvalidArgument)
 		}
 		offsets[i] = off
 	}
 	f, err := os.OpenFile(m.Path, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("ring: %w", err)
+		return nil, nil, fmt.Errorf("ring: %w", err)
 	}
 	defer f.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("ring: %w", err)
+		return nil, nil, fmt.Errorf("ring: %w", err)
 	}
 	key := regionKey{uint64(st.Dev), st.Ino, fmt.Sprint(chunks)}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if r := sh.regions[key].Value(); r != nil {
-		return r, nil
-	}
-	if slices.ContainsFunc(offsets, func(o int64) bool { return o+ChunkSize > st.Size }) {
-		return nil, fmt.Errorf("ring chunk past the end of the memory file: %w", errkind.InvalidArgument)
-	}
-	mem, err := mapChunks(int(f.Fd()), offsets)
-	if err != nil {
-		return nil, err
-	}
-	r, err := New(mem, Host)
-	if err != nil {
-		unix.Munmap(mem)
-		return nil, err
-	}
-	sh.regions[key] = weak.Make(r)
-	runtime.AddCleanup(r, func(key regionKey) {
-		unix.Munmap(mem)
-		sh.mu.Lock()
-		if sh.regions[key].Value() == nil {
-			delete(sh.regions, key)
+	e := sh.regions[key]
+	if e == nil {
+		if slices.ContainsFunc(offsets, func(o int64) bool { return o+ChunkSize > st.Size }) {
+			return nil, nil, fmt.Errorf("ring chunk past the end of the memory file: %w", errkind.InvalidArgument)
 		}
-		sh.mu.Unlock()
-	}, key)
-	return r, nil
+		mem, err := mapChunks(int(f.Fd()), offsets)
+		if err != nil {
+			return nil, nil, err
+		}
+		r, err := New(mem, Host)
+		if err != nil {
+			unix.Munmap(mem)
+			return nil, nil, err
+		}
+		e = &shared{r: r}
+		sh.regions[key] = e
+	}
+	e.refs++
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			sh.mu.Lock()
+			e.refs--
+			last := e.refs == 0
+			if last {
+				delete(sh.regions, key)
+			}
+			sh.mu.Unlock()
+			if last {
+				e.r.unmap(unix.Munmap)
+			}
+		})
+	}
+	return e.r, release, nil
 }
 
 // mapChunks maps the file's pieces at offsets, ChunkSize each, side by

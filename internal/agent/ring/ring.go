@@ -57,6 +57,13 @@ type Region struct {
 	tx    int // +checklocksignore: offset of this side's sending half; immutable
 	rx    int // offset of the peer's sending half
 
+	// mapMu guards the mapping itself: CopyIn and CopyOut hold it shared
+	// while they touch mem, unmap holds it exclusively. The guest never
+	// unmaps its region.
+	mapMu sync.RWMutex
+	// +checklocks:mapMu
+	unmapped bool
+
 	mu   sync.Mutex
 	cond *sync.Cond // +checklocksignore: on mu, signalled when a slot was freed; immutable
 	// +checklocks:mu
@@ -263,6 +270,50 @@ func (r *Region) View(slot, n int) ([]byte, error) {
 	}
 	off := r.rx + slot*SlotSize
 	return r.mem[off : off+n : off+n], nil
+}
+
+// ErrUnmapped is returned by CopyIn and CopyOut once the host's region
+// was unmapped (its last user let go of it).
+var ErrUnmapped = fmt.Errorf("ring unmapped: %w", errkind.Unavailable)
+
+// CopyOut copies the n bytes the peer put in its slot into dst (which
+// must hold n) and returns them, checking both against the region.
+func (r *Region) CopyOut(slot, n int, dst []byte) ([]byte, error) {
+	r.mapMu.RLock()
+	defer r.mapMu.RUnlock()
+	if r.unmapped {
+		return nil, ErrUnmapped
+	}
+	b, err := r.View(slot, n)
+	if err != nil {
+		return nil, err
+	}
+	return dst[:copy(dst[:n], b)], nil
+}
+
+// CopyIn copies src into a slot of this side's sending half.
+func (r *Region) CopyIn(slot int, src []byte) error {
+	if slot < 0 || slot >= r.slots || len(src) > SlotSize {
+		return fmt.Errorf("ring write of %d bytes to slot %d: %w", len(src), slot, errkind.InvalidArgument)
+	}
+	r.mapMu.RLock()
+	defer r.mapMu.RUnlock()
+	if r.unmapped {
+		return ErrUnmapped
+	}
+	copy(r.mem[r.tx+slot*SlotSize:], src)
+	return nil
+}
+
+// unmap unmaps the region once no copy is under way; later copies fail.
+func (r *Region) unmap(munmap func([]byte) error) error {
+	r.mapMu.Lock()
+	defer r.mapMu.Unlock()
+	if r.unmapped {
+		return nil
+	}
+	r.unmapped = true
+	return munmap(r.mem)
 }
 
 // Ref is a reference frame's payload: the frame type the bytes stand for

@@ -127,7 +127,7 @@ func TestSharedOpen(t *testing.T) {
 	f.WriteAt([]byte("chunk1"), 1<<20)
 	f.Close()
 	sh := NewShared()
-	r, err := sh.Open(m, []uint64{6 << 20, 2 << 20})
+	r, release, err := sh.Open(m, []uint64{6 << 20, 2 << 20})
 	if err != nil {
 		t.Fatalf("Open = %v", err)
 	}
@@ -138,8 +138,22 @@ func TestSharedOpen(t *testing.T) {
 	if got := r.mem[ChunkSize : ChunkSize+6]; !bytes.Equal(got, []byte("chunk1")) {
 		t.Errorf("second half starts %q, want chunk1", got)
 	}
-	if r2, err := sh.Open(m, []uint64{6 << 20, 2 << 20}); err != nil || r2 != r {
-		t.Errorf("second Open = %p, %v, want the same region %p", r2, err, r)
+	r2, release2, err := sh.Open(m, []uint64{6 << 20, 2 << 20})
+	if err != nil || r2 != r {
+		t.Fatalf("second Open = %p, %v, want the same region %p", r2, err, r)
+	}
+	// Unmapped only once both let go; copies fail from then on.
+	release()
+	release() // a second call is a no-op
+	if err := r.CopyIn(0, []byte("x")); err != nil {
+		t.Errorf("CopyIn with one user left = %v", err)
+	}
+	release2()
+	if err := r.CopyIn(0, []byte("x")); !errors.Is(err, ErrUnmapped) {
+		t.Errorf("CopyIn after the last release = %v, want ErrUnmapped", err)
+	}
+	if _, err := r.CopyOut(0, 1, make([]byte, 1)); !errors.Is(err, ErrUnmapped) {
+		t.Errorf("CopyOut after the last release = %v, want ErrUnmapped", err)
 	}
 	for _, chunks := range [][]uint64{
 		{0, 2 << 20},         // below the RAM
@@ -147,7 +161,7 @@ func TestSharedOpen(t *testing.T) {
 		{6<<20 + 1, 2 << 20}, // not page aligned
 		{},                   // nothing
 	} {
-		if _, err := sh.Open(m, chunks); !errors.Is(err, errkind.InvalidArgument) {
+		if _, _, err := sh.Open(m, chunks); !errors.Is(err, errkind.InvalidArgument) {
 			t.Errorf("Open(%#x) = %v, want invalid argument", chunks, err)
 		}
 	}

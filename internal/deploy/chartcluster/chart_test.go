@@ -298,6 +298,12 @@ func writeValues(t *testing.T, dsn, cacheBase string, img hostimage.Image) strin
 			},
 		},
 	}
+	// The node is this machine: a host without KVM (its kernel has no
+	// /dev/kvm) runs its guests under TCG, and a worker there mounts none.
+	if fi, err := os.Stat("/dev/kvm"); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		t.Logf("this node has no /dev/kvm: the worker mounts none (worker.hostDevices.kvm=false) and runs TCG guests")
+		v["worker"].(map[string]any)["hostDevices"] = map[string]any{"kvm": false}
+	}
 	b, err := yaml.Marshal(v)
 	if err != nil {
 		t.Fatalf("setup: %v", err)

@@ -184,8 +184,10 @@ func TestJailConfinesQEMU(t *testing.T) {
 	// A KVM guest's jail has /dev/kvm, open to QEMU's user (where the
 	// host lets it: checkKVMAccess refuses the boot otherwise).
 	t.Run("kvm device", func(t *testing.T) {
-		if _, err := os.Stat("/dev/kvm"); err != nil {
+		if fi, err := os.Stat("/dev/kvm"); err != nil {
 			testenv.Unavailable(t, testenv.TierKVM, err.Error())
+		} else if fi.Mode()&os.ModeCharDevice == 0 {
+			testenv.Unavailable(t, testenv.TierKVM, "/dev/kvm is not a device node")
 		}
 		d := newDriver(t, Config{Jail: JailRequire})
 		cfg := d.jailConfig(Spec{Dir: t.TempDir(), Accel: "kvm"})
