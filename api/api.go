@@ -373,6 +373,23 @@ type FileWritten struct {
 	Size int64  `json:"size"`
 }
 
+// FileUpload is the state of a resumable upload (PUT
+// /v1/sandboxes/{id}/files with upload and offset): the bytes the
+// sandbox holds so far, and whether the file is in place.
+type FileUpload struct {
+	Path     string `json:"path"`
+	Upload   string `json:"upload"`
+	Offset   int64  `json:"offset"`
+	Complete bool   `json:"complete"`
+}
+
+// TarWritten is the reply of PUT /v1/sandboxes/{id}/files/tar.
+type TarWritten struct {
+	Path    string `json:"path"`
+	Entries int    `json:"entries"`
+	Bytes   int64  `json:"bytes"` // regular files' bytes
+}
+
 // PortState is the reply of GET /v1/sandboxes/{id}/ports/{port}: whether
 // something in the sandbox accepts TCP connections on the port of its
 // loopback (127.0.0.1 or ::1).

@@ -206,7 +206,8 @@ type request struct {
 	contentType   string
 	contentLength int64 // of body when known, else 0
 	accept        string
-	want          []int // the success statuses; 200 when empty
+	header        http.Header // more request headers, or nil
+	want          []int       // the success statuses; 200 when empty
 	// sandbox, for a data-plane request, is the sandbox's ID: the
 	// request goes to its data plane.
 	sandbox string
@@ -272,6 +273,9 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 		accept = "application/json"
 	}
 	req.Header.Set("Accept", accept)
+	for k, v := range r.header {
+		req.Header[k] = v
+	}
 	setAuth(req.Header, auth)
 	return c.hc.Do(req)
 }

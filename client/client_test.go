@@ -416,10 +416,12 @@ func TestReadFile(t *testing.T) {
 	}
 }
 
-func TestExec(t *testing.T) {
+// TestExecEvents reads the NDJSON event stream (POST exec); Exec itself
+// goes over the WebSocket (TestExecStream and the real-VM tests).
+func TestExecEvents(t *testing.T) {
 	c := fakeServer(t)
 	var stdout, stderr bytes.Buffer
-	exit, err := c.Exec(t.Context(), "sb-1", api.Exec{Command: []string{"echo", "hi"}}, &stdout, &stderr)
+	exit, err := c.ExecEvents(t.Context(), "sb-1", api.Exec{Command: []string{"echo", "hi"}}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("Exec = %v", err)
 	}
@@ -431,6 +433,9 @@ func TestExec(t *testing.T) {
 	}
 	if got, want := stderr.Bytes(), []byte{0, 0xff, '\n'}; !bytes.Equal(got, want) {
 		t.Errorf("Exec stderr = %q, want %q", got, want)
+	}
+	if _, err := c.ExecEvents(t.Context(), "sb-1", api.Exec{Detach: true}, nil, nil); err == nil {
+		t.Errorf("ExecEvents(detach) = nil error, want one pointing at StartDetached")
 	}
 	if _, err := c.Exec(t.Context(), "sb-1", api.Exec{Detach: true}, nil, nil); err == nil {
 		t.Errorf("Exec(detach) = nil error, want one pointing at StartDetached")
@@ -453,7 +458,7 @@ func TestStreamEndings(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.sandbox, func(t *testing.T) {
 			var stdout bytes.Buffer
-			_, err := c.Exec(t.Context(), tt.sandbox, api.Exec{Command: []string{"x"}}, &stdout, nil)
+			_, err := c.ExecEvents(t.Context(), tt.sandbox, api.Exec{Command: []string{"x"}}, &stdout, nil)
 			if !tt.check(err) {
 				t.Errorf("Exec = %v, want %s", err, tt.want)
 			}
@@ -484,9 +489,9 @@ func TestExecCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	// cancelOnWrite cancels once output arrives, while the server streams on.
 	w := writerFunc(func(b []byte) (int, error) { cancel(); return len(b), nil })
-	_, err := c.Exec(ctx, "hang", api.Exec{Command: []string{"x"}}, w, nil)
+	_, err := c.ExecEvents(ctx, "hang", api.Exec{Command: []string{"x"}}, w, nil)
 	if !errors.Is(err, context.Canceled) {
-		t.Errorf("Exec(canceled) = %v, want context.Canceled", err)
+		t.Errorf("ExecEvents(canceled) = %v, want context.Canceled", err)
 	}
 }
 

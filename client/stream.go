@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,11 +22,25 @@ var ErrStreamCut = errors.New("output stream ended before the command exited")
 
 // Exec runs req in sandbox id and streams its output as it arrives:
 // stdout bytes to stdout, stderr bytes to stderr (nil discards). It
-// returns how the command ended. An error event from the server comes
-// back as an *Error; a stream that ends without an exit event as
-// ErrStreamCut. Use StartDetached for req.Detach and ExecStream for
-// interactive stdin or a terminal.
+// returns how the command ended. The output comes as binary WebSocket
+// messages (ExecStream), req.Stdin as the command's stdin. An error event
+// from the server comes back as an *Error; a stream that ends without an
+// exit event as ErrStreamCut. Use StartDetached for req.Detach.
 func (c *Client) Exec(ctx context.Context, id string, req api.Exec, stdout, stderr io.Writer) (api.Exit, error) {
+	if req.Detach {
+		return api.Exit{}, errors.New("exec: detach is set: use StartDetached")
+	}
+	sio := StreamIO{Stdout: stdout, Stderr: stderr}
+	if len(req.Stdin) > 0 {
+		sio.Stdin = bytes.NewReader(req.Stdin)
+	}
+	return c.ExecStream(ctx, id, req, sio)
+}
+
+// ExecEvents is Exec over the NDJSON event stream of POST
+// /v1/sandboxes/{id}/exec (output base64 in JSON events), for paths that
+// carry no WebSocket.
+func (c *Client) ExecEvents(ctx context.Context, id string, req api.Exec, stdout, stderr io.Writer) (api.Exit, error) {
 	if req.Detach {
 		return api.Exit{}, errors.New("exec: detach is set: use StartDetached")
 	}

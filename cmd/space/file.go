@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -15,6 +17,7 @@ import (
 
 	"space/api"
 	"space/client"
+	"space/internal/agent/tarball"
 )
 
 func newFileCmd(g *globals) *cobra.Command {
@@ -24,15 +27,28 @@ func newFileCmd(g *globals) *cobra.Command {
 
 func newFilePutCmd(g *globals) *cobra.Command {
 	var (
-		mode  string
-		mkdir bool
+		mode             string
+		mkdir, recursive bool
 	)
 	c := &cobra.Command{
 		Use:   "put ID LOCAL REMOTE",
-		Short: "Copy a local file (- for stdin) into a sandbox",
-		Args:  cobra.ExactArgs(3),
+		Short: "Copy a local file (- for stdin) or, with -r, a directory into a sandbox",
+		Long: `Copy a local file (- for stdin) into a sandbox. The remote file appears
+whole or not at all. Files over 64 MiB go as a resumable upload: a broken
+connection is resumed from where it broke.
+
+With -r, LOCAL is a directory (or - for a tar archive on stdin) whose
+tree is unpacked into the directory REMOTE (created when missing); the
+entries go in only once the whole tree arrived.`,
+		Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, local, remote := args[0], args[1], args[2]
+			if recursive {
+				if mode != "" {
+					return usagef("--mode is for single files; a tree keeps its modes")
+				}
+				return putTree(cmd.Context(), g, id, local, remote, mkdir)
+			}
 			opts := client.WriteOptions{Mkdir: mkdir}
 			if mode != "" {
 				m, err := strconv.ParseUint(mode, 8, 32)
@@ -70,14 +86,55 @@ func newFilePutCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().StringVar(&mode, "mode", "", "permission bits in octal, e.g. 0644 (default: the local file's, or the server's for stdin)")
 	c.Flags().BoolVar(&mkdir, "mkdir", false, "create missing parent directories")
+	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "copy a directory tree (LOCAL a directory, or - for a tar archive on stdin)")
 	return c
 }
 
+// putTree sends the local directory (or a tar archive on stdin) into the
+// sandbox's directory remote.
+func putTree(ctx context.Context, g *globals, id, local, remote string, mkdir bool) error {
+	cl, err := g.client()
+	if err != nil {
+		return err
+	}
+	var r io.Reader = g.stdin
+	if local != "-" {
+		if fi, err := os.Stat(local); err != nil {
+			return err
+		} else if !fi.IsDir() {
+			return usagef("put -r %s: not a directory", local)
+		}
+		pr, pw := io.Pipe()
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			bw := bufio.NewWriterSize(pw, 1<<20)
+			_, err := tarball.Pack(ctx, local, bw)
+			if err == nil {
+				err = bw.Flush()
+			}
+			pw.CloseWithError(err)
+		}()
+		defer pr.Close()
+		r = pr
+	}
+	_, err = cl.WriteTar(ctx, id, remote, r, mkdir)
+	return err
+}
+
 func newFileGetCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var recursive bool
+	c := &cobra.Command{
 		Use:   "get ID REMOTE [LOCAL|-]",
-		Short: "Copy a file out of a sandbox (to stdout without LOCAL or with -)",
-		Args:  cobra.RangeArgs(2, 3),
+		Short: "Copy a file or, with -r, a directory out of a sandbox (to stdout without LOCAL or with -)",
+		Long: `Copy a file out of a sandbox, to stdout without LOCAL or with -. A local
+file appears whole or not at all; a broken connection is resumed where it
+broke, as long as the remote file has not changed.
+
+With -r, REMOTE is a directory: its tree goes to stdout as a tar archive,
+or is unpacked into the local directory LOCAL (created when missing),
+whose entries go in only once the whole tree arrived.`,
+		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			local := "-"
 			if len(args) == 3 {
@@ -87,6 +144,9 @@ func newFileGetCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if recursive {
+				return getTree(cmd.Context(), cl, g, args[0], args[1], local)
+			}
 			if local == "-" {
 				_, err := cl.ReadFile(cmd.Context(), args[0], args[1], g.stdout)
 				return err
@@ -94,6 +154,39 @@ func newFileGetCmd(g *globals) *cobra.Command {
 			return getFile(cmd.Context(), cl, args[0], args[1], local)
 		},
 	}
+	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "copy a directory tree (to stdout as a tar archive without LOCAL or with -)")
+	return c
+}
+
+// getTree copies the sandbox's directory remote to stdout as tar, or
+// unpacks it into the local directory: into a staging directory beside
+// it first, moved in once the whole archive arrived.
+func getTree(ctx context.Context, cl *client.Client, g *globals, id, remote, local string) error {
+	if local == "-" {
+		return cl.ReadTar(ctx, id, remote, g.stdout)
+	}
+	local = filepath.Clean(local)
+	staging, err := os.MkdirTemp(filepath.Dir(local), "."+filepath.Base(local)+".space-get-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(staging)
+	pr, pw := io.Pipe()
+	unpacked := make(chan error, 1)
+	go func() {
+		_, err := tarball.Unpack(ctx, pr, staging)
+		pr.CloseWithError(err)
+		unpacked <- err
+	}()
+	err = cl.ReadTar(ctx, id, remote, pw)
+	pw.CloseWithError(err)
+	if uerr := <-unpacked; err == nil {
+		err = uerr
+	}
+	if err != nil {
+		return err
+	}
+	return tarball.Place(staging, local)
 }
 
 // getFile copies remote to local (or into the directory local) so that

@@ -26,6 +26,9 @@ var (
 	ErrUnauthenticated = errors.New("unauthenticated")
 	// ErrTooLarge is sent as 413 request_too_large.
 	ErrTooLarge = fmt.Errorf("request too large: %w", errkind.InvalidArgument)
+	// ErrRangeNotSatisfiable is sent as 416 invalid_argument: no byte of
+	// a requested range is in the file.
+	ErrRangeNotSatisfiable = fmt.Errorf("range not satisfiable: %w", errkind.InvalidArgument)
 )
 
 // FieldError is a validation error about one request field.
@@ -49,6 +52,8 @@ func Status(err error) (int, string) {
 		return http.StatusUnauthorized, api.CodeUnauthenticated
 	case errors.Is(err, ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, api.CodeTooLarge
+	case errors.Is(err, ErrRangeNotSatisfiable):
+		return http.StatusRequestedRangeNotSatisfiable, api.CodeInvalidArgument
 	}
 	switch errkind.Of(err) {
 	case errkind.InvalidArgument:

@@ -80,6 +80,13 @@ func BenchmarkTransferHTTP(b *testing.B) {
 		})
 		b.ReportMetric(stdout, "exec-stdout-MB/s")
 		b.ReportMetric(stdout/pipe, "exec-stdout/guest-pipe")
+		ndjson := mbps(func() {
+			var n counter
+			if exit, err := c.ExecEvents(ctx, sb.ID, api.Exec{Shell: fmt.Sprintf("head -c %d /dev/zero", size)}, &n, nil); err != nil || exit.Code != 0 || n != size {
+				b.Fatalf("exec stdout (NDJSON): %d bytes, %+v, %v", n, exit, err)
+			}
+		})
+		b.ReportMetric(ndjson, "exec-stdout-ndjson-MB/s")
 		data := make([]byte, size)
 		put := mbps(func() {
 			if _, err := c.WriteFile(ctx, sb.ID, "/dev/shm/bench", bytes.NewReader(data), client.WriteOptions{}); err != nil {

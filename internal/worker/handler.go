@@ -11,7 +11,6 @@ import (
 	"space/api"
 	"space/internal/agent/client"
 	"space/internal/agent/proto"
-	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/workerproto"
 )
@@ -73,6 +72,10 @@ func (w *Worker) dataRoutes() []dataRoute {
 		{"PUT " + base + "/files", w.withAgent(handleWriteFile)},
 		{"DELETE " + base + "/files", w.withAgent(handleRemoveFile)},
 		{"GET " + base + "/files/list", w.withAgent(handleListFiles)},
+		{"GET " + base + "/files/upload", w.withAgent(handleUploadState)},
+		{"DELETE " + base + "/files/upload", w.withAgent(handleUploadAbort)},
+		{"GET " + base + "/files/tar", w.withAgent(handleReadTar)},
+		{"PUT " + base + "/files/tar", w.withAgent(handleWriteTar)},
 		{"GET " + base + "/ports/{port}", w.withAgent(handlePort)},
 		{base + "/ports/{port}/http/{path...}", w.handleExposed},
 	}
@@ -115,109 +118,6 @@ func boolParam(r *http.Request, name string) (bool, error) {
 		return false, httpapi.Invalid(name, "want true or false, got %.20q", v)
 	}
 	return b, nil
-}
-
-func handleReadFile(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
-	path, err := guestPath(r)
-	if err != nil {
-		return err
-	}
-	fi, err := a.Stat(r.Context(), path)
-	if err != nil {
-		return err
-	}
-	if fi.Type != proto.FileRegular {
-		return fmt.Errorf("%s is a %s, not a file: %w", path, fi.Type, errkind.InvalidArgument)
-	}
-	rw.Header().Set("Content-Type", "application/octet-stream")
-	rw.Header().Set("X-Space-File-Mode", fmt.Sprintf("%04o", fi.Mode&0o7777))
-	rw.Header().Set("X-Space-File-Size", strconv.FormatInt(fi.Size, 10))
-	sw := &startedWriter{w: rw}
-	if _, err := a.ReadFile(r.Context(), path, sw); err != nil {
-		if !sw.started {
-			return err
-		}
-		// Mid-body: cut the response so the client sees a short read.
-		panic(http.ErrAbortHandler)
-	}
-	if !sw.started {
-		rw.WriteHeader(http.StatusOK)
-	}
-	return nil
-}
-
-// startedWriter records whether any byte was written.
-type startedWriter struct {
-	w       http.ResponseWriter
-	started bool
-}
-
-func (s *startedWriter) Write(p []byte) (int, error) {
-	s.started = true
-	return s.w.Write(p)
-}
-
-// maxFileMode is the largest mode bits a file write may set.
-const maxFileMode = 0o7777
-
-func handleWriteFile(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
-	path, err := guestPath(r)
-	if err != nil {
-		return err
-	}
-	args := proto.WriteArgs{Path: path, Mode: 0o644}
-	if m := r.URL.Query().Get("mode"); m != "" {
-		v, err := strconv.ParseUint(m, 8, 32)
-		if err != nil || v > maxFileMode {
-			return httpapi.Invalid("mode", "want octal permission bits, got %.20q", m)
-		}
-		args.Mode = uint32(v)
-	}
-	if args.MkdirAll, err = boolParam(r, "mkdir"); err != nil {
-		return err
-	}
-	n, err := a.WriteFile(r.Context(), args, r.Body)
-	if err != nil {
-		return err
-	}
-	httpapi.WriteJSON(rw, http.StatusOK, api.FileWritten{Path: path, Size: n})
-	return nil
-}
-
-func handleRemoveFile(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
-	path, err := guestPath(r)
-	if err != nil {
-		return err
-	}
-	recursive, err := boolParam(r, "recursive")
-	if err != nil {
-		return err
-	}
-	if err := a.Remove(r.Context(), path, recursive); err != nil {
-		return err
-	}
-	rw.WriteHeader(http.StatusNoContent)
-	return nil
-}
-
-// maxListEntries bounds one directory listing.
-const maxListEntries = 10000
-
-func handleListFiles(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
-	path, err := guestPath(r)
-	if err != nil {
-		return err
-	}
-	entries, err := a.List(r.Context(), path, maxListEntries)
-	if err != nil {
-		return err
-	}
-	out := api.FileList{Path: path, Entries: make([]api.FileInfo, 0, len(entries))}
-	for _, e := range entries {
-		out.Entries = append(out.Entries, fileInfo(e))
-	}
-	httpapi.WriteJSON(rw, http.StatusOK, out)
-	return nil
 }
 
 // handlePort reports whether a TCP port of the guest's loopback accepts

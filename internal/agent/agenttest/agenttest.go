@@ -60,6 +60,9 @@ func Run(t *testing.T, c *client.Client, opts Options) {
 	t.Run("ExecErrors", func(t *testing.T) { testExecErrors(t, c) })
 	t.Run("PTY", func(t *testing.T) { testPTY(t, c) })
 	t.Run("Files", func(t *testing.T) { testFiles(t, c, opts) })
+	t.Run("FileRanges", func(t *testing.T) { testRanges(t, c, opts) })
+	t.Run("AppendInPlace", func(t *testing.T) { testAppend(t, c, opts) })
+	t.Run("Tar", func(t *testing.T) { testTar(t, c, opts) })
 	t.Run("BadPaths", func(t *testing.T) { testBadPaths(t, c, opts) })
 	t.Run("MalformedFrames", func(t *testing.T) { testMalformed(t, c) })
 	runProc(t, c, opts)
@@ -360,9 +363,9 @@ func testFiles(t *testing.T, c *client.Client, opts Options) {
 	}
 	data := make([]byte, 20<<20)
 	rand.Read(data)
-	n, err := c.WriteFile(ctx(t, 5*time.Minute), proto.WriteArgs{Path: dir + "/a/big", Mode: 0o600}, bytes.NewReader(data))
-	if err != nil || n != int64(len(data)) {
-		t.Fatalf("WriteFile(20 MiB) = %d, %v", n, err)
+	res, err := c.WriteFile(ctx(t, 5*time.Minute), proto.WriteArgs{Path: dir + "/a/big", Mode: 0o600}, bytes.NewReader(data))
+	if err != nil || res.Size != int64(len(data)) {
+		t.Fatalf("WriteFile(20 MiB) = %+v, %v", res, err)
 	}
 	var back bytes.Buffer
 	info, err := c.ReadFile(ctx(t, 5*time.Minute), dir+"/a/big", &back)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 
 	"space/internal/agent/proto"
@@ -19,22 +20,58 @@ const growth = ring.SlotSize
 // bytes written never exceed the size the agent announced; an agent that
 // sends more is a protocol error.
 func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (proto.FileInfo, error) {
-	op := proto.OpFileRead
-	s, release, err := c.open(ctx, op, proto.PathArgs{Path: path})
+	return c.ReadFileRange(ctx, proto.ReadArgs{Path: path}, w)
+}
+
+// ReadFileRange streams the part of a guest file that a selects into w
+// and returns the whole file's info, with Size the bytes written. Agents
+// older than ranges refuse an Offset or Length (invalid_argument).
+func (c *Client) ReadFileRange(ctx context.Context, a proto.ReadArgs, w io.Writer) (proto.FileInfo, error) {
+	var info proto.FileInfo
+	got, err := c.readStream(ctx, proto.OpFileRead, a, &info, w, func() (int64, error) {
+		if info.Size < 0 {
+			return 0, protocolErr(proto.OpFileRead, "negative size")
+		}
+		// A file may grow while it is read, by at most the one read the
+		// agent had under way; never unbounded.
+		limit := max(info.Size-a.Offset, 0) + growth
+		if a.Length > 0 {
+			limit = a.Length
+		}
+		return limit, nil
+	})
+	info.Size = got
+	return info, err
+}
+
+// TarRead streams the guest directory at path into w as a tar archive.
+// It returns the archive's size.
+func (c *Client) TarRead(ctx context.Context, path string, w io.Writer) (int64, error) {
+	var v struct{}
+	return c.readStream(ctx, proto.OpTarRead, proto.PathArgs{Path: path}, &v, w, func() (int64, error) {
+		return math.MaxInt64, nil
+	})
+}
+
+// readStream calls op, decodes its result into res, then copies its data
+// frames into w until the end frame, at most limit() bytes (limit is
+// asked once res is known). It returns the bytes written.
+func (c *Client) readStream(ctx context.Context, op proto.Op, args, res any, w io.Writer, limit func() (int64, error)) (int64, error) {
+	s, release, err := c.open(ctx, op, args)
 	if err != nil {
-		return proto.FileInfo{}, err
+		return 0, err
 	}
 	defer release()
 	f, err := s.r.Next()
 	if err != nil {
-		return proto.FileInfo{}, c.callErr(ctx, op, err)
+		return 0, c.callErr(ctx, op, err)
 	}
-	var info proto.FileInfo
-	if err := decodeResult(op, f, 0, &info); err != nil {
-		return proto.FileInfo{}, err
+	if err := decodeResult(op, f, 0, res); err != nil {
+		return 0, err
 	}
-	if info.Size < 0 {
-		return proto.FileInfo{}, protocolErr(op, "negative size")
+	max, err := limit()
+	if err != nil {
+		return 0, err
 	}
 	var got int64
 	ended := false
@@ -47,57 +84,71 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (proto.
 		f, err := s.r.Next()
 		if err != nil {
 			ended = true
-			return info, c.callErr(ctx, op, err)
+			return got, c.callErr(ctx, op, err)
 		}
 		switch f.Type {
 		case proto.TypeData:
-			// A file may grow while it is read; allow what was announced
-			// plus one chunk, never unbounded.
-			if got+int64(len(f.Payload)) > info.Size+growth {
-				return info, protocolErr(op, "more data than the announced %d bytes", info.Size)
+			if got+int64(len(f.Payload)) > max {
+				return got, protocolErr(op, "more data than the %d bytes asked for or announced", max)
 			}
 			if _, err := w.Write(f.Payload); err != nil {
-				return info, fmt.Errorf("%s: write: %w", op, err)
+				return got, fmt.Errorf("%s: write: %w", op, err)
 			}
 			got += int64(len(f.Payload))
 		case proto.TypeDataRef:
-			n, err := c.copyRef(op, f, proto.TypeData, w, info.Size+growth-got)
+			n, err := c.copyRef(op, f, proto.TypeData, w, max-got)
 			if err != nil {
-				return info, err
+				return got, err
 			}
 			got += int64(n)
 		case proto.TypeEnd:
-			info.Size = got
 			ended = true
-			return info, nil
+			return got, nil
 		default:
 			var v struct{}
 			if err := decodeResult(op, f, 0, &v); err != nil {
-				return info, err
+				return got, err
 			}
-			return info, protocolErr(op, "unexpected result frame")
+			return got, protocolErr(op, "unexpected result frame")
 		}
 	}
 }
 
-// WriteFile streams r into the guest file at path, replacing it atomically.
-func (c *Client) WriteFile(ctx context.Context, args proto.WriteArgs, r io.Reader) (int64, error) {
-	op := proto.OpFileWrite
+// WriteFile streams r into the guest file at path, replacing it
+// atomically, or with args.At appending in place. It returns the bytes
+// written and, with args.At, the file's size after them.
+func (c *Client) WriteFile(ctx context.Context, args proto.WriteArgs, r io.Reader) (proto.WriteResult, error) {
+	var res proto.WriteResult
+	err := c.writeStream(ctx, proto.OpFileWrite, args, r, &res)
+	return res, err
+}
+
+// TarWrite unpacks the tar archive r into the guest directory args.Path.
+// The agent moves the entries in only once the whole archive arrived, so
+// a failed call leaves the directory as it was.
+func (c *Client) TarWrite(ctx context.Context, args proto.TarWriteArgs, r io.Reader) (proto.TarResult, error) {
+	var res proto.TarResult
+	err := c.writeStream(ctx, proto.OpTarWrite, args, r, &res)
+	return res, err
+}
+
+// writeStream calls op, sends r's bytes and an end frame, and decodes the
+// agent's result into res.
+func (c *Client) writeStream(ctx context.Context, op proto.Op, args any, r io.Reader, res any) error {
 	s, release, err := c.open(ctx, op, args)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer release()
 	// The agent may refuse early (bad path): read its reply while sending.
 	replied := make(chan error, 1)
-	var res proto.WriteResult
 	go func() {
 		f, err := s.r.Next()
 		if err != nil {
 			replied <- c.callErr(ctx, op, err)
 			return
 		}
-		replied <- decodeResult(op, f, 0, &res)
+		replied <- decodeResult(op, f, 0, res)
 	}()
 	sendErr := make(chan error, 1)
 	go func() {
@@ -111,30 +162,35 @@ func (c *Client) WriteFile(ctx context.Context, args proto.WriteArgs, r io.Reade
 	case err := <-replied:
 		release() // stop a sender still blocked on the window
 		<-sendErr
-		if err != nil {
-			return 0, err
-		}
-		return res.Size, nil
+		return err
 	case err := <-sendErr:
 		if err != nil {
 			release()
 			<-replied
 			if ctx.Err() != nil {
-				return 0, c.callErr(ctx, op, err)
+				return c.callErr(ctx, op, err)
 			}
-			return 0, err
+			return err
 		}
-		if err := <-replied; err != nil {
-			return 0, err
-		}
-		return res.Size, nil
+		return <-replied
 	}
 }
 
 // Stat describes the guest path (symlinks are not followed).
 func (c *Client) Stat(ctx context.Context, path string) (proto.FileInfo, error) {
+	return c.stat(ctx, proto.PathArgs{Path: path})
+}
+
+// StatSettled is Stat once the in-place writes to path under way have
+// ended (proto.PathArgs.Settle): a resumable upload's size to go on from.
+func (c *Client) StatSettled(ctx context.Context, path string) (proto.FileInfo, error) {
+	return c.stat(ctx, proto.PathArgs{Path: path, Settle: true})
+}
+
+func (c *Client) stat(ctx context.Context, args proto.PathArgs) (proto.FileInfo, error) {
+	path := args.Path
 	var info proto.FileInfo
-	if err := c.simple(ctx, proto.OpFileStat, proto.PathArgs{Path: path}, &info); err != nil {
+	if err := c.simple(ctx, proto.OpFileStat, args, &info); err != nil {
 		return proto.FileInfo{}, err
 	}
 	if err := checkName(info.Name); err != nil && path != "/" {

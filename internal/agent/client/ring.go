@@ -13,9 +13,6 @@ import (
 	"space/internal/agent/ring"
 )
 
-// ringMin is the smallest payload the host sends through the ring.
-const ringMin = 16 << 10
-
 // Option tunes Dial.
 type Option func(*options)
 
@@ -190,7 +187,7 @@ func (c *Client) sendFrom(ctx context.Context, op proto.Op, s *stream, r io.Read
 		var err error
 		switch {
 		case n == 0:
-		case n < ringMin:
+		case n < ring.MinPayload:
 			err = s.write(proto.TypeData, buf[:n])
 		default:
 			var slot int

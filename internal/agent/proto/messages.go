@@ -18,7 +18,7 @@ type Op string
 const (
 	OpHealth      Op = "health"       // -> Result Health
 	OpExec        Op = "exec"         // args ExecRequest -> Started, Stdout/Stderr..., Exit
-	OpFileRead    Op = "file.read"    // args PathArgs -> Result FileInfo, Data..., End
+	OpFileRead    Op = "file.read"    // args ReadArgs -> Result FileInfo, Data..., End
 	OpFileWrite   Op = "file.write"   // args WriteArgs, host sends Data..., End -> Result WriteResult
 	OpFileStat    Op = "file.stat"    // args PathArgs -> Result FileInfo
 	OpFileList    Op = "file.list"    // args ListArgs -> Result ListBatch..., End
@@ -65,6 +65,15 @@ const (
 	// without a ring answer failed_precondition; agents older than the
 	// op, invalid_argument.
 	OpRing Op = "ring"
+
+	// OpTarRead sends a directory as a tar stream. args PathArgs ->
+	// Result {}, Data..., End. OpTarWrite receives a tar stream into a
+	// directory: args TarWriteArgs, the host sends Data..., End -> Result
+	// TarResult. The archive is unpacked beside the directory first and
+	// moved into it only once whole, so a cut stream changes nothing.
+	// Agents older than these ops answer invalid_argument ("unknown op").
+	OpTarRead  Op = "tar.read"
+	OpTarWrite Op = "tar.write"
 )
 
 // RingOffer is the agent's reply to OpRing.
@@ -226,10 +235,24 @@ type PortState struct {
 // PathArgs names one guest path.
 type PathArgs struct {
 	Path string `json:"path"`
+	// Settle, for OpFileStat, waits until in-place writes to Path under
+	// way (WriteArgs.At), including ones whose host went away while its
+	// bytes were in flight, have ended: the size is then where a resumed
+	// upload goes on. Agents older than in-place writes refuse it.
+	Settle bool `json:"settle,omitempty"`
+}
+
+// ReadArgs names a file and the part of it to read. Offset and Length
+// came after the first agents, which refuse them (invalid_argument).
+type ReadArgs struct {
+	Path   string `json:"path"`
+	Offset int64  `json:"offset,omitempty"` // first byte
+	Length int64  `json:"length,omitempty"` // bytes at most; 0 = to the end
 }
 
 // WriteArgs describes a file write. The write replaces the file atomically:
-// readers see the old or the new content, never a part.
+// readers see the old or the new content, never a part; with At set it
+// appends in place instead (a resumable upload's partial file).
 type WriteArgs struct {
 	Path     string  `json:"path"`
 	Mode     uint32  `json:"mode,omitempty"` // permission bits; 0 = 0644
@@ -239,11 +262,32 @@ type WriteArgs struct {
 	// NoSync skips the fsyncs that make the file survive a guest crash,
 	// for files the host writes again after every boot and restore.
 	NoSync bool `json:"no_sync,omitempty"`
+	// At, when set, writes into Path in place starting at byte *At, which
+	// must be the file's size (0 creates it, with Mode and owner): each
+	// byte that arrives stays, so a cut stream leaves a prefix to resume
+	// from. It came after the first agents, which refuse it.
+	At *int64 `json:"at,omitempty"`
 }
 
-// WriteResult is the result of OpFileWrite.
+// WriteResult is the result of OpFileWrite: the bytes written, and with
+// WriteArgs.At the file's size after them.
 type WriteResult struct {
-	Size int64 `json:"size"`
+	Size    int64 `json:"size"`
+	EndSize int64 `json:"end_size,omitempty"`
+}
+
+// TarWriteArgs unpacks a tar stream into the directory Path, which is
+// created when missing (its parents too with MkdirAll). Entries replace
+// what the directory holds under their names; other entries stay.
+type TarWriteArgs struct {
+	Path     string `json:"path"`
+	MkdirAll bool   `json:"mkdir_all,omitempty"`
+}
+
+// TarResult counts what a tar stream held.
+type TarResult struct {
+	Entries int   `json:"entries"`
+	Bytes   int64 `json:"bytes"` // regular files' bytes
 }
 
 // ListArgs lists a directory.

@@ -2,9 +2,9 @@
 // through a memory region both map, so that a transfer costs the guest one
 // copy per byte instead of a trip through its virtio console.
 //
-// The region is a file on the host that the VMM exposes to the guest as a
-// PCI device's memory (QEMU's ivshmem-plain); the guest maps the BAR. Its
-// first half carries guest→host bytes, its second half host→guest bytes.
+// The region is guest RAM: the agent reserves locked huge pages and tells
+// the host their guest-physical addresses (AllocGuest), and the host maps
+// the same bytes from the VM's memory file (Shared). Its first half carries guest→host bytes, its second half host→guest bytes.
 // Each half is cut into slots of SlotSize bytes. A sender takes a free slot
 // of its own half, fills it, and sends a small frame on the agent session
 // naming the slot and length (proto.TypeDataRef); the receiver copies the
@@ -35,6 +35,11 @@ import (
 
 // SlotSize is the size of one slot: the most one reference frame carries.
 const SlotSize = 256 << 10
+
+// MinPayload is the smallest payload worth a slot: smaller ones go inline
+// on the session, where a reference and a release would cost more than the
+// bytes.
+const MinPayload = 16 << 10
 
 // MinSize is the smallest region: one slot per direction.
 const MinSize = 2 * SlotSize
@@ -170,10 +175,15 @@ func (s *Session) isEnded() bool {
 }
 
 // Abandon returns a slot that was acquired and not sent.
-func (s *Session) Abandon(slot int) {
-	r := s.r
+func (s *Session) Abandon(slot int) { s.r.putFree(slot) }
+
+// putFree returns slots to the free list and wakes Acquire.
+func (r *Region) putFree(slots ...int) {
+	if len(slots) == 0 {
+		return
+	}
 	r.mu.Lock()
-	r.free = append(r.free, slot)
+	r.free = append(r.free, slots...)
 	r.cond.Broadcast()
 	r.mu.Unlock()
 }
@@ -223,13 +233,7 @@ func (s *Session) Release(slots ...int) {
 		}
 	}
 	s.mu.Unlock()
-	if len(freed) > 0 {
-		r := s.r
-		r.mu.Lock()
-		r.free = append(r.free, freed...)
-		r.cond.Broadcast()
-		r.mu.Unlock()
-	}
+	s.r.putFree(freed...)
 	for _, h := range hooks {
 		h()
 	}
@@ -251,11 +255,7 @@ func (s *Session) End() {
 	for slot := range sent {
 		slots = append(slots, slot)
 	}
-	r := s.r
-	r.mu.Lock()
-	r.free = append(r.free, slots...)
-	r.cond.Broadcast()
-	r.mu.Unlock()
+	s.r.putFree(slots...)
 	for _, h := range sent {
 		h()
 	}

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 
 	"space/internal/agent/proto"
@@ -80,11 +82,15 @@ func statFile(a proto.PathArgs) (proto.FileInfo, error) {
 	return info, nil
 }
 
-// readFile sends a result with the file's info, its bytes, and an end frame.
-func (s *Server) readFile(ctx context.Context, c *call, a proto.PathArgs) error {
+// readFile sends a result with the file's info, the bytes a.Offset and
+// a.Length select, and an end frame.
+func (s *Server) readFile(ctx context.Context, c *call, a proto.ReadArgs) error {
 	p, err := guestPath(a.Path)
 	if err != nil {
 		return c.fail(err)
+	}
+	if a.Offset < 0 || a.Length < 0 {
+		return c.fail(fmt.Errorf("read %s: negative offset or length: %w", p, errkind.InvalidArgument))
 	}
 	f, err := os.Open(p)
 	if err != nil {
@@ -101,62 +107,94 @@ func (s *Server) readFile(ctx context.Context, c *call, a proto.PathArgs) error 
 	if err := c.result(fileInfo(filepath.Base(p), fi)); err != nil {
 		return err
 	}
-	buf := make([]byte, proto.DataChunk)
-	var readErr error
-	read := func(b []byte) (int, error) {
-		n, err := f.Read(b)
-		readErr = err
-		return n, nil
+	var r io.Reader = f
+	if a.Offset > 0 || a.Length > 0 {
+		n := a.Length
+		if n == 0 {
+			n = math.MaxInt64 - a.Offset
+		}
+		r = io.NewSectionReader(f, a.Offset, n)
 	}
+	return c.sendStream(ctx, r)
+}
+
+// sendStream sends r's bytes as data, then an end frame; a read error
+// ends the call with an error frame instead.
+func (c *call) sendStream(ctx context.Context, r io.Reader) error {
+	buf := make([]byte, proto.DataChunk)
 	for {
 		// Ask for a whole slot: a file read straight into the ring is
 		// the only copy its bytes take in the guest.
-		if _, err := c.sendBulk(ctx, proto.TypeData, ring.SlotSize, buf, read); err != nil {
-			return err
-		}
-		if readErr == io.EOF {
+		_, err := c.sendBulk(ctx, proto.TypeData, ring.SlotSize, buf, func(b []byte) (int, error) {
+			return io.ReadFull(r, b)
+		})
+		switch err {
+		case nil:
+		case io.EOF, io.ErrUnexpectedEOF:
 			return c.send(proto.TypeEnd, nil)
-		}
-		if readErr != nil {
-			return c.fail(readErr)
+		default:
+			return c.fail(err)
 		}
 	}
 }
 
+// receive hands the host's data frames to write, in order, until the end
+// frame, giving back the ring slots they name. It returns write's first
+// error; answering it (refuse) is the caller's. A broken host stream
+// returns errHostGone.
+func (c *call) receive(write func([]byte) error) error {
+	for {
+		f, err := c.r.Next()
+		if err != nil {
+			return fmt.Errorf("%w: %v", errHostGone, err)
+		}
+		if f.Type == proto.TypeEnd {
+			return nil
+		}
+		data, slot := f.Payload, -1
+		switch f.Type {
+		case proto.TypeData:
+		case proto.TypeDataRef:
+			if slot, data, err = c.sess.view(f, proto.TypeData); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("unexpected %s frame: %w", f.Type, errkind.InvalidArgument)
+		}
+		err = write(data)
+		if slot >= 0 {
+			if rerr := c.sess.release(slot); rerr != nil {
+				return fmt.Errorf("%w: %v", errHostGone, rerr) // the session is going
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// errHostGone says the host's stream broke: there is no one to answer.
+var errHostGone = errors.New("host stream ended")
+
 // writeFile receives data frames into a temporary file next to the target and
 // renames it into place at the end frame, after an fsync: the target holds
-// the old or the new content, never a part.
-func (s *Server) writeFile(c *call, a proto.WriteArgs) (err error) {
-	drained := false
-	defer func() {
-		if !drained {
-			c.drain() // the host's slots in frames never read go back
-		}
-	}()
-	p, err := guestPath(a.Path)
+// the old or the new content, never a part. With a.At it appends in place
+// (appendFile).
+func (s *Server) writeFile(c *call, a proto.WriteArgs) error {
+	p, mode, err := writeTarget(a)
 	if err != nil {
-		return c.fail(err)
+		return c.refuse(err)
 	}
-	if a.Mode&^0o7777 != 0 {
-		return c.fail(fmt.Errorf("write %s: mode %o: %w", p, a.Mode, errkind.InvalidArgument))
+	if a.At != nil {
+		// One in-place write per file at a time: a resumed upload's part
+		// waits for the bytes of the cut one to land, then checks the size.
+		defer s.appends.lock(p)()
+		return appendFile(c, a, p, mode)
 	}
-	mode := fs.FileMode(a.Mode & 0o777)
-	if a.Mode == 0 {
-		mode = 0o644
-	}
-	mode |= fileModeBits(a.Mode)
 	dir := filepath.Dir(p)
-	if a.MkdirAll {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return c.fail(err)
-		}
-	}
-	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
-		return c.fail(fmt.Errorf("write %s: is a directory: %w", p, errkind.FailedPrecondition))
-	}
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(p)+".space-tmp-*")
 	if err != nil {
-		return c.fail(err)
+		return c.refuse(err)
 	}
 	committed := false
 	defer func() {
@@ -166,71 +204,146 @@ func (s *Server) writeFile(c *call, a proto.WriteArgs) (err error) {
 		}
 	}()
 	var size int64
-	for {
-		f, err := c.r.Next()
-		if err != nil {
-			drained = true
-			return fmt.Errorf("write %s: host stream: %w", p, err) // host gone: nothing to answer
-		}
-		if f.Type == proto.TypeEnd {
-			drained = true
-			break
-		}
-		data, slot := f.Payload, -1
-		switch f.Type {
-		case proto.TypeData:
-		case proto.TypeDataRef:
-			if slot, data, err = c.sess.view(f, proto.TypeData); err != nil {
-				return c.fail(fmt.Errorf("write %s: %w", p, err))
-			}
-		default:
-			return c.fail(fmt.Errorf("write %s: unexpected %s frame: %w", p, f.Type, errkind.InvalidArgument))
-		}
-		n, err := tmp.Write(data)
+	err = c.receive(func(b []byte) error {
+		n, err := tmp.Write(b)
 		size += int64(n)
-		if slot >= 0 {
-			if rerr := c.sess.release(slot); rerr != nil && err == nil {
-				return fmt.Errorf("write %s: %w", p, rerr) // the session is going
-			}
-		}
-		if err != nil {
-			return c.fail(err)
-		}
+		return err
+	})
+	if err == nil {
+		err = finishFile(tmp, mode, a)
 	}
-	if err := tmp.Chmod(mode); err != nil {
-		return c.fail(err)
+	if err == nil {
+		err = os.Rename(tmp.Name(), p)
 	}
-	if a.UID != nil || a.GID != nil {
-		uid, gid := -1, -1
-		if a.UID != nil {
-			uid = int(*a.UID)
-		}
-		if a.GID != nil {
-			gid = int(*a.GID)
-		}
-		if err := tmp.Chown(uid, gid); err != nil {
-			return c.fail(err)
-		}
-	}
-	if !a.NoSync {
-		if err := tmp.Sync(); err != nil {
-			return c.fail(err)
-		}
-	}
-	if err := tmp.Close(); err != nil {
-		return c.fail(err)
-	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
-		return c.fail(err)
+	if err != nil {
+		return c.refuse(fmt.Errorf("write %s: %w", p, err))
 	}
 	committed = true
 	if !a.NoSync {
-		if d, err := os.Open(dir); err == nil {
-			d.Sync()
-			d.Close()
-		}
+		syncDir(dir)
 	}
 	return c.result(proto.WriteResult{Size: size})
+}
+
+// writeTarget checks a write's arguments and makes the target's parents
+// when asked; it returns the clean path and the mode to give the file.
+func writeTarget(a proto.WriteArgs) (string, fs.FileMode, error) {
+	p, err := guestPath(a.Path)
+	if err != nil {
+		return "", 0, err
+	}
+	if a.Mode&^0o7777 != 0 {
+		return "", 0, fmt.Errorf("write %s: mode %o: %w", p, a.Mode, errkind.InvalidArgument)
+	}
+	if a.At != nil && *a.At < 0 {
+		return "", 0, fmt.Errorf("write %s: negative offset: %w", p, errkind.InvalidArgument)
+	}
+	mode := fs.FileMode(a.Mode & 0o777)
+	if a.Mode == 0 {
+		mode = 0o644
+	}
+	mode |= fileModeBits(a.Mode)
+	if a.MkdirAll {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return "", 0, err
+		}
+	}
+	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+		return "", 0, fmt.Errorf("write %s: is a directory: %w", p, errkind.FailedPrecondition)
+	}
+	return p, mode, nil
+}
+
+// finishFile gives a written file its mode and owner, syncs it unless
+// a.NoSync, and closes it.
+func finishFile(f *os.File, mode fs.FileMode, a proto.WriteArgs) error {
+	if err := setModeOwner(f, mode, a); err != nil {
+		return err
+	}
+	if !a.NoSync {
+		if err := f.Sync(); err != nil {
+			return err
+		}
+	}
+	return f.Close()
+}
+
+// setModeOwner gives f mode, and a's owner where it names one.
+func setModeOwner(f *os.File, mode fs.FileMode, a proto.WriteArgs) error {
+	if err := f.Chmod(mode); err != nil {
+		return err
+	}
+	if a.UID == nil && a.GID == nil {
+		return nil
+	}
+	uid, gid := -1, -1
+	if a.UID != nil {
+		uid = int(*a.UID)
+	}
+	if a.GID != nil {
+		gid = int(*a.GID)
+	}
+	return f.Chown(uid, gid)
+}
+
+// appendFile writes the host's bytes into p from *a.At, which must be
+// p's size: every byte that arrives stays, so a stream cut anywhere leaves
+// a prefix of what was sent, and the host resumes from the size. A new
+// file (At 0) gets a's mode and owner.
+func appendFile(c *call, a proto.WriteArgs, p string, mode fs.FileMode) error {
+	at := *a.At
+	flags := os.O_WRONLY
+	if at == 0 {
+		flags |= os.O_CREATE
+	}
+	f, err := os.OpenFile(p, flags, 0o600)
+	if err != nil {
+		return c.refuse(fmt.Errorf("write %s at %d: %w", p, at, err))
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err == nil && fi.Size() != at {
+		err = fmt.Errorf("write %s at %d: the file holds %d bytes: %w", p, at, fi.Size(), errkind.FailedPrecondition)
+	}
+	if err == nil && at == 0 && fi.Size() == 0 {
+		err = setModeOwner(f, mode, a)
+	}
+	if err != nil {
+		return c.refuse(err)
+	}
+	size := at
+	err = c.receive(func(b []byte) error {
+		n, err := f.WriteAt(b, size)
+		size += int64(n)
+		return err
+	})
+	if err == nil && !a.NoSync {
+		err = f.Sync()
+	}
+	if err != nil {
+		return c.refuse(fmt.Errorf("write %s: %w", p, err))
+	}
+	return c.result(proto.WriteResult{Size: size - at, EndSize: size})
+}
+
+// refuse answers a call the host is still sending on with err, then
+// drains what it sent meanwhile (giving back its ring slots) until its
+// end. When the host is gone there is no one to answer.
+func (c *call) refuse(err error) error {
+	if errors.Is(err, errHostGone) {
+		return err
+	}
+	ferr := c.fail(err)
+	c.drain()
+	return ferr
+}
+
+// syncDir makes a rename in dir durable, as well as it can.
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
 }
 
 func fileModeBits(m uint32) fs.FileMode {
@@ -351,4 +464,40 @@ func rename(a proto.RenameArgs) error {
 		return err
 	}
 	return os.Rename(from, to)
+}
+
+// pathLocks are mutexes by path, made on demand and dropped when unused.
+type pathLocks struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	m map[string]*pathLock
+}
+
+type pathLock struct {
+	mu    sync.Mutex
+	users int // holders and waiters; guarded by pathLocks.mu
+}
+
+// lock locks path and returns its unlock.
+func (l *pathLocks) lock(path string) (unlock func()) {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string]*pathLock{}
+	}
+	pl := l.m[path]
+	if pl == nil {
+		pl = &pathLock{}
+		l.m[path] = pl
+	}
+	pl.users++
+	l.mu.Unlock()
+	pl.mu.Lock()
+	return func() {
+		pl.mu.Unlock()
+		l.mu.Lock()
+		if pl.users--; pl.users == 0 {
+			delete(l.m, path)
+		}
+		l.mu.Unlock()
+	}
 }

@@ -12,10 +12,6 @@ import (
 	"space/internal/errkind"
 )
 
-// ringMin is the smallest payload sent through the ring: smaller ones go
-// inline, where a reference and a release would cost more than the bytes.
-const ringMin = 16 << 10
-
 // session is one host session's state that its calls share.
 type session struct {
 	mu sync.Mutex
@@ -138,7 +134,7 @@ func (s *Server) ringAttach(c *call) error {
 // it wrote; 0 sends nothing.
 func (c *call) sendBulk(ctx context.Context, t proto.Type, n int, inline []byte, fill func(buf []byte) (int, error)) (int, error) {
 	rs := c.sess.ringSession()
-	if rs == nil || n < ringMin {
+	if rs == nil || n < ring.MinPayload {
 		m, err := fill(inline[:min(n, len(inline))])
 		if m > 0 {
 			if serr := c.send(t, inline[:m]); serr != nil {
@@ -152,9 +148,17 @@ func (c *call) sendBulk(ctx context.Context, t proto.Type, n int, inline []byte,
 		return 0, err
 	}
 	m, err := fill(buf[:min(n, len(buf))])
-	if m == 0 {
+	if m < ring.MinPayload {
+		// Little came (a small file, a file's tail): inline is cheaper.
+		var serr error
+		if m > 0 {
+			serr = c.send(t, buf[:m]) // copies: the slot is free after
+		}
 		rs.Abandon(slot)
-		return 0, err
+		if serr != nil {
+			return 0, serr
+		}
+		return m, err
 	}
 	rs.Sent(slot, nil)
 	if serr := c.send(proto.TypeDataRef, ring.Ref{Type: byte(t), Slot: uint32(slot), Len: uint32(m)}.Append(nil)); serr != nil {
@@ -165,14 +169,15 @@ func (c *call) sendBulk(ctx context.Context, t proto.Type, n int, inline []byte,
 }
 
 // drain reads the rest of a call the agent gave up on, giving back the
-// ring slots the host's frames name, until the host ends the stream.
+// ring slots the host's frames name, until the host's end frame or the
+// stream's end.
 func (c *call) drain() {
 	if c.sess.ringSession() == nil {
 		return
 	}
 	for {
 		f, err := c.r.Next()
-		if err != nil {
+		if err != nil || f.Type == proto.TypeEnd {
 			return
 		}
 		if f.Type != proto.TypeDataRef {
@@ -190,7 +195,7 @@ func (c *call) drain() {
 // session has a ring and the chunk is worth it, else as data frames of at
 // most proto.DataChunk.
 func (c *call) sendOutput(ctx context.Context, t proto.Type, data []byte) error {
-	if rs := c.sess.ringSession(); rs != nil && len(data) >= ringMin {
+	if rs := c.sess.ringSession(); rs != nil && len(data) >= ring.MinPayload {
 		_, err := c.sendBulk(ctx, t, len(data), nil, func(b []byte) (int, error) { return copy(b, data), nil })
 		return err
 	}

@@ -83,6 +83,7 @@ type Server struct {
 	procs   *procTable
 	bootID  string
 	runDone chan struct{} // closed when Run returns
+	appends pathLocks     // in-place writes under way, by path
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -347,7 +348,7 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 		}
 		return reply(c, proto.Empty{}, s.procSignal(a))
 	case proto.OpFileRead:
-		var a proto.PathArgs
+		var a proto.ReadArgs
 		if err := decodeArgs(req, &a); err != nil {
 			return c.fail(err)
 		}
@@ -355,13 +356,28 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 	case proto.OpFileWrite:
 		var a proto.WriteArgs
 		if err := decodeArgs(req, &a); err != nil {
-			return c.fail(err)
+			return c.refuse(err)
 		}
 		return s.writeFile(c, a)
+	case proto.OpTarRead:
+		var a proto.PathArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.tarRead(ctx, c, a)
+	case proto.OpTarWrite:
+		var a proto.TarWriteArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.refuse(err)
+		}
+		return s.tarWrite(ctx, c, a)
 	case proto.OpFileStat:
 		var a proto.PathArgs
 		if err := decodeArgs(req, &a); err != nil {
 			return c.fail(err)
+		}
+		if p, err := guestPath(a.Path); err == nil && a.Settle {
+			s.appends.lock(p)()
 		}
 		info, err := statFile(a)
 		return reply(c, info, err)

@@ -1,0 +1,117 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"space/internal/agent/proto"
+	"space/internal/agent/ring"
+	"space/internal/agent/tarball"
+	"space/internal/errkind"
+)
+
+// tarRead sends the directory a.Path as a tar stream: an empty result,
+// the archive as data frames, an end frame. A failure after the result
+// is an error frame; the host then discards what arrived.
+func (s *Server) tarRead(ctx context.Context, c *call, a proto.PathArgs) error {
+	p, err := guestPath(a.Path)
+	if err != nil {
+		return c.fail(err)
+	}
+	if fi, err := os.Stat(p); err != nil {
+		return c.fail(err)
+	} else if !fi.IsDir() {
+		return c.fail(fmt.Errorf("tar %s: not a directory: %w", p, errkind.FailedPrecondition))
+	}
+	if err := c.result(proto.Empty{}); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pr, pw := io.Pipe()
+	go func() {
+		// Whole slots through the pipe: tar writes headers of 512 bytes.
+		bw := bufio.NewWriterSize(pw, ring.SlotSize)
+		_, err := tarball.Pack(ctx, p, bw)
+		if err == nil {
+			err = bw.Flush()
+		}
+		pw.CloseWithError(err)
+	}()
+	defer pr.Close() // stops Pack if the host went away
+	return c.sendStream(ctx, pr)
+}
+
+// tarWrite unpacks the host's tar stream into a staging directory beside
+// a.Path and moves it into place only once the archive arrived whole and
+// well formed: a cut or bad stream leaves a.Path as it was.
+func (s *Server) tarWrite(ctx context.Context, c *call, a proto.TarWriteArgs) error {
+	p, err := guestPath(a.Path)
+	if err == nil && p == "/" {
+		err = fmt.Errorf("tar into /: unpack into a directory below it: %w", errkind.InvalidArgument)
+	}
+	if err == nil && a.MkdirAll {
+		err = os.MkdirAll(filepath.Dir(p), 0o755)
+	}
+	var staging string
+	if err == nil {
+		staging, err = os.MkdirTemp(filepath.Dir(p), "."+filepath.Base(p)+".space-untar-*")
+	}
+	if err == nil {
+		// A new directory gets mkdir's mode, unless the archive names
+		// its own ("./").
+		err = os.Chmod(staging, 0o755)
+	}
+	if err != nil {
+		return c.refuse(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pr, pw := io.Pipe()
+	type unpacked struct {
+		st  tarball.Stats
+		err error
+	}
+	done := make(chan unpacked, 1)
+	go func() {
+		st, err := tarball.Unpack(ctx, pr, staging)
+		if err == nil {
+			// Whatever follows the archive's end must be read too, or
+			// the sender blocks; it is ignored, as tar does.
+			_, err = io.Copy(io.Discard, pr)
+		}
+		pr.CloseWithError(err)
+		done <- unpacked{st, err}
+	}()
+	recvErr := c.receive(func(b []byte) error {
+		_, err := pw.Write(b)
+		return err
+	})
+	if recvErr != nil {
+		pw.CloseWithError(recvErr)
+	} else {
+		pw.Close() // the archive must end within the stream
+	}
+	res := <-done
+	if recvErr != nil || res.err != nil {
+		os.RemoveAll(staging) // before the answer: a refused archive leaves nothing
+	}
+	switch {
+	case errors.Is(recvErr, errHostGone):
+		return recvErr
+	case res.err != nil:
+		return c.refuse(fmt.Errorf("untar into %s: %w", p, res.err))
+	case recvErr != nil:
+		return c.refuse(fmt.Errorf("untar into %s: %w", p, recvErr))
+	}
+	if err := tarball.Place(staging, p); err != nil {
+		os.RemoveAll(staging)
+		return c.fail(fmt.Errorf("untar into %s: %w", p, err))
+	}
+	return c.result(proto.TarResult{Entries: res.st.Entries, Bytes: res.st.Bytes})
+}
