@@ -222,6 +222,10 @@ type VMInfo struct {
 	StartedBy  string `json:"started_by"`  // "boot", "warm" (the template's warm snapshot) or "restore" (a snapshot)
 	BootMS     int64  `json:"boot_ms"`     // VMM start until the agent answered
 	PID        int    `json:"pid,omitempty"`
+	// PSSMiB is the memory the VMM process held when last measured
+	// (proportional set size: shared pages counted in part); it is what
+	// the sandbox counts against its worker's memory, plus headroom.
+	PSSMiB int64 `json:"pss_mib,omitempty"`
 }
 
 // SandboxList is the reply of GET /v1/sandboxes.

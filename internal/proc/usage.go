@@ -15,18 +15,42 @@ const userHZ = 100
 // ParseVmRSS returns VmRSS in bytes from the contents of /proc/<pid>/status.
 // ok is false when the line is missing (a zombie has none).
 func ParseVmRSS(status []byte) (rss int64, ok bool, err error) {
-	for line := range bytes.Lines(status) {
-		rest, found := bytes.CutPrefix(line, []byte("VmRSS:"))
+	return parseKB(status, "VmRSS")
+}
+
+// ParsePss returns Pss in bytes from the contents of
+// /proc/<pid>/smaps_rollup: the process's resident memory with each page
+// it shares with others counted in part. ok is false when the line is
+// missing.
+func ParsePss(rollup []byte) (pss int64, ok bool, err error) {
+	return parseKB(rollup, "Pss")
+}
+
+// ParseMemAvailable returns MemAvailable in bytes from the contents of
+// /proc/meminfo.
+func ParseMemAvailable(meminfo []byte) (int64, error) {
+	n, ok, err := parseKB(meminfo, "MemAvailable")
+	if err == nil && !ok {
+		err = fmt.Errorf("no MemAvailable in meminfo")
+	}
+	return n, err
+}
+
+// parseKB returns the value of the first "key: N kB" line in bytes.
+func parseKB(b []byte, key string) (n int64, ok bool, err error) {
+	prefix := []byte(key + ":")
+	for line := range bytes.Lines(b) {
+		rest, found := bytes.CutPrefix(line, prefix)
 		if !found {
 			continue
 		}
 		f := strings.Fields(string(rest))
 		if len(f) != 2 || f[1] != "kB" {
-			return 0, false, fmt.Errorf("parse VmRSS %q", bytes.TrimSpace(line))
+			return 0, false, fmt.Errorf("parse %s %q", key, bytes.TrimSpace(line))
 		}
 		kb, err := strconv.ParseInt(f[0], 10, 64)
 		if err != nil {
-			return 0, false, fmt.Errorf("parse VmRSS: %w", err)
+			return 0, false, fmt.Errorf("parse %s: %w", key, err)
 		}
 		return kb << 10, true, nil
 	}

@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -28,6 +29,30 @@ func TestParseVmRSS(t *testing.T) {
 	}
 	if rss, ok, err := ParseVmRSS(b); err != nil || !ok || rss <= 0 {
 		t.Errorf("ParseVmRSS(/proc/self/status) = %d, %v, %v, want positive", rss, ok, err)
+	}
+}
+
+func TestParsePssAndMemAvailable(t *testing.T) {
+	for _, f := range []string{"/proc/self/smaps_rollup", "/proc/meminfo"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		var n int64
+		if f == "/proc/meminfo" {
+			n, err = ParseMemAvailable(b)
+		} else {
+			var ok bool
+			if n, ok, err = ParsePss(b); !ok && err == nil {
+				err = fmt.Errorf("no Pss line")
+			}
+		}
+		if err != nil || n <= 0 {
+			t.Errorf("parse %s = %d, %v; want positive", f, n, err)
+		}
+	}
+	if _, err := ParseMemAvailable([]byte("MemTotal: 1 kB\n")); err == nil {
+		t.Error("ParseMemAvailable(no line) = nil error")
 	}
 }
 

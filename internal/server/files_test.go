@@ -116,8 +116,16 @@ type cutTransport struct {
 	cutAfter int64
 	cuts     atomic.Int32
 	onCut    func()
-	mu       sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	requests []string
+}
+
+// seen returns the requests that went through.
+func (ct *cutTransport) seen() []string {
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	return append([]string(nil), ct.requests...)
 }
 
 func (ct *cutTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -176,7 +184,7 @@ func testDownloadResumes(t *testing.T, ts *testServer, id, path string, data []b
 	ct.cuts.Store(2)
 	var got bytes.Buffer
 	if _, err := cutClient(t, ts, ct).ReadFile(t.Context(), id, path, &got); err != nil {
-		t.Fatalf("ReadFile through two cuts = %v (requests %q)", err, ct.requests)
+		t.Fatalf("ReadFile through two cuts = %v (requests %q)", err, ct.seen())
 	}
 	if !bytes.Equal(got.Bytes(), data) {
 		t.Fatalf("ReadFile through two cuts: %d bytes, want %d exact", got.Len(), len(data))
@@ -210,7 +218,7 @@ func testUploadResumes(t *testing.T, ts *testServer, id string) {
 	ct.cuts.Store(1)
 	fw, err := cutClient(t, ts, ct).WriteFile(ctx, id, "/root/up", bytes.NewReader(data), client.WriteOptions{Mode: 0o640})
 	if err != nil || fw.Size != size {
-		t.Fatalf("WriteFile(80 MiB, cut at 30) = %+v, %v (requests %q)", fw, err, ct.requests)
+		t.Fatalf("WriteFile(80 MiB, cut at 30) = %+v, %v (requests %q)", fw, err, ct.seen())
 	}
 	var back bytes.Buffer
 	mode, err := ts.client.ReadFile(ctx, id, "/root/up", &back)
@@ -218,13 +226,13 @@ func testUploadResumes(t *testing.T, ts *testServer, id string) {
 		t.Fatalf("resumed upload: %d bytes, mode %o, %v; want %d exact, mode 0640", back.Len(), mode, err, size)
 	}
 	resumed := false
-	for _, r := range ct.requests {
+	for _, r := range ct.seen() {
 		if strings.HasPrefix(r, "GET ") && strings.Contains(r, "/files/upload") {
 			resumed = true
 		}
 	}
 	if !resumed {
-		t.Errorf("the upload never asked where it stood after the cut: requests %q", ct.requests)
+		t.Errorf("the upload never asked where it stood after the cut: requests %q", ct.seen())
 	}
 
 	// A source that breaks for good: the upload gives up, removes its

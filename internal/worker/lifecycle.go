@@ -263,6 +263,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 		BootMS: gv.BootTime.Milliseconds(), PID: h.PID,
 	}
 	s.mu.Unlock()
+	s.measureMemory() // its charge from now on
 	// Running only once nothing here can fail any more: a reconcile that
 	// asks meanwhile (its caller gone) must see a create that may still
 	// be rolled back as creating, not complete it.
@@ -290,10 +291,12 @@ func (w *Worker) reserve(id string, s *sbx, spec Spec) error {
 	w.admit.Lock()
 	st := w.status(true)
 	fits := st.UsedVCPUs+spec.VCPUs <= st.VCPUs && st.UsedMemoryMiB+spec.MemoryMiB <= st.MemoryMiB
+	avail, err := hostAvailableMiB()
+	pressed := err == nil && avail < w.cfg.MemoryReserveMiB
 	w.mu.Lock()
 	closed := w.closed
 	_, taken := w.sandboxes[id]
-	if fits && !closed && !taken {
+	if fits && !pressed && !closed && !taken {
 		w.sandboxes[id] = s
 	}
 	w.mu.Unlock()
@@ -306,6 +309,9 @@ func (w *Worker) reserve(id string, s *sbx, spec Spec) error {
 	case !fits:
 		return fmt.Errorf("%d vcpus and %d MiB asked, %d vcpus and %d MiB free: %w", spec.VCPUs, spec.MemoryMiB,
 			st.VCPUs-st.UsedVCPUs, st.MemoryMiB-st.UsedMemoryMiB, ErrNoCapacity)
+	case pressed:
+		return fmt.Errorf("the host has %d MiB of memory available, under the %d MiB it keeps in reserve: %w",
+			avail, w.cfg.MemoryReserveMiB, ErrNoCapacity)
 	}
 	return nil
 }

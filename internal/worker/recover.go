@@ -92,6 +92,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.watchers.Add(1)
 	go w.poolLoop()
 	w.watchers.Add(1)
+	go w.memoryLoop()
+	w.watchers.Add(1)
 	go w.fenceLoop()
 	if w.cfg.Fencing {
 		w.watchers.Add(1)
@@ -282,12 +284,7 @@ func (w *Worker) fail(ctx context.Context, s *sbx, why string) error {
 // that no record points to.
 func (w *Worker) removeStrays(ctx context.Context) error {
 	names := map[string]bool{} // run directories and control groups in use
-	w.mu.Lock()
-	all := make([]*sbx, 0, len(w.sandboxes))
-	for _, s := range w.sandboxes {
-		all = append(all, s)
-	}
-	w.mu.Unlock()
+	all := w.all()
 	for _, s := range all {
 		names[filepath.Base(s.runDir)] = true
 		names[filepath.Base(w.cgroupOf(s))] = true

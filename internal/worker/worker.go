@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -80,10 +79,19 @@ type Config struct {
 	// control plane shares its fate, takes no lease, and is never
 	// recovered elsewhere.
 	Fencing bool
-	// VCPUs and MemoryMiB are the capacity offered to sandboxes; 0 = four
-	// vCPUs per host CPU, and 80% of the host's RAM.
+	// VCPUs and MemoryMiB are the capacity offered to sandboxes; 0 =
+	// a vCPU per 128 MiB of memory offered (at least four per host CPU),
+	// and 80% of the host's RAM. VCPUs over the host's CPUs is the vCPU
+	// overcommit. Running sandboxes count against MemoryMiB by their
+	// measured memory (memory.go).
 	VCPUs     int
 	MemoryMiB int64
+	// MemoryHeadroomMiB is added to a sandbox's measured memory for its
+	// charge; 0 = 64 MiB.
+	MemoryHeadroomMiB int64
+	// MemoryReserveMiB is what the host must have available
+	// (MemAvailable) for a sandbox to be admitted; 0 = 10% of its RAM.
+	MemoryReserveMiB int64
 	// BootTimeout bounds a boot until the agent answers; 0 = 2 minutes.
 	BootTimeout time.Duration
 	// CrashAt names a crash point (see CrashPoints) at which the process
@@ -209,11 +217,17 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.RunRoot == "" {
 		cfg.RunRoot = filepath.Join("/dev/shm", "space-"+cfg.ID)
 	}
-	if cfg.VCPUs == 0 {
-		cfg.VCPUs = 4 * runtime.NumCPU()
-	}
 	if cfg.MemoryMiB == 0 {
 		cfg.MemoryMiB = hostMemoryMiB() * 8 / 10
+	}
+	if cfg.VCPUs == 0 {
+		cfg.VCPUs = defaultVCPUs(cfg.MemoryMiB)
+	}
+	if cfg.MemoryHeadroomMiB == 0 {
+		cfg.MemoryHeadroomMiB = defaultHeadroomMiB
+	}
+	if cfg.MemoryReserveMiB == 0 {
+		cfg.MemoryReserveMiB = hostMemoryMiB() / 10
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 2 * time.Minute
@@ -297,7 +311,7 @@ func (w *Worker) status(withPool bool) Status {
 		if s.rec.State != sandbox.Failed && s.rec.State != sandbox.Deleted && (withPool || s.rec.Pool == "") {
 			st.Sandboxes++
 			st.UsedVCPUs += s.rec.Spec.VCPUs
-			st.UsedMemoryMiB += s.rec.Spec.MemoryMiB
+			st.UsedMemoryMiB += s.chargeMiBLocked(w.cfg.MemoryHeadroomMiB)
 		}
 		s.mu.Unlock()
 	}
@@ -307,12 +321,7 @@ func (w *Worker) status(withPool bool) Status {
 // List returns every sandbox the worker has, ordered by ID. It does not
 // fail.
 func (w *Worker) List(context.Context) ([]Info, error) {
-	w.mu.Lock()
-	all := make([]*sbx, 0, len(w.sandboxes))
-	for _, s := range w.sandboxes {
-		all = append(all, s)
-	}
-	w.mu.Unlock()
+	all := w.all()
 	infos := make([]Info, 0, len(all))
 	for _, s := range all {
 		s.mu.Lock()
@@ -406,6 +415,8 @@ type sbx struct {
 	active int // data-plane requests in progress
 	// +checklocks:mu
 	lastExec *workerproto.ExecRecord // see Info.LastExec
+	// +checklocks:mu
+	pss int64 // bytes the VMM process held when last measured; 0 = not yet (memory.go)
 }
 
 // execEnded records an attached command that ran from started until now.
@@ -452,6 +463,7 @@ func (s *sbx) info() Info {
 		LastActive: s.lastActive, Active: s.active, LastExec: s.lastExec}
 	if s.rec.VM != nil {
 		vm := *s.rec.VM
+		vm.PSSMiB = s.pss >> 20
 		inf.VM = &vm
 	}
 	return inf

@@ -46,12 +46,7 @@ func (w *Worker) writeback() {
 
 // memoryFiles returns the memory files of the running sandboxes.
 func (w *Worker) memoryFiles() []string {
-	w.mu.Lock()
-	all := make([]*sbx, 0, len(w.sandboxes))
-	for _, s := range w.sandboxes {
-		all = append(all, s)
-	}
-	w.mu.Unlock()
+	all := w.all()
 	var paths []string
 	for _, s := range all {
 		s.mu.Lock()

@@ -479,6 +479,8 @@ type pathLock struct {
 }
 
 // lock locks path and returns its unlock.
+//
+// +checklocksignore: the lock is returned held, to the caller's unlock.
 func (l *pathLocks) lock(path string) (unlock func()) {
 	l.mu.Lock()
 	if l.m == nil {
