@@ -117,8 +117,23 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 		}
 		var req api.Exec
 		json.Unmarshal(first, &req)
-		// Echo stdin; at stdin_eof exit with code len(stdin) and report
-		// whether a terminal was asked for.
+		f.mu.Lock()
+		f.bodies["GET /v1/sandboxes/{id}/exec/ws"] = first
+		f.mu.Unlock()
+		if req.Command[0] != "cat" {
+			// A command whose last argument is its exit code, with a line
+			// on each output stream.
+			var code int
+			fmt.Sscan(req.Command[len(req.Command)-1], &code)
+			conn.Write(ctx, websocket.MessageBinary, append([]byte{api.StreamStdout}, "to stdout\n"...))
+			conn.Write(ctx, websocket.MessageBinary, append([]byte{api.StreamStderr}, "to stderr\n"...))
+			ev, _ := json.Marshal(api.Event{Type: api.EventExit, Exit: &api.Exit{Code: code}})
+			conn.Write(ctx, websocket.MessageText, ev)
+			conn.Close(websocket.StatusNormalClosure, "")
+			return
+		}
+		// cat: echo stdin; at stdin_eof exit with code len(stdin) and
+		// report whether a terminal was asked for.
 		var n int
 		for {
 			typ, msg, err := conn.Read(ctx)
@@ -244,7 +259,7 @@ func TestExecRequest(t *testing.T) {
 		t.Fatalf("run(%q) = %v", args, err)
 	}
 	var got api.Exec
-	f.body(t, "POST /v1/sandboxes/{id}/exec", &got)
+	f.body(t, "GET /v1/sandboxes/{id}/exec/ws", &got)
 	want := api.Exec{Command: []string{"sh", "-c", "exit 0", "0"}, Env: map[string]string{"A": "1"}, Cwd: "/tmp",
 		User: "nobody", TimeoutSeconds: 60, KillOnDisconnect: true}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -116,7 +116,7 @@ type cutTransport struct {
 	cutAfter int64
 	cuts     atomic.Int32
 	onCut    func()
-	mu sync.Mutex
+	mu       sync.Mutex
 	// +checklocks:mu
 	requests []string
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,9 +21,9 @@ import (
 )
 
 // TestBulkRoundTrip1GiB moves 1 GiB of pseudo-random bytes into a sandbox
-// and back out again through the API, as a file and as a command's
-// stdout, and checks they arrive byte-exact; then cuts an upload in the
-// middle and checks nothing of it is left in the guest.
+// and back out again through the API, as a file, as a command's stdout
+// and as a command's stdin, and checks they arrive byte-exact; then cuts
+// an upload in the middle and checks nothing of it is left in the guest.
 func TestBulkRoundTrip1GiB(t *testing.T) {
 	testenv.RequireSlow(t)
 	release := guesttest.AcquireSlot(t)
@@ -64,6 +65,18 @@ func TestBulkRoundTrip1GiB(t *testing.T) {
 	}
 	if sum := got.Sum(nil); string(sum) != string(want) {
 		t.Errorf("exec cat: stdout sha256 %x, uploaded %x", sum, want)
+	}
+
+	// The same bytes into a command's stdin (binary WebSocket messages),
+	// hashed in the guest.
+	in := &randomBytes{r: rand.NewChaCha8([32]byte{1, 2, 3}), left: size, h: sha256.New()}
+	var sum strings.Builder
+	exit, err = c.ExecStream(ctx, sb.ID, api.Exec{Command: []string{"sha256sum"}}, client.StreamIO{Stdin: in, Stdout: &sum, Stderr: &stderr})
+	if err != nil || exit.Code != 0 {
+		t.Fatalf("exec sha256sum with 1 GiB of stdin = %+v, %v, stderr %q", exit, err, stderr.String())
+	}
+	if got := strings.Fields(sum.String()); len(got) == 0 || got[0] != fmt.Sprintf("%x", want) {
+		t.Errorf("exec sha256sum of 1 GiB of stdin = %q, want %x", sum.String(), want)
 	}
 
 	// An upload cut after 300 MiB fails and leaves neither the file nor a
@@ -124,3 +137,56 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	c.n += int64(len(p))
 	return c.w.Write(p)
 }
+
+// TestSlowReaderBackPressure stalls a client reading a command's output
+// and checks that the server does not buffer the output meanwhile (its
+// heap stays put while the command could have written 200 MiB), and that
+// every byte arrives once the client reads again.
+func TestSlowReaderBackPressure(t *testing.T) {
+	release := guesttest.AcquireSlot(t)
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	c := ts.client
+	ctx := t.Context()
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{})
+	if err != nil {
+		t.Fatalf("CreateSandbox = %v", err)
+	}
+	const size = 200 << 20
+	if _, _, code := execOut(t, c, sb.ID, sh(fmt.Sprintf("head -c %d /dev/urandom > /root/out && sha256sum /root/out > /root/sum", size))); code != 0 {
+		t.Fatalf("setup: exit %d", code)
+	}
+	wantSum, _, _ := execOut(t, c, sb.ID, sh("cut -d' ' -f1 /root/sum"))
+	var before, during runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	h := sha256.New()
+	stalled := false
+	out := writerFunc(func(p []byte) (int, error) {
+		if !stalled {
+			stalled = true
+			time.Sleep(8 * time.Second) // the guest could write it all meanwhile
+			runtime.GC()
+			runtime.ReadMemStats(&during)
+		}
+		return h.Write(p)
+	})
+	n := &countingWriter{w: out}
+	exit, err := c.Exec(ctx, sb.ID, api.Exec{Command: []string{"cat", "/root/out"}}, n, nil)
+	if err != nil || exit.Code != 0 || n.n != size {
+		t.Fatalf("exec cat = %+v, %d bytes, %v; want %d", exit, n.n, err, size)
+	}
+	if got := fmt.Sprintf("%x\n", h.Sum(nil)); got != wantSum {
+		t.Errorf("output after the stall: sha256 %s, want %s", got, wantSum)
+	}
+	grew := int64(during.HeapInuse) - int64(before.HeapInuse)
+	t.Logf("heap in use before %d MiB, during the stall %d MiB", before.HeapInuse>>20, during.HeapInuse>>20)
+	if grew > 64<<20 {
+		t.Errorf("the heap grew %d MiB while the reader stalled: output is buffered, not held back", grew>>20)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -1,0 +1,119 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"space/api"
+	"space/client"
+	"space/internal/agent/guesttest"
+	procfs "space/internal/proc"
+)
+
+// BenchmarkIdleDensity fills this host with idle sandboxes of the default
+// size (512 MiB) under the worker's default capacity, and after every
+// step reports how many run, their memory (PSS of each VMM process,
+// measured here), the host's MemAvailable, and `exec true` round trips
+// in a sample of them. It stops when the worker refuses a sandbox, when
+// exec true's p90 passes 200 ms, or at SPACE_BENCH_DENSITY_MAX sandboxes
+// (default 60). It takes every test VM slot: run it alone.
+//
+//	go test -run '^$' -bench IdleDensity -benchtime 1x -timeout 60m ./internal/server
+func BenchmarkIdleDensity(b *testing.B) {
+	release := guesttest.AcquireAllSlots(b)
+	defer release()
+	ts := startServerB(b, Config{})
+	c := ts.client
+	ctx := b.Context()
+	limit := 60
+	if s := os.Getenv("SPACE_BENCH_DENSITY_MAX"); s != "" {
+		limit, _ = strconv.Atoi(s)
+	}
+	const step, p90Limit = 10, 200 * time.Millisecond
+	for b.Loop() {
+		var sbs []api.Sandbox
+		held, heldP90, heldPSS := 0, time.Duration(0), 0.0
+		for len(sbs) < limit {
+			sb, err := c.CreateSandbox(ctx, api.CreateSandbox{})
+			if err != nil {
+				var e *client.Error
+				if errors.As(err, &e) && e.Code == api.CodeResourceExhausted {
+					b.Logf("the worker refused sandbox %d: %v", len(sbs)+1, err)
+					break
+				}
+				b.Fatalf("CreateSandbox %d = %v", len(sbs)+1, err)
+			}
+			sbs = append(sbs, sb)
+			if len(sbs)%step != 0 && len(sbs) != limit {
+				continue
+			}
+			time.Sleep(5 * time.Second) // idle, as agent sandboxes mostly are
+			p50, p90 := execTrueLatency(b, c, sbs)
+			pss := meanPSSMiB(sbs)
+			b.Logf("%d sandboxes: mean PSS %.0f MiB, host MemAvailable %d MiB, exec true p50 %v p90 %v",
+				len(sbs), pss, memAvailableMiB(), p50.Round(time.Millisecond), p90.Round(time.Millisecond))
+			if p90 > p90Limit {
+				break
+			}
+			held, heldP90, heldPSS = len(sbs), p90, pss
+		}
+		b.ReportMetric(float64(held), "idle-sandboxes-held")
+		b.ReportMetric(heldPSS, "pss-per-idle-sandbox-MiB")
+		b.ReportMetric(float64(heldP90.Microseconds())/1000, "exec-true-p90-ms")
+		for _, sb := range sbs {
+			c.DeleteSandbox(ctx, sb.ID)
+		}
+	}
+}
+
+// execTrueLatency runs exec true three times in each of up to 15
+// sandboxes picked at random and returns the p50 and p90 round trips.
+func execTrueLatency(b *testing.B, c *client.Client, sbs []api.Sandbox) (p50, p90 time.Duration) {
+	var rtts []time.Duration
+	for _, i := range rand.Perm(len(sbs))[:min(15, len(sbs))] {
+		for range 3 {
+			t0 := time.Now()
+			if exit, err := c.Exec(b.Context(), sbs[i].ID, api.Exec{Command: []string{"true"}}, nil, nil); err != nil || exit.Code != 0 {
+				b.Fatalf("exec true in %s = %+v, %v", sbs[i].ID, exit, err)
+			}
+			rtts = append(rtts, time.Since(t0))
+		}
+	}
+	slices.Sort(rtts)
+	return rtts[len(rtts)/2], rtts[len(rtts)*9/10]
+}
+
+// meanPSSMiB is the mean PSS of the sandboxes' VMM processes.
+func meanPSSMiB(sbs []api.Sandbox) float64 {
+	var sum int64
+	n := 0
+	for _, sb := range sbs {
+		if sb.VM == nil || sb.VM.PID == 0 {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", sb.VM.PID))
+		if err != nil {
+			continue
+		}
+		if pss, ok, err := procfs.ParsePss(b); err == nil && ok {
+			sum += pss
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(sum>>20) / float64(n)
+}
+
+func memAvailableMiB() int64 {
+	b, _ := os.ReadFile("/proc/meminfo")
+	n, _ := procfs.ParseMemAvailable(b)
+	return n >> 20
+}
