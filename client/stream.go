@@ -238,7 +238,7 @@ func (c *Client) websocket(ctx context.Context, sandbox, path string, first *api
 
 	out := outputs{sio.Stdout, sio.Stderr}
 	for {
-		typ, msg, err := conn.Read(ctx)
+		typ, r, err := conn.Reader(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return api.Exit{}, context.Cause(ctx)
@@ -246,19 +246,15 @@ func (c *Client) websocket(ctx context.Context, sandbox, path string, first *api
 			return api.Exit{}, fmt.Errorf("%w: %w", ErrStreamCut, err)
 		}
 		if typ == websocket.MessageBinary {
-			if len(msg) == 0 {
-				continue
-			}
-			switch msg[0] {
-			case api.StreamStdout:
-				err = write(out.stdout, "stdout", msg[1:])
-			case api.StreamStderr:
-				err = write(out.stderr, "stderr", msg[1:])
-			}
-			if err != nil {
+			// Output goes straight from the connection to its writer.
+			if err := out.copyMessage(r); err != nil {
 				return api.Exit{}, err
 			}
 			continue
+		}
+		msg, err := io.ReadAll(r)
+		if err != nil {
+			return api.Exit{}, fmt.Errorf("%w: %w", ErrStreamCut, err)
 		}
 		var ev api.Event
 		if err := json.Unmarshal(msg, &ev); err != nil {
@@ -271,6 +267,47 @@ func (c *Client) websocket(ctx context.Context, sandbox, path string, first *api
 			return exit, err
 		}
 	}
+}
+
+// copyMessage copies a binary output message (a stream byte, then the
+// bytes) to its writer; messages of other streams are read and dropped.
+func (o outputs) copyMessage(r io.Reader) error {
+	var stream [1]byte
+	if _, err := io.ReadFull(r, stream[:]); err != nil {
+		return nil // empty
+	}
+	w, name := io.Discard, ""
+	switch stream[0] {
+	case api.StreamStdout:
+		w, name = o.stdout, "stdout"
+	case api.StreamStderr:
+		w, name = o.stderr, "stderr"
+	}
+	if w == nil {
+		w = io.Discard
+	}
+	ew := &errWriter{w: w}
+	if _, err := io.Copy(ew, r); err != nil {
+		if ew.err != nil {
+			return fmt.Errorf("write %s: %w", name, ew.err)
+		}
+		return fmt.Errorf("%w: %w", ErrStreamCut, err)
+	}
+	return nil
+}
+
+// errWriter records the error its writer returned.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	n, err := e.w.Write(p)
+	if err != nil {
+		e.err = err
+	}
+	return n, err
 }
 
 func sendControl(ctx context.Context, conn *websocket.Conn, ctl api.Control) error {

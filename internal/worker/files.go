@@ -222,6 +222,9 @@ func writeUpload(rw http.ResponseWriter, r *http.Request, a *client.Client, args
 	args.Path, args.At = partial, &offset
 	res, err := a.WriteFile(r.Context(), args, r.Body)
 	if err != nil {
+		if errors.Is(err, errkind.NotFound) && offset > 0 {
+			return fmt.Errorf("upload %s of %s: none under way (start at offset 0): %w", id, target, errkind.NotFound)
+		}
 		if errors.Is(err, errkind.FailedPrecondition) {
 			if fi, serr := a.StatSettled(r.Context(), partial); serr == nil && fi.Size != offset {
 				return fmt.Errorf("upload %s holds %d bytes, not %d: resume from there: %w", id, fi.Size, offset, errkind.Conflict)
