@@ -623,8 +623,10 @@ type buildSandbox struct {
 	c  *client.Client
 }
 
+// Exec runs a build step over the NDJSON exec route: the in-process
+// transport to the worker cannot hand over a connection for a WebSocket.
 func (b *buildSandbox) Exec(ctx context.Context, req api.Exec, stdout, stderr io.Writer) (api.Exit, error) {
-	return b.c.Exec(ctx, b.sb.ID, req, stdout, stderr)
+	return b.c.ExecEvents(ctx, b.sb.ID, req, stdout, stderr)
 }
 
 func (b *buildSandbox) Start(ctx context.Context, req api.Exec) error {
