@@ -388,6 +388,9 @@ func TestServerFlagsUsage(t *testing.T) {
 		{"zero gc interval", []string{"--chunk-gc-interval", "0"}, "--chunk-gc-interval 0s: want a positive duration"},
 		{"negative gc interval", []string{"--chunk-gc-interval", "-1m"}, "--chunk-gc-interval -1m0s: want a positive duration"},
 		{"gc interval not a duration", []string{"--chunk-gc-interval", "often"}, `invalid argument "often" for "--chunk-gc-interval"`},
+		{"on-timeout later", []string{"--on-timeout", "later"}, `--on-timeout "later": want delete or suspend`},
+		{"timeout too long", []string{"--timeout", "200h"}, "--timeout 200h0m0s: want 1s..168h0m0s"},
+		{"timeout zero", []string{"--timeout", "0"}, "--timeout 0s: want 1s..168h0m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

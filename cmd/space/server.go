@@ -27,7 +27,8 @@ func newServerCmd(g *globals) *cobra.Command {
 		workerListen, workerAdvertise, adminKeyFile string
 		leaderElection, kubeNamespace, kubeconfig   string
 		workerDiscovery, guestKernel                string
-		checkpoints                                 string
+		checkpoints, onTimeout                      string
+		timeout                                     time.Duration
 		chunkGCInterval                             time.Duration
 		recoverAfter                                time.Duration
 		vmm                                         vmmFlags
@@ -53,6 +54,12 @@ server stops, and the next start re-adopts them.`,
 			defaultCheckpoints, err := serverPolicy(checkpoints)
 			if err != nil {
 				return err
+			}
+			if timeout < time.Second || timeout > controlplane.DefaultLimits.MaxTTL {
+				return usagef("--timeout %v: want 1s..%v", timeout, controlplane.DefaultLimits.MaxTTL)
+			}
+			if onTimeout != "delete" && onTimeout != "suspend" {
+				return usagef("--on-timeout %q: want delete or suspend", onTimeout)
 			}
 			if chunkGCInterval <= 0 {
 				return usagef("--chunk-gc-interval %v: want a positive duration, e.g. 10m", chunkGCInterval)
@@ -91,7 +98,7 @@ server stops, and the next start re-adopts them.`,
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, Chunks: chunks.store(g),
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
-				DefaultCheckpoints: defaultCheckpoints, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter,
+				DefaultCheckpoints: defaultCheckpoints, DefaultTimeout: timeout, DefaultOnTimeout: onTimeout, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
@@ -115,6 +122,8 @@ server stops, and the next start re-adopts them.`,
 	chunksFlag(f, &chunks, "")
 	f.DurationVar(&chunkGCInterval, "chunk-gc-interval", server.DefaultChunkGCInterval, "how often the chunk store's garbage collection frees the chunks no snapshot uses")
 	f.DurationVar(&recoverAfter, "recover-after", controlplane.DefaultRecoverAfter, "how long a standalone worker may go without the leader's lease before its sandboxes are restored elsewhere from their latest checkpoints (at least 6s; negative: never; docs/recovery.md)")
+	f.DurationVar(&timeout, "timeout", controlplane.DefaultLimits.DefaultTTL, "the timeout of sandboxes created without one (at most 168h)")
+	f.StringVar(&onTimeout, "on-timeout", "delete", "what the timeout of sandboxes created without on_timeout does: delete, or suspend (the timeout becomes an idle time after which the sandbox is written to storage and its memory freed; resume brings it back)")
 	f.StringVar(&checkpoints, "checkpoints", "", "the checkpoint `policy` of sandboxes created without one, e.g. every=5m,after_exec,keep=20,keep_for=24h (also min_exec=D; default: none)")
 	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers, over the host CPUs its vCPU overcommit (default: one per 128 MiB of memory offered, at least 4 per host CPU)")

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"path/filepath"
@@ -73,12 +74,20 @@ func (w *failsNthCreate) deletes() []string {
 // its store, and a func that sends a request with the admin's API key.
 func lifecycleServer(t *testing.T, wk Worker) (*Server, store.Store, func(method, path, body string) (int, []byte)) {
 	t.Helper()
+	return configuredServer(t, wk, Config{})
+}
+
+// configuredServer is lifecycleServer with cfg (its store and templates
+// filled in).
+func configuredServer(t *testing.T, wk Worker, cfg Config) (*Server, store.Store, func(method, path, body string) (int, []byte)) {
+	t.Helper()
 	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "space.db"))
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(func() { st.Close() })
-	s, err := New(Config{Store: st, Templates: []string{"default"}})
+	cfg.Store, cfg.Templates = st, []string{"default"}
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
@@ -365,5 +374,42 @@ func adminCaller(t *testing.T, s *Server) func(method, path, body string) (int, 
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		return rec.Code, rec.Body.Bytes()
+	}
+}
+
+// TestDefaultTimeoutPolicy checks the server-wide timeout defaults: a
+// sandbox created without on_timeout gets the server's (suspend: an idle
+// fleet leaves memory), one that names it keeps its own, and a bad
+// default is refused before the server exists.
+func TestDefaultTimeoutPolicy(t *testing.T) {
+	l := DefaultLimits
+	l.DefaultTTL = 10 * time.Minute
+	_, _, do := configuredServer(t, &failsNthCreate{}, Config{Limits: l, DefaultOnTimeout: onTimeoutSuspend})
+	before := time.Now()
+	sb := mustCreate(t, do)
+	if sb.OnTimeout != onTimeoutSuspend || sb.ExpiresAt == nil ||
+		sb.ExpiresAt.Before(before.Add(9*time.Minute)) || sb.ExpiresAt.After(time.Now().Add(11*time.Minute)) {
+		t.Errorf("create {} = on_timeout %q, expires %v; want suspend in 10m", sb.OnTimeout, sb.ExpiresAt)
+	}
+	code, body := do("POST", "/v1/sandboxes", `{"on_timeout":"delete","timeout_seconds":60}`)
+	var own api.Sandbox
+	if code != 201 || json.Unmarshal(body, &own) != nil || own.OnTimeout != onTimeoutDelete {
+		t.Errorf("create with on_timeout delete = %d %s, want its own on_timeout", code, body)
+	}
+	for _, bad := range []Config{
+		{DefaultOnTimeout: "later"},
+		{Limits: Limits{DefaultTTL: time.Millisecond, MaxTTL: time.Hour, DefaultVCPUs: 1}},
+		{Limits: Limits{DefaultTTL: 2 * time.Hour, MaxTTL: time.Hour, DefaultVCPUs: 1}},
+	} {
+		bad.Store, bad.Templates = nil, []string{"default"}
+		st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "space.db"))
+		if err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		bad.Store = st
+		if _, err := New(bad); !errors.Is(err, errkind.InvalidArgument) {
+			t.Errorf("New(on_timeout %q, timeout %v) = %v, want invalid argument", bad.DefaultOnTimeout, bad.Limits.DefaultTTL, err)
+		}
+		st.Close()
 	}
 }

@@ -128,7 +128,7 @@ const (
 func (s *Server) validate(b createBody) (spec, error) {
 	l := s.cfg.Limits
 	sp := spec{Spec: worker.Spec{Template: s.cfg.Templates[0], VCPUs: l.DefaultVCPUs, MemoryMiB: l.DefaultMemoryMiB, DiskMiB: l.DefaultDiskMiB}}
-	sp.TimeoutSeconds = int64(l.DefaultTTL / time.Second)
+	sp.TimeoutSeconds, sp.OnTimeout = int64(l.DefaultTTL/time.Second), s.cfg.DefaultOnTimeout
 	if b.Template != nil {
 		if !slices.Contains(s.cfg.Templates, *b.Template) {
 			return sp, httpapi.Invalid("template", "unknown template %.64q (have %s)", *b.Template, strings.Join(s.cfg.Templates, ", "))
@@ -188,6 +188,7 @@ func (s *Server) validate(b createBody) (spec, error) {
 		if *b.OnTimeout != onTimeoutDelete && *b.OnTimeout != onTimeoutSuspend {
 			return sp, httpapi.Invalid("on_timeout", "%.64q is neither %s nor %s", *b.OnTimeout, onTimeoutDelete, onTimeoutSuspend)
 		}
+		sp.OnTimeout = ""
 		if *b.OnTimeout == onTimeoutSuspend {
 			sp.OnTimeout = onTimeoutSuspend
 		}

@@ -93,6 +93,11 @@ type Config struct {
 	// DefaultCheckpoints is the checkpoint policy of sandboxes created
 	// without one; nil = none. New checks it.
 	DefaultCheckpoints *api.CheckpointPolicy
+	// DefaultOnTimeout is what the timeout of a sandbox created without
+	// on_timeout does: "" or "delete" (it is deleted), or "suspend" (its
+	// timeout is an idle time after which it is written to the chunk
+	// store and its host memory freed). New checks it.
+	DefaultOnTimeout string
 	// RecoverAfter is how long a standalone worker that takes leases
 	// (workerproto.Capabilities.Fencing) may go without one before the
 	// leader fences it and restores its sandboxes on other workers from
@@ -209,6 +214,16 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.RecoverAfter > 0 && cfg.RecoverAfter < 6*time.Second {
 		return nil, fmt.Errorf("controlplane: recover after %v: want at least 6s (or negative: never): %w", cfg.RecoverAfter, errkind.InvalidArgument)
+	}
+	switch cfg.DefaultOnTimeout {
+	case "", onTimeoutDelete:
+		cfg.DefaultOnTimeout = ""
+	case onTimeoutSuspend:
+	default:
+		return nil, fmt.Errorf("controlplane: default on_timeout %.64q is neither %s nor %s: %w", cfg.DefaultOnTimeout, onTimeoutDelete, onTimeoutSuspend, errkind.InvalidArgument)
+	}
+	if cfg.Limits.DefaultTTL < time.Second || cfg.Limits.DefaultTTL > cfg.Limits.MaxTTL {
+		return nil, fmt.Errorf("controlplane: default timeout %v is outside 1s..%v: %w", cfg.Limits.DefaultTTL, cfg.Limits.MaxTTL, errkind.InvalidArgument)
 	}
 	if cfg.CheckpointInterval == 0 {
 		cfg.CheckpointInterval = time.Second

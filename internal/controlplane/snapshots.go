@@ -513,7 +513,7 @@ func (s *Server) createFrom(ctx context.Context, team string, sn store.Snapshot,
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(s.cfg.Limits.DefaultTTL.Seconds()), Fork: sn.ID, Checkpoints: ckpts}
+	sp := spec{Spec: m.Spec, TimeoutSeconds: int64(s.cfg.Limits.DefaultTTL.Seconds()), OnTimeout: s.cfg.DefaultOnTimeout, Fork: sn.ID, Checkpoints: ckpts}
 	pl, err := s.snapshotPlacement(sn)
 	if err != nil {
 		return store.Sandbox{}, err

@@ -166,6 +166,12 @@ type Config struct {
 	// without one (controlplane.Config.DefaultCheckpoints); nil = none.
 	// Run checks it before anything is made.
 	DefaultCheckpoints *api.CheckpointPolicy
+	// DefaultTimeout is the timeout of sandboxes created without one;
+	// 0 = controlplane.DefaultLimits'. DefaultOnTimeout is what it does
+	// for those created without on_timeout: delete ("" too) or suspend
+	// (controlplane.Config.DefaultOnTimeout).
+	DefaultTimeout   time.Duration
+	DefaultOnTimeout string
 	// ChunkGCInterval is how often the chunk store's garbage collection
 	// frees the chunks no snapshot uses; 0 = DefaultChunkGCInterval.
 	ChunkGCInterval time.Duration
@@ -211,6 +217,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if _, err := checkpoint.FromAPI("default checkpoint policy", *cfg.DefaultCheckpoints); err != nil {
 			return fmt.Errorf("server: %w", err)
 		}
+	}
+	if max := controlplane.DefaultLimits.MaxTTL; cfg.DefaultTimeout < 0 || cfg.DefaultTimeout > max {
+		return fmt.Errorf("server: default timeout %v is outside 1s..%v: %w", cfg.DefaultTimeout, max, errkind.InvalidArgument)
+	}
+	if o := cfg.DefaultOnTimeout; o != "" && o != "delete" && o != "suspend" {
+		return fmt.Errorf("server: default on_timeout %.64q is neither delete nor suspend: %w", o, errkind.InvalidArgument)
 	}
 	if cfg.ChunkGCInterval < 0 {
 		return fmt.Errorf("server: chunk garbage collection interval %s is negative: %w", cfg.ChunkGCInterval, errkind.InvalidArgument)
@@ -314,7 +326,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
+	limits := controlplane.DefaultLimits
+	if cfg.DefaultTimeout != 0 {
+		limits.DefaultTTL = cfg.DefaultTimeout
+	}
 	cp, err := controlplane.New(controlplane.Config{
+		Limits: limits, DefaultOnTimeout: cfg.DefaultOnTimeout,
 		Elector: elector,
 		Store:   st, Templates: []string{"default"}, CrashAt: cfg.CrashAt, Version: cfg.Version, Log: cfg.Log,
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
