@@ -45,6 +45,15 @@ type Health struct {
 	Version string `json:"version"`
 }
 
+// SetTimeout is the body of POST /v1/sandboxes/{id}/timeout.
+type SetTimeout struct {
+	// TimeoutSeconds is counted from now: with on_timeout delete the
+	// sandbox is deleted that long from now (sooner or later than
+	// before); with suspend it is the new idle time. A suspended
+	// sandbox's clock starts again at its resume.
+	TimeoutSeconds int64 `json:"timeout_seconds"`
+}
+
 // CreateSandbox is the body of POST /v1/sandboxes. Zero values take the
 // server's defaults (see the OpenAPI document).
 type CreateSandbox struct {

@@ -465,6 +465,19 @@ func (c *Client) PauseSandbox(ctx context.Context, id string) (api.Sandbox, erro
 	return sb, err
 }
 
+// SetTimeout sets sandbox id's timeout to d from now (whole seconds,
+// rounded up): with on_timeout delete it is deleted then; with suspend, d
+// is its new idle time.
+func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) (api.Sandbox, error) {
+	body, err := jsonBody(api.SetTimeout{TimeoutSeconds: int64((d + time.Second - 1) / time.Second)})
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	var sb api.Sandbox
+	err = c.call(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/timeout"), body: body}, &sb)
+	return sb, err
+}
+
 // SuspendSandbox snapshots sandbox id to storage and stops its VM.
 func (c *Client) SuspendSandbox(ctx context.Context, id string) (api.Sandbox, error) {
 	var sb api.Sandbox

@@ -26,7 +26,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		newSandboxStateCmd(g, "pause", "Pause sandboxes (vCPUs stop; memory stays)", (*client.Client).PauseSandbox),
 		newSandboxStateCmd(g, "suspend", "Suspend sandboxes to storage (the VM stops; memory is freed)", (*client.Client).SuspendSandbox),
 		newSandboxStateCmd(g, "resume", "Resume paused or suspended sandboxes", (*client.Client).ResumeSandbox),
-		newSandboxRestoreCmd(g), newSandboxForkCmd(g),
+		newSandboxTimeoutCmd(g), newSandboxRestoreCmd(g), newSandboxForkCmd(g),
 		newSandboxCheckpointCmd(g), newSandboxCheckpointsCmd(g), newSandboxHistoryCmd(g), newSandboxNetworkCmd(g), newSandboxSecretsCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g))
 }
 
@@ -415,4 +415,26 @@ func newSandboxForkCmd(g *globals) *cobra.Command {
 	})
 	c.Flags().IntVar(&count, "count", 1, "how many copies (1 to 16)")
 	return c
+}
+
+func newSandboxTimeoutCmd(g *globals) *cobra.Command {
+	var d time.Duration
+	return withOutput(g, &cobra.Command{
+		Use:   "timeout ID DURATION",
+		Short: "Set a sandbox's timeout, counted from now",
+		Long: `Set a sandbox's timeout to DURATION from now (e.g. 30m; whole seconds,
+at most 168h) and print the sandbox. A sandbox whose timeout deletes it
+is deleted then, sooner or later than before; one created with
+--on-timeout suspend takes DURATION as its new idle time (a suspended one
+from its next resume).`,
+		Args: cobra.ExactArgs(2),
+		PreRunE: func(cmd *cobra.Command, args []string) (err error) {
+			if d, err = time.ParseDuration(args[1]); err != nil || d < time.Second {
+				return usagef("timeout %q: want a duration of at least 1s, e.g. 30m", args[1])
+			}
+			return nil
+		},
+	}, func(cmd *cobra.Command, cl *client.Client, args []string) (api.Sandbox, error) {
+		return cl.SetTimeout(cmd.Context(), args[0], d)
+	}, g.printSandbox)
 }

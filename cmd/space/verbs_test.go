@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -85,6 +86,9 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 			writeJSON(w, http.StatusNotFound, api.Error{Error: api.ErrorBody{Code: api.CodeNotFound, Message: "sandbox " + r.PathValue("id") + " not found"}})
 			return
 		}
+		writeJSON(w, http.StatusOK, sb)
+	})
+	handle("POST /v1/sandboxes/{id}/timeout", func(w http.ResponseWriter, r *http.Request, body []byte) {
 		writeJSON(w, http.StatusOK, sb)
 	})
 	handle("POST /v1/sandboxes/{id}/exec", func(w http.ResponseWriter, r *http.Request, body []byte) {
@@ -247,6 +251,26 @@ func TestSandboxCreateRequest(t *testing.T) {
 	}
 	if got, want := stdout.String(), "sb-1\n"; got != want {
 		t.Errorf("sandbox create printed %q, want %q", got, want)
+	}
+}
+
+func TestSandboxTimeoutRequest(t *testing.T) {
+	f := newFakeAPI(t)
+	g, _, _ := newTestGlobals(t, f.env())
+	if _, err := run(t.Context(), g, []string{"sandbox", "timeout", "sb-1", "90m"}); err != nil {
+		t.Fatalf("run(sandbox timeout) = %v", err)
+	}
+	var got api.SetTimeout
+	f.body(t, "POST /v1/sandboxes/{id}/timeout", &got)
+	if got.TimeoutSeconds != 5400 {
+		t.Errorf("sandbox timeout sent %+v, want 5400 s", got)
+	}
+	for _, bad := range []string{"soon", "500ms", "-1h"} {
+		_, err := run(t.Context(), g, []string{"sandbox", "timeout", "sb-1", bad})
+		var ue usageError
+		if !errors.As(err, &ue) {
+			t.Errorf("sandbox timeout %s = %v, want a usage error", bad, err)
+		}
 	}
 }
 

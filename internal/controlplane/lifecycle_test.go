@@ -413,3 +413,54 @@ func TestDefaultTimeoutPolicy(t *testing.T) {
 		st.Close()
 	}
 }
+
+// TestSetTimeout checks POST .../timeout: it moves the expiry to the
+// time given from now, sooner or later; a suspended sandbox that suspends
+// on its timeout keeps no expiry but takes the new idle time at its
+// resume; bad values and unknown sandboxes change nothing.
+func TestSetTimeout(t *testing.T) {
+	_, _, do := lifecycleServer(t, &failsNthCreate{})
+	sb := mustCreate(t, do)
+	for _, secs := range []int64{7200, 30} {
+		before := time.Now()
+		code, body := do("POST", "/v1/sandboxes/"+sb.ID+"/timeout", fmt.Sprintf(`{"timeout_seconds":%d}`, secs))
+		var got api.Sandbox
+		if code != 200 || json.Unmarshal(body, &got) != nil || got.ExpiresAt == nil {
+			t.Fatalf("timeout %d = %d %s", secs, code, body)
+		}
+		want := time.Duration(secs) * time.Second
+		if got.ExpiresAt.Before(before.Add(want-time.Second)) || got.ExpiresAt.After(time.Now().Add(want+time.Second)) {
+			t.Errorf("timeout %d: expires %v, want %v from now", secs, got.ExpiresAt, want)
+		}
+	}
+	kept := getSandbox(t, do, sb.ID).ExpiresAt
+	for _, bad := range []string{`{"timeout_seconds":0}`, `{"timeout_seconds":604801}`, `{"timeout":5}`, `nope`} {
+		if code, body := do("POST", "/v1/sandboxes/"+sb.ID+"/timeout", bad); code != 400 {
+			t.Errorf("timeout %s = %d %s, want 400", bad, code, body)
+		}
+	}
+	if now := getSandbox(t, do, sb.ID).ExpiresAt; now == nil || !now.Equal(*kept) {
+		t.Errorf("after refused timeouts expires %v, want %v unchanged", now, kept)
+	}
+	if code, body := do("POST", "/v1/sandboxes/sbx_nosuchsandboxxxxxxxx/timeout", `{"timeout_seconds":5}`); code != 404 {
+		t.Errorf("timeout of an unknown sandbox = %d %s, want 404", code, body)
+	}
+
+	code, body := do("POST", "/v1/sandboxes", `{"on_timeout":"suspend","timeout_seconds":60}`)
+	var idle api.Sandbox
+	if code != 201 || json.Unmarshal(body, &idle) != nil {
+		t.Fatalf("setup: create = %d %s", code, body)
+	}
+	if code, body := do("POST", "/v1/sandboxes/"+idle.ID+"/suspend", ""); code != 200 {
+		t.Fatalf("setup: suspend = %d %s", code, body)
+	}
+	code, body = do("POST", "/v1/sandboxes/"+idle.ID+"/timeout", `{"timeout_seconds":3600}`)
+	var got api.Sandbox
+	if code != 200 || json.Unmarshal(body, &got) != nil || got.ExpiresAt != nil {
+		t.Errorf("timeout of a suspended idle sandbox = %d %s, want no expiry", code, body)
+	}
+	code, body = do("POST", "/v1/sandboxes/"+idle.ID+"/resume", "")
+	if code != 200 || json.Unmarshal(body, &got) != nil || got.ExpiresAt == nil || got.ExpiresAt.Before(time.Now().Add(59*time.Minute)) {
+		t.Errorf("resume = %d %s, want an idle time of the new hour", code, body)
+	}
+}

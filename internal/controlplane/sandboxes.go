@@ -66,12 +66,17 @@ const (
 // updateSpec stores sb with its spec changed by edit, again on the
 // latest version if another update came first.
 func (s *Server) updateSpec(ctx context.Context, sb store.Sandbox, edit func(*spec)) (store.Sandbox, error) {
+	return s.updateRecord(ctx, sb, func(_ *store.Sandbox, sp *spec) { edit(sp) })
+}
+
+// updateRecord is updateSpec for edits of the record's own fields too.
+func (s *Server) updateRecord(ctx context.Context, sb store.Sandbox, edit func(*store.Sandbox, *spec)) (store.Sandbox, error) {
 	for {
 		sp, err := specOf(sb)
 		if err != nil {
 			return sb, err
 		}
-		edit(&sp)
+		edit(&sb, &sp)
 		sb.Spec, _ = json.Marshal(sp)
 		updated, err := s.writes(ctx).UpdateSandbox(ctx, sb)
 		if errors.Is(err, store.ErrVersionConflict) {

@@ -457,6 +457,7 @@ func (s *Server) routes() []route {
 		{"DELETE", sb, s.handleDelete, false},
 		{"POST", sb + "/pause", s.handlePause, false},
 		{"POST", sb + "/suspend", s.handleSuspend, false},
+		{"POST", sb + "/timeout", s.handleSetTimeout, false},
 		{"POST", sb + "/snapshots", s.handleCreateSnapshot, false},
 		{"POST", sb + "/restore", s.handleRestore, false},
 		{"GET", sb + "/checkpoints", s.handleListCheckpoints, false},

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"space/api"
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/sandbox"
@@ -32,6 +33,41 @@ func (s *Server) handleSuspend(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	if sb, err = s.suspend(ctx, sb, wk); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	s.writeView(w, http.StatusOK, sb)
+}
+
+// handleSetTimeout sets a sandbox's timeout counted from now
+// (api.SetTimeout), and its idle time if it suspends on its timeout.
+func (s *Server) handleSetTimeout(w http.ResponseWriter, r *http.Request) {
+	var req api.SetTimeout
+	if err := httpapi.DecodeJSON(r, &req); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if max := int64(s.cfg.Limits.MaxTTL / time.Second); req.TimeoutSeconds < 1 || req.TimeoutSeconds > max {
+		httpapi.WriteError(w, httpapi.Invalid("timeout_seconds", "%d is outside 1..%d", req.TimeoutSeconds, max))
+		return
+	}
+	sb, err := s.load(r)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	if !live(sb.State) && sb.State != sandbox.Suspended {
+		httpapi.WriteError(w, fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errkind.FailedPrecondition))
+		return
+	}
+	d := time.Duration(req.TimeoutSeconds) * time.Second
+	sb, err = s.updateRecord(r.Context(), sb, func(rec *store.Sandbox, sp *spec) {
+		sp.TimeoutSeconds = req.TimeoutSeconds
+		if rec.State != sandbox.Suspended || sp.OnTimeout != onTimeoutSuspend {
+			rec.Expires = s.now().Add(d)
+		}
+	})
+	if err != nil {
 		httpapi.WriteError(w, err)
 		return
 	}
