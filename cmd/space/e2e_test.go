@@ -20,40 +20,7 @@ import (
 // TestCLIAgainstRealServer runs the client verbs against a real server
 // with a real VM: output streams, exit codes propagate, detach/attach.
 func TestCLIAgainstRealServer(t *testing.T) {
-	guesttest.Images(t)
-	release := guesttest.AcquireSlot(t)
-	defer release()
-	agent, err := guesttest.BuildAgent(t.Context())
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
-	dataDir := t.TempDir()
-	workerID := "cli" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
-	t.Cleanup(func() {
-		os.RemoveAll("/dev/shm/space-" + workerID)
-		if h, err := cgroup.Detect(); err == nil {
-			h.Destroy(context.Background(), "space-"+workerID)
-		}
-		storage.Unmount(context.Background(), filepath.Join(dataDir, "worker"))
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- server.Run(ctx, server.Config{DataDir: dataDir, Listen: "127.0.0.1:0", CacheBase: guesttest.CacheBase(),
-			AgentPath: agent, WorkerID: workerID, Ready: func(u string) { ready <- u }})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("setup: server: %v", err)
-	}
-	defer func() {
-		cancel()
-		<-done
-	}()
-	env := map[string]string{"SPACE_DATA_DIR": dataDir}
+	env := startRealServer(t)
 	space := func(stdin string, args ...string) (string, string, int) {
 		var out, errb bytes.Buffer
 		g := newGlobals(strings.NewReader(stdin), &out, &errb, func(k string) string { return env[k] })
@@ -96,4 +63,45 @@ func TestCLIAgainstRealServer(t *testing.T) {
 	if code != 125 || !strings.Contains(errOut, "not found") {
 		t.Errorf("exec in removed sandbox = %d %q; want 125 and not found", code, errOut)
 	}
+}
+
+// startRealServer runs a server with an embedded worker of real VMs for
+// the rest of t, holding one test VM slot, and returns the environment
+// the CLI reaches it with.
+func startRealServer(t *testing.T) map[string]string {
+	t.Helper()
+	guesttest.Images(t)
+	release := guesttest.AcquireSlot(t)
+	t.Cleanup(release)
+	agent, err := guesttest.BuildAgent(t.Context())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	dataDir := t.TempDir()
+	workerID := "cli" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
+	t.Cleanup(func() {
+		os.RemoveAll("/dev/shm/space-" + workerID)
+		if h, err := cgroup.Detect(); err == nil {
+			h.Destroy(context.Background(), "space-"+workerID)
+		}
+		storage.Unmount(context.Background(), filepath.Join(dataDir, "worker"))
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- server.Run(ctx, server.Config{DataDir: dataDir, Listen: "127.0.0.1:0", CacheBase: guesttest.CacheBase(),
+			AgentPath: agent, WorkerID: workerID, Ready: func(u string) { ready <- u }})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("setup: server: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return map[string]string{"SPACE_DATA_DIR": dataDir}
 }

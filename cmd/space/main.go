@@ -206,6 +206,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		newSnapshotCmd(g),
 		newTemplateCmd(g),
 		newSecretCmd(g),
+		newMCPCmd(g),
 	)
 	markRunErrors(root)
 	return root
