@@ -53,6 +53,26 @@ func TestRealVM(t *testing.T) {
 		}
 	})
 
+	// Under TCG the driver boots guests without ASLR (qemu.Config.
+	// TCGGuestASLR: a spawn costs a quarter as much); under KVM they keep it.
+	t.Run("ASLROffOnlyUnderTCG", func(t *testing.T) {
+		drv, err := Driver(t)
+		if err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		accel, err := drv.Accel(t.Context(), Images(t).Kernel.Vmlinux)
+		if err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		want := "0"
+		if accel == "kvm" {
+			want = "2"
+		}
+		if got := strings.TrimSpace(agenttest.Output(t, c, "cat /proc/sys/kernel/randomize_va_space")); got != want {
+			t.Errorf("under %s randomize_va_space = %s, want %s", accel, got, want)
+		}
+	})
+
 	t.Run("Conformance", func(t *testing.T) {
 		agenttest.Run(t, c, agenttest.Options{Scratch: "/root", PID1: true,
 			Reconnect: func(ctx context.Context, old *client.Client) (*client.Client, error) {

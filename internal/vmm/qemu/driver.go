@@ -32,6 +32,9 @@ func (d *Driver) Boot(ctx context.Context, s vmm.Spec) (vmm.VM, error) {
 		Dir: s.RunDir, Kernel: s.Kernel, Initrd: s.Initrd, Cmdline: s.Cmdline,
 		VCPUs: s.VCPUs, MemoryMiB: s.MemoryMiB, Accel: accel, Placer: s.Placer, MemoryPath: s.MemoryPath,
 	}
+	if accel != "kvm" && !d.tcgASLR {
+		spec.Cmdline += " norandmaps" // see Config.TCGGuestASLR
+	}
 	for _, disk := range s.Disks {
 		spec.Disks = append(spec.Disks, Disk{Path: disk.Path, Format: "raw", ReadOnly: disk.ReadOnly})
 	}
