@@ -11,6 +11,8 @@ set -euo pipefail
 # containerd, runc, containernetworking-plugins and iptables run the k8s test
 # tier's one-node cluster (internal/testenv/kubetest; its Kubernetes binaries
 # come from scripts/build-kube.sh, kubectl included: Debian 12 has none recent).
+# The Python SDK's tests (sdk/python) run on Debian's python3 with its httpx,
+# websockets, yaml (the type generator) and pytest packages.
 packages=(
 	qemu-system-x86
 	qemu-utils
@@ -25,6 +27,12 @@ packages=(
 	runc
 	containernetworking-plugins
 	iptables
+	python3
+	python3-httpx
+	python3-websockets
+	python3-yaml
+	python3-pytest
+	python3-pytest-asyncio
 )
 
 # The guest kernel is fetched as this package through the host's apt index
