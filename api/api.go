@@ -266,6 +266,10 @@ type Exec struct {
 	TTY *WinSize `json:"tty,omitempty"`
 }
 
+// MaxStdinWrite bounds the body of POST
+// /v1/sandboxes/{id}/processes/{pid}/stdin.
+const MaxStdinWrite = 1 << 20
+
 // OutputBufferBytes is how much output a command that nobody is attached
 // to keeps; beyond it the oldest bytes are dropped (Process.DroppedBytes).
 const OutputBufferBytes = 1 << 20
@@ -364,15 +368,80 @@ type Signal struct {
 	Signal int `json:"signal"`
 }
 
-// FileInfo describes a file in a sandbox.
+// FileInfo describes a file in a sandbox. A symlink is described
+// itself, not what it points to.
 type FileInfo struct {
-	Name    string    `json:"name"`
-	Type    string    `json:"type"` // "file", "dir", "symlink", "other"
-	Size    int64     `json:"size"`
-	Mode    uint32    `json:"mode"` // permission bits
+	Name string `json:"name"`
+	Path string `json:"path"` // absolute
+	Type string `json:"type"` // "file", "dir", "symlink", "other"
+	Size int64  `json:"size"`
+	Mode uint32 `json:"mode"` // permission bits, with setuid, setgid and sticky
+	// Permissions are the type and Mode as ls -l shows them: "-rwxr-xr-x".
+	Permissions string `json:"permissions"`
+	// Owner and Group are the names of UID and GID in the sandbox
+	// (/etc/passwd, /etc/group), or the IDs in decimal when they have none.
+	Owner   string    `json:"owner"`
+	Group   string    `json:"group"`
+	UID     uint32    `json:"uid"`
+	GID     uint32    `json:"gid"`
 	ModTime time.Time `json:"mod_time"`
-	Target  string    `json:"target,omitempty"` // of a symlink
+	Target  string    `json:"target,omitempty"` // of a symlink, as stored
+	// Metadata are the file's user.* extended attributes, without the
+	// prefix (X-Space-Metadata-* headers of PUT /files set them); nil
+	// when it has none.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
+
+// MetadataHeader prefixes the headers of PUT /v1/sandboxes/{id}/files
+// that set the file's metadata: X-Space-Metadata-<key>: <value>.
+const MetadataHeader = "X-Space-Metadata-"
+
+// MakeDir is the body of POST /v1/sandboxes/{id}/files/mkdir.
+type MakeDir struct {
+	Path    string `json:"path"`
+	Parents *bool  `json:"parents,omitempty"` // create missing parents; nil = true
+	// Owner owns the directories the call makes: a user of the sandbox's
+	// /etc/passwd (with its group) or a numeric uid; "" = root.
+	Owner string `json:"owner,omitempty"`
+}
+
+// Move is the body of POST /v1/sandboxes/{id}/files/move.
+type Move struct {
+	From string `json:"from"`
+	To   string `json:"to"` // its missing parents are created
+}
+
+// FileEvent is one line of GET /v1/sandboxes/{id}/files/watch.
+type FileEvent struct {
+	Type FileEventType `json:"type"`
+	Path string        `json:"path,omitempty"` // absolute; start and changes
+	// Name is Path relative to the watched directory ("." for the
+	// directory itself); changes only.
+	Name string `json:"name,omitempty"`
+	// Entry describes Path as it was when the event was sent, for
+	// create, write and chmod events of paths that still exist.
+	Entry *FileInfo  `json:"entry,omitempty"`
+	Error *ErrorBody `json:"error,omitempty"` // error
+}
+
+// FileEventType names a FileEvent. Values are wire format.
+type FileEventType string
+
+// File event types. Start comes first, once the directory is watched:
+// every change after it is reported. Overflow says events were lost (the
+// sandbox's kernel queue, or the watch's own queue while the client read
+// too slowly). Error ends the stream; so does the watched directory's own
+// remove or rename event.
+const (
+	FileEventStart    FileEventType = "start"
+	FileEventCreate   FileEventType = "create"
+	FileEventWrite    FileEventType = "write"
+	FileEventRemove   FileEventType = "remove"
+	FileEventRename   FileEventType = "rename"
+	FileEventChmod    FileEventType = "chmod"
+	FileEventOverflow FileEventType = "overflow"
+	FileEventError    FileEventType = "error"
+)
 
 // FileList is the reply of GET /v1/sandboxes/{id}/files/list.
 type FileList struct {

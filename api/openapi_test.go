@@ -174,7 +174,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"SandboxList": SandboxList{}, "Exec": Exec{}, "WinSize": WinSize{},
 		"Process": Process{}, "ProcessList": ProcessList{}, "Exit": Exit{},
 		"Event": Event{}, "Control": Control{}, "Signal": Signal{},
-		"FileInfo": FileInfo{}, "FileList": FileList{}, "FileWritten": FileWritten{}, "FileUpload": FileUpload{}, "TarWritten": TarWritten{}, "PortState": PortState{},
+		"FileInfo": FileInfo{}, "MakeDir": MakeDir{}, "Move": Move{}, "FileEvent": FileEvent{}, "FileList": FileList{}, "FileWritten": FileWritten{}, "FileUpload": FileUpload{}, "TarWritten": TarWritten{}, "PortState": PortState{},
 		"CreateAPIKey": CreateAPIKey{}, "APIKey": APIKey{}, "APIKeyList": APIKeyList{},
 		"Quota": Quota{}, "QuotaUsage": QuotaUsage{},
 		"RegisterWorker": RegisterWorker{}, "WorkerCapabilities": WorkerCapabilities{}, "Worker": Worker{}, "WorkerList": WorkerList{},

@@ -356,6 +356,30 @@ func (c *Client) remember(sb api.Sandbox) {
 	c.planes[sb.ID] = dataPlane{base: u, token: sb.DataPlane.Token, expires: sb.DataPlane.ExpiresAt}
 }
 
+// UseDataPlane makes the data-plane requests of sandbox go to dp.URL (or,
+// when that is empty, to the client's own base URL) with dp.Token until
+// dp.ExpiresAt, without asking the API for it first: for a holder of a
+// data-plane token that has no API key.
+func (c *Client) UseDataPlane(sandbox string, dp api.DataPlane) error {
+	base := c.base
+	if dp.URL != "" {
+		u, err := url.Parse(dp.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("data plane url %q: want http(s)://host[:port][/prefix]", dp.URL)
+		}
+		u.Path = strings.TrimSuffix(u.Path, "/")
+		u.RawPath, u.RawQuery, u.Fragment = "", "", ""
+		base = u
+	}
+	if dp.Token == "" {
+		return fmt.Errorf("data plane of %s: no token", sandbox)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.planes[sandbox] = dataPlane{base: base, token: dp.Token, expires: dp.ExpiresAt}
+	return nil
+}
+
 func (c *Client) forget(sandbox string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -529,6 +553,41 @@ func (c *Client) Signal(ctx context.Context, id string, pid int64, sig int) erro
 	}
 	return c.call(ctx, request{method: http.MethodPost, sandbox: id, path: processPath(id, pid, "/signal"), body: body,
 		want: []int{http.StatusNoContent, http.StatusOK}}, nil)
+}
+
+// WriteStdin writes data to the stdin of the running command pid in
+// sandbox id without attaching to it (in requests of up to
+// api.MaxStdinWrite bytes), then closes its stdin when eof is set. The
+// command must have been started with its stdin open (ExecStream with
+// KeepStdinOpen, or Attach); otherwise the error is a conflict
+// (IsConflict).
+func (c *Client) WriteStdin(ctx context.Context, id string, pid int64, data []byte, eof bool) error {
+	for {
+		n := min(len(data), api.MaxStdinWrite)
+		last := n == len(data)
+		var q url.Values
+		if eof && last {
+			q = url.Values{"eof": {"true"}}
+		}
+		err := c.call(ctx, request{method: http.MethodPost, sandbox: id, path: processPath(id, pid, "/stdin"), query: q,
+			body: bytes.NewReader(data[:n]), contentType: "application/octet-stream", contentLength: int64(n),
+			want: []int{http.StatusNoContent}}, nil)
+		if err != nil || last {
+			return err
+		}
+		data = data[n:]
+	}
+}
+
+// ResizeProcess sets the terminal size of the running command pid in
+// sandbox id, which must run on a terminal.
+func (c *Client) ResizeProcess(ctx context.Context, id string, pid int64, size api.WinSize) error {
+	body, err := jsonBody(size)
+	if err != nil {
+		return err
+	}
+	return c.call(ctx, request{method: http.MethodPost, sandbox: id, path: processPath(id, pid, "/resize"), body: body,
+		want: []int{http.StatusNoContent}}, nil)
 }
 
 // PortOpen reports whether something in sandbox sandboxID accepts TCP

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -113,6 +114,27 @@ func modeHeader(h http.Header) (fs.FileMode, error) {
 type WriteOptions struct {
 	Mode  fs.FileMode // permission bits; 0 = the server's default (0644)
 	Mkdir bool        // create missing parent directories
+	// Owner is the user (a name of the sandbox's /etc/passwd, with its
+	// group, or a numeric uid, with the same gid) who owns the file; ""
+	// = root.
+	Owner string
+	// Metadata are set as the file's user extended attributes: keys of
+	// letters, digits, '.', '_' and '-' (case-insensitive, stored in
+	// lower case), values of at most 4 KiB, at most 32 of them. A file
+	// system without them answers failed_precondition.
+	Metadata map[string]string
+}
+
+// metadataHeader is opts.Metadata as request headers, or nil.
+func metadataHeader(opts WriteOptions) http.Header {
+	if len(opts.Metadata) == 0 {
+		return nil
+	}
+	h := http.Header{}
+	for k, v := range opts.Metadata {
+		h.Set(api.MetadataHeader+k, v)
+	}
+	return h
 }
 
 // resumableAbove is the size from which WriteFile uploads a file that it
@@ -140,7 +162,7 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, op
 	}
 	q := writeQuery(path, opts)
 	req := request{method: http.MethodPut, sandbox: id, path: sandboxPath(id, "/files"), query: q,
-		body: r, contentType: "application/octet-stream"}
+		body: r, contentType: "application/octet-stream", header: metadataHeader(opts)}
 	if f, ok := r.(*os.File); ok {
 		req.contentLength = remaining(f)
 	}
@@ -158,6 +180,9 @@ func writeQuery(path string, opts WriteOptions) url.Values {
 	}
 	if opts.Mkdir {
 		q.Set("mkdir", "true")
+	}
+	if opts.Owner != "" {
+		q.Set("owner", opts.Owner)
 	}
 	return q
 }
@@ -242,11 +267,12 @@ func (c *Client) uploadPart(ctx context.Context, id, path, upload string, body i
 	q := writeQuery(path, opts)
 	q.Set("upload", upload)
 	q.Set("offset", strconv.FormatInt(offset, 10))
-	if final {
-		q.Set("final", "true")
-	}
 	req := request{method: http.MethodPut, sandbox: id, path: sandboxPath(id, "/files"), query: q,
 		body: body, contentType: "application/octet-stream", contentLength: n}
+	if final {
+		q.Set("final", "true")
+		req.header = metadataHeader(opts) // on the file that moves into place
+	}
 	var st api.FileUpload
 	err := c.call(ctx, req, &st)
 	return st, err
@@ -371,4 +397,137 @@ func (c *Client) ListFiles(ctx context.Context, id, path string) (api.FileList, 
 	err := c.call(ctx, request{method: http.MethodGet, sandbox: id, path: sandboxPath(id, "/files/list"),
 		query: url.Values{"path": {path}}}, &l)
 	return l, err
+}
+
+// Stat describes the file at path in sandbox id; a symlink is described
+// itself, with its target.
+func (c *Client) Stat(ctx context.Context, id, path string) (api.FileInfo, error) {
+	var fi api.FileInfo
+	err := c.call(ctx, request{method: http.MethodGet, sandbox: id, path: sandboxPath(id, "/files/stat"),
+		query: url.Values{"path": {path}}}, &fi)
+	return fi, err
+}
+
+// MakeDir makes the directory req.Path in sandbox id (its missing parents
+// too unless req.Parents is false; owned by req.Owner) and describes it.
+// created is false when it was a directory already; another kind of file
+// in its place is a conflict (IsConflict).
+func (c *Client) MakeDir(ctx context.Context, id string, req api.MakeDir) (fi api.FileInfo, created bool, err error) {
+	path := req.Path
+	body, err := jsonBody(req)
+	if err != nil {
+		return fi, false, err
+	}
+	resp, err := c.do(ctx, request{method: http.MethodPost, sandbox: id, path: sandboxPath(id, "/files/mkdir"), body: body,
+		want: []int{http.StatusOK, http.StatusCreated}})
+	if err != nil {
+		return fi, false, fmt.Errorf("mkdir %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
+		return fi, false, fmt.Errorf("mkdir %s: decode reply: %w", path, err)
+	}
+	return fi, resp.StatusCode == http.StatusCreated, nil
+}
+
+// Move renames from to to in sandbox id, making to's missing parents, and
+// describes to. A missing from is not found (IsNotFound).
+func (c *Client) Move(ctx context.Context, id, from, to string) (api.FileInfo, error) {
+	body, err := jsonBody(api.Move{From: from, To: to})
+	if err != nil {
+		return api.FileInfo{}, err
+	}
+	var fi api.FileInfo
+	if err := c.call(ctx, request{method: http.MethodPost, sandbox: id, path: sandboxPath(id, "/files/move"), body: body}, &fi); err != nil {
+		return fi, fmt.Errorf("move %s to %s: %w", from, to, err)
+	}
+	return fi, nil
+}
+
+// ErrWatchCut is returned by FileWatch.Next when the stream ended
+// without the watched directory going: the connection broke or the
+// server went away. Watch again (and list the directory: changes
+// meanwhile are not reported).
+var ErrWatchCut = errors.New("file watch stream ended")
+
+// FileWatch is a watch of a directory in a sandbox (WatchFiles). It is
+// not safe for concurrent use; Close it when done.
+type FileWatch struct {
+	ctx  context.Context
+	body io.ReadCloser
+	dec  *json.Decoder
+	err  error // once set, what Next returns
+}
+
+// WatchFiles watches the directory at path in sandbox id (with recursive,
+// the directories below it too, including ones made later) and returns
+// once it is watched: every change after the call is reported by Next.
+// A missing path is not found, a file invalid. The watch ends with
+// Close or ctx.
+func (c *Client) WatchFiles(ctx context.Context, id, path string, recursive bool) (*FileWatch, error) {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "true")
+	}
+	resp, err := c.do(ctx, request{method: http.MethodGet, sandbox: id, path: sandboxPath(id, "/files/watch"), query: q,
+		accept: "application/x-ndjson"})
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", path, err)
+	}
+	w := &FileWatch{ctx: ctx, body: resp.Body, dec: json.NewDecoder(resp.Body)}
+	ev, err := w.read()
+	if err == nil && ev.Type != api.FileEventStart {
+		err = fmt.Errorf("first event is %q, want start", ev.Type)
+	}
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("watch %s: %w", path, err)
+	}
+	return w, nil
+}
+
+// Next returns the next change, waiting for it. After the watched
+// directory's own remove or rename event (Name "."), it returns io.EOF.
+// An error event comes back as an *Error, a stream cut short as
+// ErrWatchCut, and the end of the watch's ctx as its cause.
+func (w *FileWatch) Next() (api.FileEvent, error) {
+	if w.err != nil {
+		return api.FileEvent{}, w.err
+	}
+	ev, err := w.read()
+	switch {
+	case err != nil:
+		w.err = err
+	case ev.Type == api.FileEventError:
+		w.err = eventError(ev.Error)
+	case ev.Name == "." && (ev.Type == api.FileEventRemove || ev.Type == api.FileEventRename):
+		w.err = io.EOF
+		return ev, nil
+	default:
+		return ev, nil
+	}
+	return api.FileEvent{}, w.err
+}
+
+// read decodes the next line.
+func (w *FileWatch) read() (api.FileEvent, error) {
+	var ev api.FileEvent
+	if err := w.dec.Decode(&ev); err != nil {
+		switch {
+		case w.ctx.Err() != nil:
+			return ev, context.Cause(w.ctx)
+		case errors.Is(err, io.EOF):
+			return ev, ErrWatchCut
+		}
+		return ev, fmt.Errorf("%w: %w", ErrWatchCut, err)
+	}
+	return ev, nil
+}
+
+// Close ends the watch.
+func (w *FileWatch) Close() error {
+	if w.err == nil {
+		w.err = errors.New("file watch closed")
+	}
+	return w.body.Close()
 }

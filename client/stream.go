@@ -157,6 +157,13 @@ type StreamIO struct {
 	// Resize, if not nil, carries new terminal sizes for a command on a
 	// terminal. The caller owns it and may close it, or not.
 	Resize <-chan api.WinSize
+	// KeepStdinOpen, with a nil Stdin, leaves the command's stdin open for
+	// WriteStdin instead of closing it at once.
+	KeepStdinOpen bool
+	// Started, if not nil, is called with the command's Process when the
+	// server reports it started (or, attaching, when the attachment begins),
+	// before any of its output.
+	Started func(api.Process)
 }
 
 // ExecStream runs req in sandbox id over a WebSocket, with stdin streamed
@@ -227,7 +234,7 @@ func (c *Client) websocket(ctx context.Context, sandbox, path string, first *api
 	case sio.Stdin != nil:
 		// Not waited for: a Read from a terminal cannot be interrupted.
 		go sendStdin(ctx, conn, sio.Stdin)
-	case first != nil:
+	case first != nil && !sio.KeepStdinOpen:
 		if err := sendControl(ctx, conn, api.Control{Type: api.ControlStdinEOF}); err != nil {
 			return api.Exit{}, err
 		}
@@ -259,6 +266,9 @@ func (c *Client) websocket(ctx context.Context, sandbox, path string, first *api
 		var ev api.Event
 		if err := json.Unmarshal(msg, &ev); err != nil {
 			return api.Exit{}, fmt.Errorf("decode event: %w", err)
+		}
+		if ev.Type == api.EventStarted && ev.Process != nil && sio.Started != nil {
+			sio.Started(*ev.Process)
 		}
 		if exit, done, err := out.event(ev); done || err != nil {
 			if done {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +11,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,13 +24,15 @@ import (
 )
 
 func newFileCmd(g *globals) *cobra.Command {
-	return newGroupCmd("file", "Copy, list and remove files in a sandbox",
-		newFilePutCmd(g), newFileGetCmd(g), newFileListCmd(g), newFileRemoveCmd(g))
+	return newGroupCmd("file", "Copy, list, move, watch and remove files in a sandbox",
+		newFilePutCmd(g), newFileGetCmd(g), newFileListCmd(g), newFileStatCmd(g), newFileMkdirCmd(g),
+		newFileMoveCmd(g), newFileWatchCmd(g), newFileRemoveCmd(g))
 }
 
 func newFilePutCmd(g *globals) *cobra.Command {
 	var (
-		mode             string
+		mode, owner      string
+		metadata         []string
 		mkdir, recursive bool
 	)
 	c := &cobra.Command{
@@ -44,12 +49,22 @@ entries go in only once the whole tree arrived.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, local, remote := args[0], args[1], args[2]
 			if recursive {
-				if mode != "" {
-					return usagef("--mode is for single files; a tree keeps its modes")
+				if mode != "" || owner != "" || len(metadata) > 0 {
+					return usagef("--mode, --owner and --metadata are for single files; a tree keeps its modes and owners")
 				}
 				return putTree(cmd.Context(), g, id, local, remote, mkdir)
 			}
-			opts := client.WriteOptions{Mkdir: mkdir}
+			opts := client.WriteOptions{Mkdir: mkdir, Owner: owner}
+			for _, kv := range metadata {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return usagef("--metadata %q: want KEY=VALUE", kv)
+				}
+				if opts.Metadata == nil {
+					opts.Metadata = map[string]string{}
+				}
+				opts.Metadata[k] = v
+			}
 			if mode != "" {
 				m, err := strconv.ParseUint(mode, 8, 32)
 				if err != nil || m > 0o7777 {
@@ -86,6 +101,8 @@ entries go in only once the whole tree arrived.`,
 	}
 	c.Flags().StringVar(&mode, "mode", "", "permission bits in octal, e.g. 0644 (default: the local file's, or the server's for stdin)")
 	c.Flags().BoolVar(&mkdir, "mkdir", false, "create missing parent directories")
+	c.Flags().StringVar(&owner, "owner", "", "the `user` who owns the file (a name in the sandbox, or a uid; default root)")
+	c.Flags().StringArrayVar(&metadata, "metadata", nil, "set metadata (a user extended attribute) `KEY=VALUE` on the file; repeatable")
 	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "copy a directory tree (LOCAL a directory, or - for a tar archive on stdin)")
 	return c
 }
@@ -284,5 +301,122 @@ func newFileRemoveCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "remove a directory and everything in it")
+	return c
+}
+
+func newFileStatCmd(g *globals) *cobra.Command {
+	return withOutput(g, &cobra.Command{
+		Use:   "stat ID PATH",
+		Short: "Describe a file in a sandbox (a symlink itself, not its target)",
+		Args:  cobra.ExactArgs(2),
+	}, func(cmd *cobra.Command, cl *client.Client, args []string) (api.FileInfo, error) {
+		return cl.Stat(cmd.Context(), args[0], args[1])
+	}, g.printFileInfo)
+}
+
+// printFileInfo prints a file's description as fields.
+func (g *globals) printFileInfo(fi api.FileInfo) error {
+	kv := []string{
+		"path", fi.Path,
+		"type", fi.Type,
+		"size", strconv.FormatInt(fi.Size, 10),
+		"permissions", fmt.Sprintf("%s (%04o)", fi.Permissions, fi.Mode),
+		"owner", fmt.Sprintf("%s (%d)", fi.Owner, fi.UID),
+		"group", fmt.Sprintf("%s (%d)", fi.Group, fi.GID),
+		"modified", fi.ModTime.Local().Format(time.RFC3339),
+		"target", fi.Target,
+	}
+	keys := make([]string, 0, len(fi.Metadata))
+	for k := range fi.Metadata {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		kv = append(kv, "metadata."+k, fmt.Sprintf("%q", fi.Metadata[k]))
+	}
+	return g.printFields(kv...)
+}
+
+func newFileMkdirCmd(g *globals) *cobra.Command {
+	var (
+		noParents bool
+		owner     string
+	)
+	c := withOutput(g, &cobra.Command{
+		Use:   "mkdir ID PATH",
+		Short: "Make a directory in a sandbox, and its missing parents (no error when it exists)",
+		Args:  cobra.ExactArgs(2),
+	}, func(cmd *cobra.Command, cl *client.Client, args []string) (api.FileInfo, error) {
+		parents := !noParents
+		fi, _, err := cl.MakeDir(cmd.Context(), args[0], api.MakeDir{Path: args[1], Parents: &parents, Owner: owner})
+		return fi, err
+	}, func(api.FileInfo) error { return nil })
+	c.Flags().BoolVar(&noParents, "no-parents", false, "fail when a parent is missing")
+	c.Flags().StringVar(&owner, "owner", "", "`USER` (name or uid) who owns the directories made (default root)")
+	return c
+}
+
+func newFileMoveCmd(g *globals) *cobra.Command {
+	return withOutput(g, &cobra.Command{
+		Use:     "mv ID FROM TO",
+		Aliases: []string{"move"},
+		Short:   "Move (rename) a file or directory in a sandbox, making TO's missing parents",
+		Args:    cobra.ExactArgs(3),
+	}, func(cmd *cobra.Command, cl *client.Client, args []string) (api.FileInfo, error) {
+		return cl.Move(cmd.Context(), args[0], args[1], args[2])
+	}, func(api.FileInfo) error { return nil })
+}
+
+func newFileWatchCmd(g *globals) *cobra.Command {
+	var (
+		recursive bool
+		output    string
+	)
+	c := &cobra.Command{
+		Use:   "watch ID PATH",
+		Short: "Print the changes below a directory in a sandbox as they happen",
+		Long: `Print one line per change below the directory PATH until interrupted:
+the event (create, write, remove, rename, chmod) and the path. "overflow"
+says events were lost. With -o json, each line is the event's JSON
+(api.FileEvent). The command ends when the directory itself goes.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			w, err := cl.WatchFiles(cmd.Context(), args[0], args[1], recursive)
+			if err != nil {
+				return err
+			}
+			defer w.Close()
+			enc := json.NewEncoder(g.stdout)
+			for {
+				ev, err := w.Next()
+				if err == io.EOF {
+					return nil
+				}
+				if err != nil {
+					if cmd.Context().Err() != nil {
+						return nil // interrupted
+					}
+					return err
+				}
+				if output == "json" {
+					err = enc.Encode(ev)
+				} else {
+					_, err = fmt.Fprintln(g.stdout, strings.TrimSuffix(string(ev.Type)+" "+ev.Path, " "))
+				}
+				if err != nil {
+					return err
+				}
+			}
+		},
+	}
+	c.Flags().BoolVarP(&recursive, "recursive", "r", false, "watch the directories below it too, including new ones")
+	outputFlag(c.Flags(), &output)
 	return c
 }

@@ -32,6 +32,8 @@ type fakeAPI struct {
 	bodies map[string][]byte // by route pattern
 	// +checklocks:mu
 	queries map[string]string // by route pattern
+	// +checklocks:mu
+	headers map[string]http.Header // by route pattern
 }
 
 func (f *fakeAPI) record(pattern string, r *http.Request) []byte {
@@ -40,7 +42,15 @@ func (f *fakeAPI) record(pattern string, r *http.Request) []byte {
 	defer f.mu.Unlock()
 	f.bodies[pattern] = b
 	f.queries[pattern] = r.URL.RawQuery
+	f.headers[pattern] = r.Header.Clone()
 	return b
+}
+
+// header returns the last request headers sent to pattern.
+func (f *fakeAPI) header(pattern string) http.Header {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.headers[pattern]
 }
 
 // body returns the last body sent to pattern, decoded into v.
@@ -62,7 +72,7 @@ func (f *fakeAPI) query(pattern string) string {
 
 func newFakeAPI(t *testing.T) *fakeAPI {
 	t.Helper()
-	f := &fakeAPI{bodies: map[string][]byte{}, queries: map[string]string{}}
+	f := &fakeAPI{bodies: map[string][]byte{}, queries: map[string]string{}, headers: map[string]http.Header{}}
 	mux := http.NewServeMux()
 	handle := func(pattern string, h func(w http.ResponseWriter, r *http.Request, body []byte)) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
@@ -175,6 +185,17 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	})
 	handle("PUT /v1/sandboxes/{id}/files", func(w http.ResponseWriter, r *http.Request, body []byte) {
 		writeJSON(w, http.StatusOK, api.FileWritten{Path: r.URL.Query().Get("path"), Size: int64(len(body))})
+	})
+	handle("GET /v1/sandboxes/{id}/files/watch", func(w http.ResponseWriter, r *http.Request, body []byte) {
+		root := r.URL.Query().Get("path")
+		entry := &api.FileInfo{Name: "a", Path: root + "/a", Type: "file", Size: 3}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		enc := json.NewEncoder(w)
+		enc.Encode(api.FileEvent{Type: api.FileEventStart, Path: root})
+		enc.Encode(api.FileEvent{Type: api.FileEventCreate, Path: root + "/a", Name: "a", Entry: entry})
+		enc.Encode(api.FileEvent{Type: api.FileEventWrite, Path: root + "/a", Name: "a", Entry: entry})
+		enc.Encode(api.FileEvent{Type: api.FileEventOverflow})
+		enc.Encode(api.FileEvent{Type: api.FileEventRemove, Path: root, Name: "."})
 	})
 	handle("POST /v1/apikeys", func(w http.ResponseWriter, r *http.Request, body []byte) {
 		writeJSON(w, http.StatusCreated, api.APIKey{ID: "k2", Team: "t", CreatedAt: t0, Secret: "sk-secret"})
@@ -408,6 +429,32 @@ func TestFileCopy(t *testing.T) {
 	}
 	if fi, err := os.Stat(got); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("file get made %s with mode %v (%v), want 0600", got, fi.Mode(), err)
+	}
+}
+
+// TestFileWatch checks file watch prints a line per event and ends with
+// the watched directory, and file put sends owner and metadata.
+func TestFileWatch(t *testing.T) {
+	f := newFakeAPI(t)
+	g, stdout, _ := newTestGlobals(t, f.env())
+	if _, err := run(t.Context(), g, []string{"file", "watch", "sb-1", "/work", "-r"}); err != nil {
+		t.Fatalf("file watch = %v", err)
+	}
+	want := "create /work/a\nwrite /work/a\noverflow\nremove /work\n"
+	if diff := cmp.Diff(want, stdout.String()); diff != "" {
+		t.Errorf("file watch output differs (-want +got):\n%s", diff)
+	}
+	if got, want := f.query("GET /v1/sandboxes/{id}/files/watch"), "path=%2Fwork&recursive=true"; got != want {
+		t.Errorf("file watch query = %q, want %q", got, want)
+	}
+	if _, err := run(t.Context(), g, []string{"file", "put", "sb-1", "-", "/work/x", "--owner", "user", "--metadata", "k=v=w"}); err != nil {
+		t.Fatalf("file put = %v", err)
+	}
+	if got, want := f.query("PUT /v1/sandboxes/{id}/files"), "owner=user&path=%2Fwork%2Fx"; got != want {
+		t.Errorf("file put query = %q, want %q", got, want)
+	}
+	if got := f.header("PUT /v1/sandboxes/{id}/files").Get(api.MetadataHeader + "k"); got != "v=w" {
+		t.Errorf("file put metadata header k = %q, want %q", got, "v=w")
 	}
 }
 

@@ -207,6 +207,23 @@ except OSError as e:
 		if resp.StatusCode != want || want == http.StatusOK && string(body) != string(caPEM) {
 			t.Errorf("GET the exposed port (key %t) = %d %.80q, want %d", key != "", resp.StatusCode, body, want)
 		}
+		if fromGuest := resp.Header.Get("Space-Port") == "8000"; fromGuest != (want == http.StatusOK) {
+			t.Errorf("GET the exposed port (key %t): Space-Port %q: the header marks the guest's answers only", key != "", resp.Header.Get("Space-Port"))
+		}
+	}
+	// The guest's own 404 is marked as the guest's; a port nothing
+	// listens on is SPACE's 503, unmarked.
+	for path, want := range map[string]string{"/ports/8000/http/no-such-file": "8000", "/ports/8001/http/": ""} {
+		req, _ := http.NewRequestWithContext(ctx, "GET", ts.url+"/v1/sandboxes/"+sb.ID+path, nil)
+		req.Header.Set("Authorization", "Bearer "+ts.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("Space-Port"); got != want || resp.StatusCode/100 != 4 && resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("GET %s = %d with Space-Port %q, want an error marked %q", path, resp.StatusCode, got, want)
+		}
 	}
 
 	events, err := c.EgressLog(ctx, sb.ID)

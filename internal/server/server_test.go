@@ -378,6 +378,62 @@ func TestDetachAttach(t *testing.T) {
 	if err != nil || exit.Code != 0 || strings.TrimSpace(out.String()) != "33 99" {
 		t.Errorf("ExecStream(stty size) = %q, %+v, %v", out.String(), exit, err)
 	}
+
+	// Stdin and terminal sizes through their own routes, without
+	// attaching: the attached stream keeps the output.
+	for _, tty := range []bool{false, true} {
+		req := api.Exec{Shell: `read a; echo "got $a"; read b; stty size; cat; echo end`}
+		if tty {
+			req.TTY = &api.WinSize{Rows: 10, Cols: 20}
+		}
+		started := make(chan api.Process, 1)
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			exit, err := c.ExecStream(ctx, sb.ID, req, client.StreamIO{Stdout: pw, KeepStdinOpen: true,
+				Started: func(p api.Process) { started <- p }})
+			if err == nil && exit.Code != 0 {
+				err = fmt.Errorf("exit %+v", exit)
+			}
+			pw.CloseWithError(err)
+			done <- err
+		}()
+		var p api.Process
+		select {
+		case p = <-started:
+		case <-time.After(time.Minute):
+			t.Fatalf("tty %v: no started event", tty)
+		}
+		if err := c.WriteStdin(ctx, sb.ID, p.ID, []byte("one\n"), false); err != nil {
+			t.Fatalf("tty %v: WriteStdin = %v", tty, err)
+		}
+		err := c.ResizeProcess(ctx, sb.ID, p.ID, api.WinSize{Rows: 40, Cols: 120})
+		if tty && err != nil || !tty && !client.IsConflict(err) {
+			t.Errorf("tty %v: ResizeProcess = %v", tty, err)
+		}
+		if err := c.WriteStdin(ctx, sb.ID, p.ID, []byte("two\nlast\n"), !tty); err != nil {
+			t.Fatalf("tty %v: WriteStdin(eof) = %v", tty, err)
+		}
+		if tty { // a terminal ends its input with ^D, read by cat at a line start
+			if err := c.WriteStdin(ctx, sb.ID, p.ID, nil, true); err != nil {
+				t.Fatalf("tty %v: WriteStdin(eof) = %v", tty, err)
+			}
+		}
+		got, _ := io.ReadAll(pr)
+		if err := <-done; err != nil {
+			t.Errorf("tty %v: ExecStream = %v (output %q)", tty, err, got)
+		}
+		// stty fails to stderr without a terminal; a terminal echoes the
+		// input in between the command's output.
+		text := string(got)
+		if !tty && text != "got one\nlast\nend\n" ||
+			tty && (!strings.Contains(text, "got one\r\n") || !strings.Contains(text, "40 120\r\n") || !strings.HasSuffix(text, "last\r\nend\r\n")) {
+			t.Errorf("tty %v: output %q", tty, got)
+		}
+		if err := c.WriteStdin(ctx, sb.ID, p.ID, []byte("x"), false); !client.IsConflict(err) {
+			t.Errorf("tty %v: WriteStdin after exit = %v, want a conflict", tty, err)
+		}
+	}
 }
 
 type notifyWriter struct {

@@ -82,25 +82,38 @@ func (w *Worker) procStart(ctx context.Context, a *client.Client, id string, req
 		ps.PTY = &proto.WinSize{Rows: req.TTY.Rows, Cols: req.TTY.Cols}
 	}
 	if req.User != "" && req.User != "root" {
-		uid, gid, err := lookupUser(ctx, a, req.User)
+		u, err := lookupUser(ctx, a, req.User)
 		if err != nil {
 			return ps, err
 		}
-		ps.UID, ps.GID = &uid, &gid
+		ps.UID, ps.GID = &u.uid, &u.gid
+		// A login's variables, unless the sandbox or the request set them.
+		for _, kv := range [][2]string{{"HOME", u.home}, {"LOGNAME", u.name}, {"USER", u.name}} {
+			if _, set := env[kv[0]]; !set && kv[1] != "" {
+				ps.Env = append(ps.Env, kv[0]+"="+kv[1])
+			}
+		}
 	}
 	return ps, nil
 }
 
+// guestUser is a user of the guest's /etc/passwd.
+type guestUser struct {
+	name     string
+	uid, gid uint32
+	home     string
+}
+
 // lookupUser resolves a user name (or numeric uid) in the guest's
 // /etc/passwd.
-func lookupUser(ctx context.Context, a *client.Client, user string) (uid, gid uint32, err error) {
+func lookupUser(ctx context.Context, a *client.Client, user string) (guestUser, error) {
 	if n, err := strconv.ParseUint(user, 10, 32); err == nil {
-		return uint32(n), uint32(n), nil
+		return guestUser{uid: uint32(n), gid: uint32(n)}, nil
 	}
 	var buf limitedBuffer
 	buf.max = 1 << 20
 	if _, err := a.ReadFile(ctx, "/etc/passwd", &buf); err != nil {
-		return 0, 0, fmt.Errorf("look up user %.32q: %w", user, err)
+		return guestUser{}, fmt.Errorf("look up user %.32q: %w", user, err)
 	}
 	sc := bufio.NewScanner(&buf.b)
 	for sc.Scan() {
@@ -111,10 +124,14 @@ func lookupUser(ctx context.Context, a *client.Client, user string) (uid, gid ui
 		u, err1 := strconv.ParseUint(f[2], 10, 32)
 		g, err2 := strconv.ParseUint(f[3], 10, 32)
 		if err1 == nil && err2 == nil {
-			return uint32(u), uint32(g), nil
+			gu := guestUser{name: user, uid: uint32(u), gid: uint32(g)}
+			if len(f) > 5 {
+				gu.home = f[5]
+			}
+			return gu, nil
 		}
 	}
-	return 0, 0, httpapi.Invalid("user", "no user %.32q in the sandbox", user)
+	return guestUser{}, httpapi.Invalid("user", "no user %.32q in the sandbox", user)
 }
 
 type limitedBuffer struct {
@@ -169,8 +186,11 @@ func newNDJSON(rw http.ResponseWriter) *ndjson {
 	return n
 }
 
-func (n *ndjson) send(ev api.Event) error {
-	b, err := json.Marshal(ev)
+func (n *ndjson) send(ev api.Event) error { return n.sendJSON(ev) }
+
+// sendJSON writes v as one line.
+func (n *ndjson) sendJSON(v any) error {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}

@@ -145,7 +145,8 @@ func (s *startedWriter) Write(p []byte) (int, error) {
 // maxFileMode is the largest mode bits a file write may set.
 const maxFileMode = 0o7777
 
-// writeArgs reads a file write's mode and mkdir parameters.
+// writeArgs reads a file write's mode and mkdir parameters and its
+// metadata headers.
 func writeArgs(r *http.Request, path string) (proto.WriteArgs, error) {
 	args := proto.WriteArgs{Path: path, Mode: 0o644}
 	if m := r.URL.Query().Get("mode"); m != "" {
@@ -156,8 +157,37 @@ func writeArgs(r *http.Request, path string) (proto.WriteArgs, error) {
 		args.Mode = uint32(v)
 	}
 	var err error
+	if args.Xattrs, err = metadataHeaders(r.Header); err != nil {
+		return args, err
+	}
 	args.MkdirAll, err = boolParam(r, "mkdir")
 	return args, err
+}
+
+// metadataHeaders reads the X-Space-Metadata-<key> headers. Header names
+// are case-insensitive, so keys are lower case.
+func metadataHeaders(h http.Header) (map[string]string, error) {
+	var md map[string]string
+	for name, vs := range h {
+		key, ok := strings.CutPrefix(strings.ToLower(name), strings.ToLower(api.MetadataHeader))
+		if !ok {
+			continue
+		}
+		if len(vs) != 1 {
+			return nil, httpapi.Invalid(name, "give one value, not %d", len(vs))
+		}
+		if err := proto.CheckXattr(key, vs[0]); err != nil {
+			return nil, httpapi.Invalid(name, "want a key of letters, digits, '.', '_' or '-' (at most %d bytes) and a value of at most %d bytes", proto.MaxXattrKey, proto.MaxXattrValue)
+		}
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[key] = vs[0]
+	}
+	if len(md) > proto.MaxXattrs {
+		return nil, httpapi.Invalid(api.MetadataHeader+"*", "%d metadata headers, want at most %d", len(md), proto.MaxXattrs)
+	}
+	return md, nil
 }
 
 // handleWriteFile replaces a file with the request body, atomically; with
@@ -171,6 +201,13 @@ func handleWriteFile(rw http.ResponseWriter, r *http.Request, a *client.Client) 
 	args, err := writeArgs(r, path)
 	if err != nil {
 		return err
+	}
+	if owner := r.URL.Query().Get("owner"); owner != "" {
+		u, err := lookupUser(r.Context(), a, owner)
+		if err != nil {
+			return err
+		}
+		args.UID, args.GID = &u.uid, &u.gid
 	}
 	if r.URL.Query().Has("upload") {
 		return writeUpload(rw, r, a, args)
@@ -342,17 +379,18 @@ func handleRemoveFile(rw http.ResponseWriter, r *http.Request, a *client.Client)
 const maxListEntries = 10000
 
 func handleListFiles(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
-	path, err := guestPath(r)
+	p, err := guestPath(r)
 	if err != nil {
 		return err
 	}
-	entries, err := a.List(r.Context(), path, maxListEntries)
+	entries, err := a.List(r.Context(), p, maxListEntries)
 	if err != nil {
 		return err
 	}
-	out := api.FileList{Path: path, Entries: make([]api.FileInfo, 0, len(entries))}
+	dir := path.Clean(p)
+	out := api.FileList{Path: p, Entries: make([]api.FileInfo, 0, len(entries))}
 	for _, e := range entries {
-		out.Entries = append(out.Entries, fileInfo(e))
+		out.Entries = append(out.Entries, fileInfo(path.Join(dir, e.Name), e))
 	}
 	httpapi.WriteJSON(rw, http.StatusOK, out)
 	return nil

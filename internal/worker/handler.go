@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"crypto/subtle"
 	"fmt"
 	"net/http"
@@ -68,10 +69,16 @@ func (w *Worker) dataRoutes() []dataRoute {
 		{"GET " + base + "/processes/{pid}/output", w.withAgent(handleOutput)},
 		{"GET " + base + "/processes/{pid}/attach", w.withAgent(handleAttachWS)},
 		{"POST " + base + "/processes/{pid}/signal", w.withAgent(handleSignal)},
+		{"POST " + base + "/processes/{pid}/stdin", w.withAgent(handleStdin)},
+		{"POST " + base + "/processes/{pid}/resize", w.withAgent(handleResize)},
 		{"GET " + base + "/files", w.withAgent(handleReadFile)},
 		{"PUT " + base + "/files", w.withAgent(handleWriteFile)},
 		{"DELETE " + base + "/files", w.withAgent(handleRemoveFile)},
 		{"GET " + base + "/files/list", w.withAgent(handleListFiles)},
+		{"GET " + base + "/files/stat", w.withAgent(handleStatFile)},
+		{"POST " + base + "/files/mkdir", w.withAgent(handleMakeDir)},
+		{"POST " + base + "/files/move", w.withAgent(handleMove)},
+		{"GET " + base + "/files/watch", w.withAgent(handleWatchFiles)},
 		{"GET " + base + "/files/upload", w.withAgent(handleUploadState)},
 		{"DELETE " + base + "/files/upload", w.withAgent(handleUploadAbort)},
 		{"GET " + base + "/files/tar", w.withAgent(handleReadTar)},
@@ -101,9 +108,14 @@ func (w *Worker) withAgent(h agentHandler) http.HandlerFunc {
 
 // guestPath returns the path query parameter, which must be absolute.
 func guestPath(r *http.Request) (string, error) {
-	p := r.URL.Query().Get("path")
+	return checkPath("path", r.URL.Query().Get("path"))
+}
+
+// checkPath checks that p, the parameter or field name, is an absolute
+// guest path.
+func checkPath(name, p string) (string, error) {
 	if p == "" || !strings.HasPrefix(p, "/") || len(p) > 4096 || strings.ContainsRune(p, 0) {
-		return "", httpapi.Invalid("path", "want an absolute guest path, got %.100q", p)
+		return "", httpapi.Invalid(name, "want an absolute guest path, got %.100q", p)
 	}
 	return p, nil
 }
@@ -136,11 +148,50 @@ func handlePort(rw http.ResponseWriter, r *http.Request, a *client.Client) error
 	return nil
 }
 
-func fileInfo(e proto.FileInfo) api.FileInfo {
+// fileInfo is the API's form of the agent's description of the guest
+// path p.
+func fileInfo(p string, e proto.FileInfo) api.FileInfo {
 	return api.FileInfo{
-		Name: e.Name, Type: string(e.Type), Size: e.Size, Mode: e.Mode & 0o7777,
-		ModTime: time.Unix(0, e.MtimeNS).UTC(), Target: e.Target,
+		Name: e.Name, Path: p, Type: string(e.Type), Size: e.Size, Mode: e.Mode & 0o7777,
+		Permissions: permissions(e.Type, e.Mode),
+		Owner:       cmp.Or(e.Owner, strconv.FormatUint(uint64(e.UID), 10)),
+		Group:       cmp.Or(e.Group, strconv.FormatUint(uint64(e.GID), 10)),
+		UID:         e.UID, GID: e.GID,
+		ModTime: time.Unix(0, e.MtimeNS).UTC(), Target: e.Target, Metadata: e.Xattrs,
 	}
+}
+
+// permissions shows a file's type and mode as ls -l does: "drwxr-xr-x",
+// "-rwsr-x---", "drwxrwxrwt".
+func permissions(t proto.FileType, mode uint32) string {
+	b := []byte("?---------")
+	switch t {
+	case proto.FileRegular:
+		b[0] = '-'
+	case proto.FileDir:
+		b[0] = 'd'
+	case proto.FileSymlink:
+		b[0] = 'l'
+	}
+	for i, c := range "rwxrwxrwx" {
+		if mode&(1<<(8-i)) != 0 {
+			b[1+i] = byte(c)
+		}
+	}
+	special := func(i int, bit uint32, set, unset byte) {
+		if mode&bit == 0 {
+			return
+		}
+		if b[i] == 'x' {
+			b[i] = set
+		} else {
+			b[i] = unset
+		}
+	}
+	special(3, 0o4000, 's', 'S')
+	special(6, 0o2000, 's', 'S')
+	special(9, 0o1000, 't', 'T')
+	return string(b)
 }
 
 // decodeStrict decodes a JSON message strictly (WebSocket messages).

@@ -377,7 +377,9 @@ func (w *Worker) EgressLog(_ context.Context, id string) (logID string, rc io.Re
 
 // handleExposed proxies an HTTP request to a port of the guest through
 // its gateway: /sandboxes/{id}/ports/{port}/http/{path...} reaches
-// http://guest:port/{path}. Upgrades (WebSockets) pass through.
+// http://guest:port/{path}. Upgrades (WebSockets) pass through. Every
+// answer that comes from the guest's server carries the Space-Port
+// header, so a client tells the guest's own 404 or 503 from SPACE's.
 func (w *Worker) handleExposed(rw http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	port, err := strconv.Atoi(r.PathValue("port"))
@@ -411,6 +413,10 @@ func (w *Worker) handleExposed(rw http.ResponseWriter, r *http.Request) {
 			},
 			// One request per transport: nothing idles after it.
 			DisableKeepAlives: true, ResponseHeaderTimeout: 5 * time.Minute,
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Set("Space-Port", strconv.Itoa(port))
+			return nil
 		},
 		ErrorHandler: func(rw http.ResponseWriter, _ *http.Request, err error) {
 			httpapi.WriteError(rw, fmt.Errorf("port %d of %s: %v: %w", port, id, err, errkind.Unavailable))

@@ -63,6 +63,8 @@ func Run(t *testing.T, c *client.Client, opts Options) {
 	t.Run("FileRanges", func(t *testing.T) { testRanges(t, c, opts) })
 	t.Run("AppendInPlace", func(t *testing.T) { testAppend(t, c, opts) })
 	t.Run("Tar", func(t *testing.T) { testTar(t, c, opts) })
+	t.Run("FileMeta", func(t *testing.T) { testFileMeta(t, c, opts) })
+	t.Run("Watch", func(t *testing.T) { testWatch(t, c, opts) })
 	t.Run("BadPaths", func(t *testing.T) { testBadPaths(t, c, opts) })
 	t.Run("MalformedFrames", func(t *testing.T) { testMalformed(t, c) })
 	runProc(t, c, opts)

@@ -212,6 +212,11 @@ func protocolErr(op proto.Op, format string, a ...any) error {
 
 // simple makes a call whose reply is one result (or error) frame.
 func (c *Client) simple(ctx context.Context, op proto.Op, args, result any) error {
+	return c.simpleMax(ctx, op, args, proto.MaxControl, result)
+}
+
+// simpleMax is simple with a result of up to max bytes.
+func (c *Client) simpleMax(ctx context.Context, op proto.Op, args any, max int, result any) error {
 	s, release, err := c.open(ctx, op, args)
 	if err != nil {
 		return err
@@ -221,7 +226,7 @@ func (c *Client) simple(ctx context.Context, op proto.Op, args, result any) erro
 	if err != nil {
 		return c.callErr(ctx, op, err)
 	}
-	return decodeResult(op, f, proto.MaxControl, result)
+	return decodeResult(op, f, max, result)
 }
 
 // decodeResult decodes a result frame into v, or returns the error an error

@@ -190,6 +190,30 @@ func (c *Client) SignalProcess(ctx context.Context, id int64, sig int) error {
 	return c.simple(ctx, proto.OpProcSignal, proto.ProcSignal{ID: id, Signal: sig}, &proto.Empty{})
 }
 
+// ProcessInput writes to the stdin of a process of the agent's table,
+// closes it, or resizes its terminal (proto.OpProcInput), without
+// attaching. An agent older than the op gives an errkind.FailedPrecondition
+// error saying so.
+func (c *Client) ProcessInput(ctx context.Context, in proto.ProcInput) error {
+	op := proto.OpProcInput
+	switch {
+	case len(in.Data) > proto.MaxProcInput:
+		return fmt.Errorf("%s: %d bytes, more than %d: %w", op, len(in.Data), proto.MaxProcInput, errkind.InvalidArgument)
+	case in.Resize != nil && (in.Resize.Rows == 0 || in.Resize.Cols == 0):
+		return fmt.Errorf("%s: terminal size %dx%d: %w", op, in.Resize.Cols, in.Resize.Rows, errkind.InvalidArgument)
+	case in.Resize != nil && (len(in.Data) > 0 || in.EOF):
+		return fmt.Errorf("%s: a resize goes alone: %w", op, errkind.InvalidArgument)
+	}
+	err := c.simple(ctx, op, in, &proto.Empty{})
+	// The arguments are valid, so invalid_argument means the agent did not
+	// know the op.
+	if errors.Is(err, errkind.InvalidArgument) {
+		return fmt.Errorf("agent %q does not support input without attaching (built before it): %v: %w",
+			c.agentVersion, err, errkind.FailedPrecondition)
+	}
+	return err
+}
+
 func decodeStarted(f proto.Frame, v *proto.Started) error {
 	if f.Type == proto.TypeStarted {
 		if err := proto.DecodeJSON(f, 0, v); err != nil {

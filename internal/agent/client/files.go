@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -9,6 +10,7 @@ import (
 
 	"space/internal/agent/proto"
 	"space/internal/agent/ring"
+	"space/internal/errkind"
 )
 
 // growth is how far past its announced size a file read may go: a file may
@@ -116,11 +118,34 @@ func (c *Client) readStream(ctx context.Context, op proto.Op, args, res any, w i
 
 // WriteFile streams r into the guest file at path, replacing it
 // atomically, or with args.At appending in place. It returns the bytes
-// written and, with args.At, the file's size after them.
+// written and, with args.At, the file's size after them. An agent that
+// predates args.Xattrs gives FailedPrecondition.
 func (c *Client) WriteFile(ctx context.Context, args proto.WriteArgs, r io.Reader) (proto.WriteResult, error) {
 	var res proto.WriteResult
+	if err := checkXattrs(args.Xattrs); err != nil {
+		return res, fmt.Errorf("%s: %w", proto.OpFileWrite, err)
+	}
 	err := c.writeStream(ctx, proto.OpFileWrite, args, r, &res)
+	// The arguments are valid, so invalid_argument can only mean the
+	// agent did not know a field of them.
+	if len(args.Xattrs) > 0 && errors.Is(err, errkind.InvalidArgument) {
+		return res, fmt.Errorf("agent %q does not support metadata (built before it): %v: %w",
+			c.agentVersion, err, errkind.FailedPrecondition)
+	}
 	return res, err
+}
+
+// checkXattrs checks the extended attributes a write asks for.
+func checkXattrs(xattrs map[string]string) error {
+	if len(xattrs) > proto.MaxXattrs {
+		return fmt.Errorf("%d metadata entries, want at most %d: %w", len(xattrs), proto.MaxXattrs, errkind.InvalidArgument)
+	}
+	for k, v := range xattrs {
+		if err := proto.CheckXattr(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // TarWrite unpacks the tar archive r into the guest directory args.Path.
@@ -190,13 +215,34 @@ func (c *Client) StatSettled(ctx context.Context, path string) (proto.FileInfo, 
 func (c *Client) stat(ctx context.Context, args proto.PathArgs) (proto.FileInfo, error) {
 	path := args.Path
 	var info proto.FileInfo
-	if err := c.simple(ctx, proto.OpFileStat, args, &info); err != nil {
+	// A file's extended attributes may take it past MaxControl.
+	if err := c.simpleMax(ctx, proto.OpFileStat, args, proto.MaxFrame, &info); err != nil {
 		return proto.FileInfo{}, err
 	}
 	if err := checkName(info.Name); err != nil && path != "/" {
 		return proto.FileInfo{}, protocolErr(proto.OpFileStat, "%v", err)
 	}
+	if err := checkInfo(info); err != nil {
+		return proto.FileInfo{}, protocolErr(proto.OpFileStat, "%v", err)
+	}
 	return info, nil
+}
+
+// checkInfo rejects what FileInfo fields other than the name may not
+// hold.
+func checkInfo(info proto.FileInfo) error {
+	if len(info.Xattrs) > proto.MaxXattrs {
+		return fmt.Errorf("%d extended attributes, more than %d", len(info.Xattrs), proto.MaxXattrs)
+	}
+	for k, v := range info.Xattrs {
+		if err := proto.CheckXattr(k, v); err != nil {
+			return err
+		}
+	}
+	if len(info.Owner) > 64 || len(info.Group) > 64 || len(info.Target) > 4096 {
+		return errors.New("owner, group or symlink target too long")
+	}
+	return nil
 }
 
 // maxListEntries bounds a listing the host accepts from a guest.
@@ -232,6 +278,9 @@ func (c *Client) List(ctx context.Context, path string, limit int) ([]proto.File
 			if err := checkName(e.Name); err != nil {
 				return nil, protocolErr(op, "%v", err)
 			}
+			if err := checkInfo(e); err != nil {
+				return nil, protocolErr(op, "%v", err)
+			}
 		}
 		out = append(out, b.Entries...)
 		if len(out) > max {
@@ -250,7 +299,12 @@ func checkName(name string) error {
 
 // Mkdir creates a guest directory (and its parents when parents is set).
 func (c *Client) Mkdir(ctx context.Context, path string, mode uint32, parents bool) error {
-	return c.simple(ctx, proto.OpFileMkdir, proto.MkdirArgs{Path: path, Mode: mode, Parents: parents}, &proto.Empty{})
+	return c.MkdirArgs(ctx, proto.MkdirArgs{Path: path, Mode: mode, Parents: parents})
+}
+
+// MkdirArgs creates a guest directory as args say (an owner too).
+func (c *Client) MkdirArgs(ctx context.Context, args proto.MkdirArgs) error {
+	return c.simple(ctx, proto.OpFileMkdir, args, &proto.Empty{})
 }
 
 // Remove removes a guest path (a whole tree when recursive is set).

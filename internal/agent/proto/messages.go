@@ -74,6 +74,14 @@ const (
 	// Agents older than these ops answer invalid_argument ("unknown op").
 	OpTarRead  Op = "tar.read"
 	OpTarWrite Op = "tar.write"
+
+	// OpFileWatch watches a directory (and with WatchArgs.Recursive its
+	// subdirectories, including ones made later) until the host closes
+	// the stream. args WatchArgs -> Result {} once the watch is set up,
+	// then Result WatchBatch... as things change; an End frame when the
+	// watched directory itself went (removed or moved). Agents older
+	// than the op answer invalid_argument ("unknown op").
+	OpFileWatch Op = "file.watch"
 )
 
 // RingOffer is the agent's reply to OpRing.
@@ -267,6 +275,39 @@ type WriteArgs struct {
 	// byte that arrives stays, so a cut stream leaves a prefix to resume
 	// from. It came after the first agents, which refuse it.
 	At *int64 `json:"at,omitempty"`
+	// Xattrs are set on the file as user.<key> extended attributes before
+	// its bytes arrive (keys as CheckXattr allows). A file system without
+	// user extended attributes refuses the write (failed_precondition).
+	// It came after the first agents, which refuse it.
+	Xattrs map[string]string `json:"xattrs,omitempty"`
+}
+
+// Extended attribute limits: what a write may set (WriteArgs.Xattrs) and
+// what FileInfo.Xattrs reports of a file's user.* attributes.
+const (
+	MaxXattrs     = 32      // attributes per file
+	MaxXattrKey   = 250     // bytes of a key (the name without "user.")
+	MaxXattrValue = 4 << 10 // bytes of a value
+)
+
+// CheckXattr reports whether key and value may be a user extended
+// attribute of FileInfo.Xattrs and WriteArgs.Xattrs: a key of 1 to
+// MaxXattrKey letters, digits, '.', '_' or '-', a value of at most
+// MaxXattrValue bytes.
+func CheckXattr(key, value string) error {
+	if key == "" || len(key) > MaxXattrKey {
+		return fmt.Errorf("metadata key of %d bytes, want 1 to %d: %w", len(key), MaxXattrKey, errkind.InvalidArgument)
+	}
+	for i := 0; i < len(key); i++ {
+		b := key[i]
+		if !('a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' || b == '.' || b == '_' || b == '-') {
+			return fmt.Errorf("metadata key %.64q: want letters, digits, '.', '_' or '-': %w", key, errkind.InvalidArgument)
+		}
+	}
+	if len(value) > MaxXattrValue {
+		return fmt.Errorf("metadata %s: value of %d bytes, want at most %d: %w", key, len(value), MaxXattrValue, errkind.InvalidArgument)
+	}
+	return nil
 }
 
 // WriteResult is the result of OpFileWrite: the bytes written, and with
@@ -306,6 +347,10 @@ type MkdirArgs struct {
 	Path    string `json:"path"`
 	Mode    uint32 `json:"mode,omitempty"` // 0 = 0755
 	Parents bool   `json:"parents,omitempty"`
+	// UID and GID, when set, own the directories the call makes (not
+	// those that were there). Agents before them ignore them.
+	UID *uint32 `json:"uid,omitempty"`
+	GID *uint32 `json:"gid,omitempty"`
 }
 
 // RemoveArgs removes a path.
@@ -341,6 +386,59 @@ type FileInfo struct {
 	GID     uint32   `json:"gid"`
 	MtimeNS int64    `json:"mtime_ns"`
 	Target  string   `json:"target,omitempty"` // symlink target, as stored
+	// Owner and Group name UID and GID as the guest's /etc/passwd and
+	// /etc/group do; "" when they name none. Agents before them leave
+	// them out.
+	Owner string `json:"owner,omitempty"`
+	Group string `json:"group,omitempty"`
+	// Xattrs are the file's user.* extended attributes, without the
+	// prefix: at most MaxXattrs of them that CheckXattr allows, by key
+	// order; others are left out. Values that are not UTF-8 arrive with
+	// U+FFFD in place of their bad bytes. nil when there are none.
+	Xattrs map[string]string `json:"xattrs,omitempty"`
+}
+
+// WatchArgs watches the directory Path.
+type WatchArgs struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive,omitempty"`
+}
+
+// WatchOp is what happened to a watched path. Values are wire format.
+type WatchOp string
+
+// Watch ops, after inotify's events: a file or directory made or moved
+// in (create), written (write), removed (remove), moved away or renamed
+// (rename; its new name, when still watched, comes as a create), its
+// mode, owner, times or extended attributes changed (chmod). Overflow
+// says events were lost: the guest kernel's queue overflowed, or the
+// host read too slowly and the agent's queue of WatchQueue events was
+// full; its Path is empty.
+const (
+	WatchCreate   WatchOp = "create"
+	WatchWrite    WatchOp = "write"
+	WatchRemove   WatchOp = "remove"
+	WatchRename   WatchOp = "rename"
+	WatchChmod    WatchOp = "chmod"
+	WatchOverflow WatchOp = "overflow"
+)
+
+// WatchQueue is how many events the agent holds for a watch whose host
+// reads too slowly; beyond it, it drops events and sends WatchOverflow.
+const WatchQueue = 4096
+
+// WatchEvent is one change below a watched directory.
+type WatchEvent struct {
+	Op   WatchOp `json:"op"`
+	Path string  `json:"path,omitempty"` // absolute and clean
+	// Info describes Path when the agent sent the event, for create,
+	// write and chmod events of paths that still exist; else nil.
+	Info *FileInfo `json:"info,omitempty"`
+}
+
+// WatchBatch is one result frame of an OpFileWatch call.
+type WatchBatch struct {
+	Events []WatchEvent `json:"events"`
 }
 
 // PostRestore is sent by the host after a restore or fork, before any other

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -66,7 +67,8 @@ func fileInfo(name string, fi fs.FileInfo) proto.FileInfo {
 	return info
 }
 
-func statFile(a proto.PathArgs) (proto.FileInfo, error) {
+// statFile describes a path without following a final symlink.
+func (s *Server) statFile(a proto.PathArgs) (proto.FileInfo, error) {
 	p, err := guestPath(a.Path)
 	if err != nil {
 		return proto.FileInfo{}, err
@@ -76,9 +78,7 @@ func statFile(a proto.PathArgs) (proto.FileInfo, error) {
 		return proto.FileInfo{}, err
 	}
 	info := fileInfo(filepath.Base(p), fi)
-	if info.Type == proto.FileSymlink {
-		info.Target, _ = os.Readlink(p)
-	}
+	s.describe(p, &info)
 	return info, nil
 }
 
@@ -203,6 +203,9 @@ func (s *Server) writeFile(c *call, a proto.WriteArgs) error {
 			os.Remove(tmp.Name())
 		}
 	}()
+	if err := setXattrs(tmp, a.Xattrs); err != nil {
+		return c.refuse(fmt.Errorf("write %s: %w", p, err))
+	}
 	var size int64
 	err = c.receive(func(b []byte) error {
 		n, err := tmp.Write(b)
@@ -238,13 +241,16 @@ func writeTarget(a proto.WriteArgs) (string, fs.FileMode, error) {
 	if a.At != nil && *a.At < 0 {
 		return "", 0, fmt.Errorf("write %s: negative offset: %w", p, errkind.InvalidArgument)
 	}
+	if err := checkXattrs(a.Xattrs); err != nil {
+		return "", 0, fmt.Errorf("write %s: %w", p, err)
+	}
 	mode := fs.FileMode(a.Mode & 0o777)
 	if a.Mode == 0 {
 		mode = 0o644
 	}
 	mode |= fileModeBits(a.Mode)
 	if a.MkdirAll {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		if err := mkdirAllOwned(filepath.Dir(p), 0o755, a.UID, a.GID); err != nil {
 			return "", 0, err
 		}
 	}
@@ -308,6 +314,9 @@ func appendFile(c *call, a proto.WriteArgs, p string, mode fs.FileMode) error {
 	if err == nil && at == 0 && fi.Size() == 0 {
 		err = setModeOwner(f, mode, a)
 	}
+	if err == nil {
+		err = setXattrs(f, a.Xattrs)
+	}
 	if err != nil {
 		return c.refuse(err)
 	}
@@ -360,7 +369,7 @@ func fileModeBits(m uint32) fs.FileMode {
 	return fm
 }
 
-// listBatch is how many entries one result frame carries.
+// listBatch is how many entries one result frame carries at most.
 const listBatch = 500
 
 func (s *Server) listDir(c *call, a proto.ListArgs) error {
@@ -381,6 +390,7 @@ func (s *Server) listDir(c *call, a proto.ListArgs) error {
 	} else if !fi.IsDir() {
 		return c.fail(fmt.Errorf("list %s: not a directory: %w", p, errkind.FailedPrecondition))
 	}
+	b := newBatch(c, `{"entries":[`)
 	sent := 0
 	for {
 		n := listBatch
@@ -391,23 +401,20 @@ func (s *Server) listDir(c *call, a proto.ListArgs) error {
 			break
 		}
 		des, err := d.ReadDir(n)
-		batch := proto.ListBatch{Entries: make([]proto.FileInfo, 0, len(des))}
 		for _, de := range des {
 			fi, err := de.Info()
 			if err != nil {
 				continue // removed while we listed
 			}
 			info := fileInfo(de.Name(), fi)
-			if info.Type == proto.FileSymlink {
-				info.Target, _ = os.Readlink(filepath.Join(p, de.Name()))
-			}
-			batch.Entries = append(batch.Entries, info)
-		}
-		if len(batch.Entries) > 0 {
-			if err := c.result(batch); err != nil {
+			s.describe(filepath.Join(p, de.Name()), &info)
+			if err := b.add(info); err != nil {
 				return err
 			}
-			sent += len(batch.Entries)
+			sent++
+		}
+		if err := b.flush(); err != nil {
+			return err
 		}
 		if errors.Is(err, io.EOF) || len(des) == 0 {
 			break
@@ -417,6 +424,48 @@ func (s *Server) listDir(c *call, a proto.ListArgs) error {
 		}
 	}
 	return c.send(proto.TypeEnd, nil)
+}
+
+// batch gathers JSON values into result frames of the form
+// open + values + "]}", each below proto.MaxFrame.
+type batch struct {
+	c    *call
+	open string
+	buf  []byte // open and the values so far; or empty
+}
+
+func newBatch(c *call, open string) *batch { return &batch{c: c, open: open} }
+
+// add appends v, first sending what the batch holds when v would not
+// fit in its frame.
+func (b *batch) add(v any) error {
+	j, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(b.buf) > 0 && len(b.buf)+1+len(j)+2 > proto.MaxFrame {
+		if err := b.flush(); err != nil {
+			return err
+		}
+	}
+	if len(b.buf) == 0 {
+		b.buf = append(b.buf, b.open...)
+	} else {
+		b.buf = append(b.buf, ',')
+	}
+	b.buf = append(b.buf, j...)
+	return nil
+}
+
+// flush sends what the batch holds, if anything.
+func (b *batch) flush() error {
+	if len(b.buf) == 0 {
+		return nil
+	}
+	b.buf = append(b.buf, "]}"...)
+	err := b.c.send(proto.TypeResult, b.buf)
+	b.buf = b.buf[:0]
+	return err
 }
 
 func mkdir(a proto.MkdirArgs) error {
@@ -432,9 +481,52 @@ func mkdir(a proto.MkdirArgs) error {
 		mode = 0o755
 	}
 	if a.Parents {
+		return mkdirAllOwned(p, mode, a.UID, a.GID)
+	}
+	if err := os.Mkdir(p, mode); err != nil {
+		return err
+	}
+	return chownMade(p, a.UID, a.GID)
+}
+
+// mkdirAllOwned is os.MkdirAll, with the directories it makes owned by
+// uid and gid where they are set.
+func mkdirAllOwned(p string, mode fs.FileMode, uid, gid *uint32) error {
+	if uid == nil && gid == nil {
 		return os.MkdirAll(p, mode)
 	}
-	return os.Mkdir(p, mode)
+	// The missing directories, from the deepest.
+	var missing []string
+	for d := p; ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil || d == "/" {
+			break
+		}
+		missing = append(missing, d)
+	}
+	if err := os.MkdirAll(p, mode); err != nil {
+		return err
+	}
+	for _, d := range missing {
+		if err := chownMade(d, uid, gid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chownMade gives a directory the call made its owner, where one is set.
+func chownMade(p string, uid, gid *uint32) error {
+	if uid == nil && gid == nil {
+		return nil
+	}
+	u, g := -1, -1
+	if uid != nil {
+		u = int(*uid)
+	}
+	if gid != nil {
+		g = int(*gid)
+	}
+	return os.Lchown(p, u, g)
 }
 
 func remove(a proto.RemoveArgs) error {

@@ -72,6 +72,10 @@ type Config struct {
 	// addresses.
 	Ring       *ring.Region
 	RingChunks []uint64
+	// WatchQueue is how many events a file watch holds while its host
+	// reads too slowly, before it drops them and reports an overflow.
+	// 0 = proto.WatchQueue.
+	WatchQueue int
 }
 
 // Server serves agent connections. Create it with New; Close stops it.
@@ -84,6 +88,7 @@ type Server struct {
 	bootID  string
 	runDone chan struct{} // closed when Run returns
 	appends pathLocks     // in-place writes under way, by path
+	names   names         // user and group names of IDs
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -106,6 +111,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ExitGrace == 0 {
 		cfg.ExitGrace = 200 * time.Millisecond
+	}
+	if cfg.WatchQueue <= 0 {
+		cfg.WatchQueue = proto.WatchQueue
 	}
 	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	return &Server{
@@ -304,7 +312,8 @@ func (s *Server) handle(ctx context.Context, ss *session, st *yamux.Stream) {
 		c.fail(fmt.Errorf("first frame is %s, want request: %w", f.Type, errkind.InvalidArgument))
 		return
 	}
-	if err := proto.DecodeJSON(f, 0, &req); err != nil {
+	// Requests may pass MaxControl: a write's extended attributes.
+	if err := proto.DecodeJSON(f, proto.MaxFrame, &req); err != nil {
 		c.fail(err)
 		return
 	}
@@ -347,6 +356,12 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 			return c.fail(err)
 		}
 		return reply(c, proto.Empty{}, s.procSignal(a))
+	case proto.OpProcInput:
+		var a proto.ProcInput
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return reply(c, proto.Empty{}, s.procInput(a))
 	case proto.OpFileRead:
 		var a proto.ReadArgs
 		if err := decodeArgs(req, &a); err != nil {
@@ -379,7 +394,7 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 		if p, err := guestPath(a.Path); err == nil && a.Settle {
 			s.appends.lock(p)()
 		}
-		info, err := statFile(a)
+		info, err := s.statFile(a)
 		return reply(c, info, err)
 	case proto.OpFileList:
 		var a proto.ListArgs
@@ -429,6 +444,12 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 			return c.fail(err)
 		}
 		return s.ringAttach(c)
+	case proto.OpFileWatch:
+		var a proto.WatchArgs
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		return s.watch(c, a)
 	case proto.OpPortProbe:
 		var a proto.PortProbe
 		if err := decodeArgs(req, &a); err != nil {
@@ -454,7 +475,7 @@ func decodeArgs(req proto.Request, v any) error {
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
 	}
-	return proto.DecodeJSON(proto.Frame{Type: proto.TypeRequest, Payload: args}, 0, v)
+	return proto.DecodeJSON(proto.Frame{Type: proto.TypeRequest, Payload: args}, proto.MaxFrame, v)
 }
 
 func trimNL(b []byte) []byte {

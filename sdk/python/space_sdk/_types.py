@@ -597,35 +597,135 @@ class Signal:
 
 @dataclass
 class FileInfo:
-    """The FileInfo schema."""
+    """A file; a symlink is described itself, not what it points to."""
 
     name: str
+    path: str
     type: str  # one of: 'file', 'dir', 'symlink', 'other'
     size: int
     mode: int
+    permissions: str
+    owner: str
+    group: str
+    uid: int
+    gid: int
     mod_time: str  # RFC 3339 time
     target: Optional[str] = None
+    metadata: Optional[Dict[str, str]] = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FileInfo":
         return cls(
             name=d.get('name', ""),
+            path=d.get('path', ""),
             type=d.get('type', ""),
             size=d.get('size', 0),
             mode=d.get('mode', 0),
+            permissions=d.get('permissions', ""),
+            owner=d.get('owner', ""),
+            group=d.get('group', ""),
+            uid=d.get('uid', 0),
+            gid=d.get('gid', 0),
             mod_time=d.get('mod_time', ""),
             target=d['target'] if d.get('target') is not None else None,
+            metadata=dict(d['metadata']) if d.get('metadata') is not None else None,
         )
 
     def to_dict(self) -> Dict[str, Any]:
         d: Dict[str, Any] = {}
         d['name'] = self.name
+        d['path'] = self.path
         d['type'] = self.type
         d['size'] = self.size
         d['mode'] = self.mode
+        d['permissions'] = self.permissions
+        d['owner'] = self.owner
+        d['group'] = self.group
+        d['uid'] = self.uid
+        d['gid'] = self.gid
         d['mod_time'] = self.mod_time
         if self.target is not None:
             d['target'] = self.target
+        if self.metadata is not None:
+            d['metadata'] = dict(self.metadata)
+        return d
+
+@dataclass
+class MakeDir:
+    """The MakeDir schema."""
+
+    path: str
+    parents: Optional[bool] = None
+    owner: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MakeDir":
+        return cls(
+            path=d.get('path', ""),
+            parents=d['parents'] if d.get('parents') is not None else None,
+            owner=d['owner'] if d.get('owner') is not None else None,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['path'] = self.path
+        if self.parents is not None:
+            d['parents'] = self.parents
+        if self.owner is not None:
+            d['owner'] = self.owner
+        return d
+
+@dataclass
+class Move:
+    """The Move schema."""
+
+    from_: str
+    to: str
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Move":
+        return cls(
+            from_=d.get('from', ""),
+            to=d.get('to', ""),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['from'] = self.from_
+        d['to'] = self.to
+        return d
+
+@dataclass
+class FileEvent:
+    """The FileEvent schema."""
+
+    type: str  # one of: 'start', 'create', 'write', 'remove', 'rename', 'chmod', 'overflow', 'error'
+    path: Optional[str] = None
+    name: Optional[str] = None
+    entry: Optional[FileInfo] = None
+    error: Optional[ErrorBody] = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FileEvent":
+        return cls(
+            type=d.get('type', ""),
+            path=d['path'] if d.get('path') is not None else None,
+            name=d['name'] if d.get('name') is not None else None,
+            entry=FileInfo.from_dict(d['entry']) if d.get('entry') is not None else None,
+            error=ErrorBody.from_dict(d['error']) if d.get('error') is not None else None,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['type'] = self.type
+        if self.path is not None:
+            d['path'] = self.path
+        if self.name is not None:
+            d['name'] = self.name
+        if self.entry is not None:
+            d['entry'] = self.entry.to_dict()
+        if self.error is not None:
+            d['error'] = self.error.to_dict()
         return d
 
 @dataclass
@@ -1640,11 +1740,11 @@ class EgressEvent:
 __all__ = [
     "Error", "ErrorBody", "Health", "CreateSandbox", "Sandbox", "Recovery", "DataPlane",
     "VMInfo", "SandboxList", "Exec", "WinSize", "Process", "ProcessList", "Exit",
-    "Event", "Control", "Signal", "FileInfo", "FileList", "FileWritten", "FileUpload",
-    "TarWritten", "PortState", "CreateAPIKey", "APIKey", "APIKeyList", "CreateSecret",
-    "Secret", "SecretList", "SecretGrants", "Quota", "QuotaUsage", "RegisterWorker",
-    "WorkerCapabilities", "Worker", "WorkerList", "CreateSnapshot", "Snapshot",
-    "SnapshotList", "RestoreSandbox", "SetTimeout", "CheckpointPolicy", "Checkpoint",
-    "CheckpointList", "ForkSandbox", "Template", "TemplateList", "BuildReport",
-    "BuildEvent", "Network", "EgressEvent"
+    "Event", "Control", "Signal", "FileInfo", "MakeDir", "Move", "FileEvent",
+    "FileList", "FileWritten", "FileUpload", "TarWritten", "PortState", "CreateAPIKey",
+    "APIKey", "APIKeyList", "CreateSecret", "Secret", "SecretList", "SecretGrants",
+    "Quota", "QuotaUsage", "RegisterWorker", "WorkerCapabilities", "Worker",
+    "WorkerList", "CreateSnapshot", "Snapshot", "SnapshotList", "RestoreSandbox",
+    "SetTimeout", "CheckpointPolicy", "Checkpoint", "CheckpointList", "ForkSandbox",
+    "Template", "TemplateList", "BuildReport", "BuildEvent", "Network", "EgressEvent"
 ]

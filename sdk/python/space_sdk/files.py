@@ -7,21 +7,25 @@ atomically. Paths are absolute paths in the sandbox.
 from __future__ import annotations
 
 import asyncio
-import posixpath
-from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Iterator, List, Optional, Tuple, Union
+import collections
+import json
+from typing import (
+    IO, TYPE_CHECKING, Any, AsyncIterator, Deque, Iterator, List, Mapping, Optional, Tuple, Union,
+)
+
+import httpx
 
 from . import _types as T
-from ._errors import NotFoundError
-from ._http import Req, sandbox_path
+from ._errors import NotFoundError, StreamCutError, error_from_event
+from ._http import Req, sandbox_path, split_lines
 
 if TYPE_CHECKING:
     from .sandbox import AsyncSandbox, Sandbox
 
-__all__ = ["Files", "AsyncFiles"]
+__all__ = ["Files", "AsyncFiles", "FileWatch", "AsyncFileWatch"]
 
 CHUNK = 1 << 20
-# An empty tar archive: PUT files/tar with it makes a directory.
-EMPTY_TAR = b"\0" * 1024
+METADATA_HEADER = "X-Space-Metadata-"
 
 Data = Union[bytes, bytearray, memoryview, str, IO[bytes]]
 
@@ -37,18 +41,179 @@ def _read_req(sid: str, path: str) -> Req:
                accept="application/octet-stream", idempotent=True)
 
 
-def _write_params(path: str, mode: Optional[int], mkdir: bool) -> List[Tuple[str, str]]:
+def _write_params(path: str, mode: Optional[int], mkdir: bool, owner: Optional[str]) -> List[Tuple[str, str]]:
     extra = []
     if mode is not None:
         extra.append(("mode", "%04o" % (int(mode) & 0o7777)))
     if mkdir:
         extra.append(("mkdir", "true"))
+    if owner:
+        extra.append(("owner", str(owner)))
     return _q(path, *extra)
 
 
-def _write_req(sid: str, path: str, content: Any, mode: Optional[int], mkdir: bool) -> Req:
-    return Req("PUT", sandbox_path(sid, "/files"), params=_write_params(path, mode, mkdir), content=content,
-               content_type="application/octet-stream", sandbox=sid, idempotent=True)
+def _write_req(sid: str, path: str, content: Any, mode: Optional[int], mkdir: bool,
+               owner: Optional[str] = None, metadata: Optional[Mapping[str, str]] = None) -> Req:
+    headers = {METADATA_HEADER + str(k): str(v) for k, v in (metadata or {}).items()}
+    return Req("PUT", sandbox_path(sid, "/files"), params=_write_params(path, mode, mkdir, owner), content=content,
+               content_type="application/octet-stream", headers=headers, sandbox=sid, idempotent=True)
+
+
+def _stat_req(sid: str, path: str) -> Req:
+    return Req("GET", sandbox_path(sid, "/files/stat"), params=_q(path), sandbox=sid, idempotent=True)
+
+
+def _mkdir_req(sid: str, path: str, parents: bool) -> Req:
+    _q(path)
+    return Req("POST", sandbox_path(sid, "/files/mkdir"), json={"path": path, "parents": bool(parents)},
+               sandbox=sid, expect=(200, 201), idempotent=True)
+
+
+def _move_req(sid: str, src: str, dst: str) -> Req:
+    _q(src)
+    _q(dst)
+    return Req("POST", sandbox_path(sid, "/files/move"), json={"from": src, "to": dst}, sandbox=sid)
+
+
+def _watch_req(sid: str, path: str, recursive: bool) -> Req:
+    extra = [("recursive", "true")] if recursive else []
+    return Req("GET", sandbox_path(sid, "/files/watch"), params=_q(path, *extra), sandbox=sid,
+               accept="application/x-ndjson", idempotent=True)
+
+
+class _WatchLines:
+    """The parsing common to FileWatch and AsyncFileWatch: NDJSON lines
+    into FileEvents."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.lines: Deque[bytes] = collections.deque()
+        self.ended = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.lines.extend(split_lines(self.buf, chunk))
+
+    def start(self) -> None:
+        doc = json.loads(self.lines.popleft()) if self.lines else None
+        if not isinstance(doc, dict) or doc.get("type") != "start":
+            raise StreamCutError("file watch: no start event")
+
+    def event(self) -> T.FileEvent:
+        doc = json.loads(self.lines.popleft())
+        if doc.get("type") == "error":
+            self.ended = True
+            raise error_from_event(doc.get("error"))
+        ev = T.FileEvent.from_dict(doc)
+        if ev.name == "." and ev.type in ("remove", "rename"):
+            self.ended = True  # the watched directory went: nothing more comes
+        return ev
+
+
+class FileWatch:
+    """The changes below a watched directory (``files.watch``), as
+    ``types.FileEvent``: iterate over it; it ends after the directory's own
+    remove or rename event (name "."). ``close()`` (or the end of a
+    ``with`` block) ends the watch. An ``overflow`` event stands in for
+    events lost while the reader was too slow; a stream cut short raises
+    StreamCutError."""
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self._resp = resp
+        self._chunks = resp.iter_bytes()
+        self._p = _WatchLines()
+        try:
+            self._fill()
+            self._p.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _fill(self) -> None:
+        while not self._p.lines:
+            try:
+                chunk = next(self._chunks)
+            except StopIteration:
+                raise StreamCutError("file watch stream ended") from None
+            except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+                raise StreamCutError("file watch stream cut: %s" % exc) from None
+            self._p.feed(chunk)
+
+    def __iter__(self) -> "FileWatch":
+        return self
+
+    def __next__(self) -> T.FileEvent:
+        if self._p.ended:
+            self.close()
+            raise StopIteration
+        try:
+            self._fill()
+            return self._p.event()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._p.ended = True
+        self._resp.close()
+
+    def __enter__(self) -> "FileWatch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncFileWatch:
+    """``FileWatch`` of the async API: ``async for ev in watch``; ``await
+    watch.close()`` or ``async with``."""
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self._resp = resp
+        self._chunks = resp.aiter_bytes()
+        self._p = _WatchLines()
+
+    async def _start(self) -> "AsyncFileWatch":
+        try:
+            await self._fill()
+            self._p.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def _fill(self) -> None:
+        while not self._p.lines:
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                raise StreamCutError("file watch stream ended") from None
+            except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+                raise StreamCutError("file watch stream cut: %s" % exc) from None
+            self._p.feed(chunk)
+
+    def __aiter__(self) -> "AsyncFileWatch":
+        return self
+
+    async def __anext__(self) -> T.FileEvent:
+        if self._p.ended:
+            await self.close()
+            raise StopAsyncIteration
+        try:
+            await self._fill()
+            return self._p.event()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        self._p.ended = True
+        await self._resp.aclose()
+
+    async def __aenter__(self) -> "AsyncFileWatch":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
 
 
 def _list_req(sid: str, path: str) -> Req:
@@ -101,11 +266,6 @@ async def _aiter_file(f: IO[bytes]) -> AsyncIterator[bytes]:
         yield b
 
 
-def _split(path: str) -> Tuple[str, str]:
-    p = path.rstrip("/") or "/"
-    return posixpath.dirname(p) or "/", posixpath.basename(p)
-
-
 class Files:
     """``sandbox.files`` of the sync API."""
 
@@ -134,30 +294,54 @@ class Files:
         with self._http.stream(_read_req(self._sb.id, path)) as resp:
             yield from resp.iter_bytes()
 
-    def write(self, path: str, data: Data, mode: Optional[int] = None, mkdir: bool = True) -> T.FileWritten:
+    def write(self, path: str, data: Data, mode: Optional[int] = None, mkdir: bool = True,
+              owner: Optional[str] = None, metadata: Optional[Mapping[str, str]] = None) -> T.FileWritten:
         """Create or replace the file (atomically) with data: bytes, str
         (UTF-8) or a binary file-like object, streamed. mode: permission
-        bits (e.g. 0o755; default 0o644). mkdir: create missing parents."""
+        bits (e.g. 0o755; default 0o644). mkdir: create missing parents.
+        owner: the user who owns it (a name in the sandbox, or a uid;
+        default root). metadata: set as the file's user extended
+        attributes (keys of letters, digits, '.', '_', '-', kept in lower
+        case; values up to 4 KiB; at most 32); a file system without them
+        (the sandbox's /tmp) raises FailedPreconditionError."""
         body = _body(data)
         content = body if isinstance(body, bytes) else _iter_file(body)
-        return T.FileWritten.from_dict(self._http.json(_write_req(self._sb.id, path, content, mode, mkdir)))
+        return T.FileWritten.from_dict(self._http.json(
+            _write_req(self._sb.id, path, content, mode, mkdir, owner, metadata)))
 
     def list(self, path: str) -> List[T.FileInfo]:
         return T.FileList.from_dict(self._http.json(_list_req(self._sb.id, path))).entries
 
+    def stat(self, path: str) -> T.FileInfo:
+        """The file's description (a symlink's own, with its target)."""
+        return T.FileInfo.from_dict(self._http.json(_stat_req(self._sb.id, path)))
+
     def exists(self, path: str) -> bool:
-        parent, name = _split(path)
         try:
-            return name == "" or any(e.name == name for e in self.list(parent))
+            self.stat(path)
+            return True
         except NotFoundError:
             return False
 
     def remove(self, path: str, recursive: bool = False) -> None:
         self._http.send(_remove_req(self._sb.id, path, recursive))
 
-    def make_dir(self, path: str, parents: bool = True) -> None:
-        """Create a directory (no error when it exists)."""
-        self._http.json(_tar_req(self._sb.id, path, EMPTY_TAR, parents))
+    def make_dir(self, path: str, parents: bool = True) -> bool:
+        """Create a directory; False when it was one already (another kind
+        of file in its place raises ConflictError)."""
+        return self._http.send(_mkdir_req(self._sb.id, path, parents)).status_code == 201
+
+    def move(self, src: str, dst: str) -> T.FileInfo:
+        """Rename src to dst (making dst's missing parents); dst's description."""
+        return T.FileInfo.from_dict(self._http.json(_move_req(self._sb.id, src, dst)))
+
+    def watch(self, path: str, recursive: bool = False) -> FileWatch:
+        """Watch the directory (with recursive, the ones below it too,
+        including new ones): returns once it is watched, an iterator of
+        ``types.FileEvent`` for every change after. A missing path raises
+        NotFoundError, a file InvalidArgumentError. Close it when done
+        (or use ``with``)."""
+        return FileWatch(self._http.send(_watch_req(self._sb.id, path, recursive), stream=True))
 
     def read_tar(self, path: str) -> bytes:
         """The directory as a tar archive."""
@@ -194,26 +378,39 @@ class AsyncFiles:
             async for chunk in resp.aiter_bytes():
                 yield chunk
 
-    async def write(self, path: str, data: Data, mode: Optional[int] = None, mkdir: bool = True) -> T.FileWritten:
+    async def write(self, path: str, data: Data, mode: Optional[int] = None, mkdir: bool = True,
+                    owner: Optional[str] = None, metadata: Optional[Mapping[str, str]] = None) -> T.FileWritten:
         body = _body(data)
         content = body if isinstance(body, bytes) else _aiter_file(body)
-        return T.FileWritten.from_dict(await self._http.json(_write_req(self._sb.id, path, content, mode, mkdir)))
+        return T.FileWritten.from_dict(await self._http.json(
+            _write_req(self._sb.id, path, content, mode, mkdir, owner, metadata)))
 
     async def list(self, path: str) -> List[T.FileInfo]:
         return T.FileList.from_dict(await self._http.json(_list_req(self._sb.id, path))).entries
 
+    async def stat(self, path: str) -> T.FileInfo:
+        return T.FileInfo.from_dict(await self._http.json(_stat_req(self._sb.id, path)))
+
     async def exists(self, path: str) -> bool:
-        parent, name = _split(path)
         try:
-            return name == "" or any(e.name == name for e in await self.list(parent))
+            await self.stat(path)
+            return True
         except NotFoundError:
             return False
 
     async def remove(self, path: str, recursive: bool = False) -> None:
         await self._http.send(_remove_req(self._sb.id, path, recursive))
 
-    async def make_dir(self, path: str, parents: bool = True) -> None:
-        await self._http.json(_tar_req(self._sb.id, path, EMPTY_TAR, parents))
+    async def make_dir(self, path: str, parents: bool = True) -> bool:
+        return (await self._http.send(_mkdir_req(self._sb.id, path, parents))).status_code == 201
+
+    async def move(self, src: str, dst: str) -> T.FileInfo:
+        return T.FileInfo.from_dict(await self._http.json(_move_req(self._sb.id, src, dst)))
+
+    async def watch(self, path: str, recursive: bool = False) -> AsyncFileWatch:
+        """``async for ev in await sb.files.watch(path)``: as Files.watch."""
+        resp = await self._http.send(_watch_req(self._sb.id, path, recursive), stream=True)
+        return await AsyncFileWatch(resp)._start()
 
     async def read_tar(self, path: str) -> bytes:
         return (await self._http.send(_tar_req(self._sb.id, path))).content

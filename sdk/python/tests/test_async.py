@@ -40,8 +40,15 @@ async def test_async_lifecycle_commands_files(aspace: AsyncSpace) -> None:
         await sb.files.write("/tmp/a/b.bin", io.BytesIO(data), mode=0o600)
         assert await sb.files.read("/tmp/a/b.bin") == data
         assert [(e.name, e.mode) for e in await sb.files.list("/tmp/a")] == [("b.bin", 0o600)]
-        await sb.files.make_dir("/tmp/a/d")
+        assert await sb.files.make_dir("/tmp/a/d") is True
         assert await sb.files.exists("/tmp/a/d")
+        w = await sb.files.watch("/tmp/a")
+        async with w:
+            await sb.files.write("/tmp/a/w.txt", "w")
+            async for ev in w:
+                if ev.type == "create" and ev.name == "w.txt":
+                    break
+        assert (await sb.files.move("/tmp/a/w.txt", "/tmp/a/d/w2.txt")).path == "/tmp/a/d/w2.txt"
         await sb.files.remove("/tmp/a", recursive=True)
         with pytest.raises(NotFoundError):
             await sb.files.read_text("/tmp/a/b.bin")

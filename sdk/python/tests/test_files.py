@@ -1,4 +1,5 @@
-"""sandbox.files: text, bytes, large streamed transfers, list, remove, mkdir, modes."""
+"""sandbox.files: text, bytes, large streamed transfers, list, remove, mkdir, modes, stat, move,
+metadata, watch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 
 import pytest
 
-from space_sdk import NotFoundError, Sandbox
+from space_sdk import ConflictError, FailedPreconditionError, NotFoundError, Sandbox
 
 
 def test_text_and_bytes(shared: Sandbox) -> None:
@@ -87,3 +88,47 @@ def test_file_errors(shared: Sandbox) -> None:
         shared.files.list("/no/such/dir")
     with pytest.raises(ValueError):
         shared.files.read("relative/path")
+
+
+def test_stat_make_dir_move_metadata(shared: Sandbox) -> None:
+    assert shared.files.make_dir("/root/sm/a/b") is True
+    assert shared.files.make_dir("/root/sm/a/b") is False  # a directory already
+    shared.files.write("/root/sm/f", "hello", metadata={"Owner.Team": "blue", "k": "v"})
+    st = shared.files.stat("/root/sm/f")
+    assert (st.path, st.type, st.size, st.permissions, st.owner, st.group, st.uid) == (
+        "/root/sm/f", "file", 5, "-rw-r--r--", "root", "root", 0)
+    assert st.metadata == {"owner.team": "blue", "k": "v"}  # header names: lower case
+    with pytest.raises(ConflictError):
+        shared.files.make_dir("/root/sm/f")
+    moved = shared.files.move("/root/sm/f", "/root/sm/new/g")
+    assert (moved.path, moved.size, moved.metadata) == ("/root/sm/new/g", 5, {"owner.team": "blue", "k": "v"})
+    assert not shared.files.exists("/root/sm/f") and shared.files.exists("/root/sm/new/g")
+    with pytest.raises(NotFoundError):
+        shared.files.move("/root/sm/f", "/root/sm/h")
+    shared.commands.run("ln -s g /root/sm/new/l")
+    link = shared.files.stat("/root/sm/new/l")
+    assert (link.type, link.target) == ("symlink", "g")
+    shared.files.write("/root/sm/owned", "x", owner="nobody")
+    assert shared.files.stat("/root/sm/owned").owner == "nobody"
+    # The sandbox's /tmp (a tmpfs of its kernel) has no user extended attributes.
+    with pytest.raises(FailedPreconditionError):
+        shared.files.write("/tmp/sm-md", "x", metadata={"k": "v"})
+
+
+def test_watch(shared: Sandbox) -> None:
+    shared.files.make_dir("/root/wt/sub")
+    with shared.files.watch("/root/wt", recursive=True) as w:
+        shared.commands.run("cd /root/wt && echo hi > a && mkdir sub/new && echo x > sub/new/b && rm a")
+        seen = []
+        for ev in w:
+            seen.append((ev.type, ev.name))
+            if (ev.type, ev.name) == ("remove", "a"):
+                break
+        assert ("create", "a") in seen and ("create", "sub/new") in seen and ("create", "sub/new/b") in seen
+        assert seen.index(("create", "a")) < seen.index(("remove", "a"))
+    with shared.files.watch("/root/wt/sub") as w:
+        shared.commands.run("rmdir /root/wt/sub/new; rm -r /root/wt/sub")
+        events = [(ev.type, ev.name) for ev in w]  # ends with the directory's own removal
+        assert events[-1] == ("remove", ".")
+    with pytest.raises(NotFoundError):
+        shared.files.watch("/root/wt/nope")
