@@ -628,6 +628,11 @@ func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	defer release()
+	// Whoever held the claim before (a replica settling what a dead one
+	// left, say) may have moved the record on.
+	if sb, err = s.cfg.Store.Sandbox(ctx, sb.TeamID, sb.ID); err != nil {
+		return err
+	}
 	if sb.State == sandbox.Creating {
 		return fmt.Errorf("sandbox %s is still being created: %w", sb.ID, errkind.FailedPrecondition)
 	}
@@ -821,4 +826,22 @@ func (s *Server) handleSetNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.writeView(w, http.StatusOK, updated)
+}
+
+// SandboxByID returns the API's picture of sandbox id whatever its team,
+// with a fresh data plane while its VM runs: for the E2B facade, which
+// authorizes a caller by a token bound to the sandbox's ID rather than by
+// a team's key. A deleted sandbox is errkind.NotFound.
+func (s *Server) SandboxByID(ctx context.Context, id string) (api.Sandbox, error) {
+	if !store.ValidSandboxID(id) {
+		return api.Sandbox{}, fmt.Errorf("sandbox %.64q: %w", id, store.ErrNotFound)
+	}
+	sb, err := s.cfg.Store.SandboxByID(ctx, id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	if sb = loaded(sb); sb.State == sandbox.Deleted {
+		return api.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+	}
+	return s.view(sb)
 }

@@ -128,6 +128,10 @@ type SandboxIndex interface {
 	// set and not after now, except those already in StateDeleted,
 	// earliest expiry first.
 	ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error)
+	// SandboxByID returns sandbox id whatever its team, or ErrNotFound:
+	// for a caller that proved its right to the sandbox by other means
+	// than a team's key (a token bound to the ID).
+	SandboxByID(ctx context.Context, id string) (Sandbox, error)
 }
 
 // Snapshots manages snapshot records on behalf of one team at a time. A

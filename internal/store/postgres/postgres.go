@@ -388,6 +388,14 @@ func (s *Store) Sandbox(ctx context.Context, teamID, id string) (store.Sandbox, 
 	return sb, nil
 }
 
+func (s *Store) SandboxByID(ctx context.Context, id string) (store.Sandbox, error) {
+	sb, err := scanSandbox(s.pool.QueryRow(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = $1`, id))
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, notFound(err))
+	}
+	return sb, nil
+}
+
 func (s *Store) querySandboxes(ctx context.Context, f *store.Filter, query string, args ...any) ([]store.Sandbox, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+sandboxColumns+` FROM sandboxes `+query, args...)
 	if err != nil {

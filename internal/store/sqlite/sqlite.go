@@ -513,6 +513,17 @@ func (s *Store) Sandbox(ctx context.Context, teamID, id string) (store.Sandbox, 
 	return sb, nil
 }
 
+func (s *Store) SandboxByID(ctx context.Context, id string) (store.Sandbox, error) {
+	sb, err := scanSandbox(s.r.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = store.ErrNotFound
+	}
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
 func (s *Store) querySandboxes(ctx context.Context, f *store.Filter, query string, args ...any) ([]store.Sandbox, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes `+query, args...)
 	if err != nil {

@@ -336,6 +336,17 @@ func testSandboxCRUD(t *testing.T, h Harness) {
 	if got.Handle != nil {
 		t.Errorf("Sandbox().Handle = %q, want nil", got.Handle)
 	}
+	// By ID alone, whatever the team: the same record; an unknown ID is
+	// not found.
+	byID, err := s.SandboxByID(ctx, in.ID)
+	if err != nil {
+		t.Fatalf("SandboxByID(%s) = %v", in.ID, err)
+	}
+	if diff := cmp.Diff(created, byID); diff != "" {
+		t.Errorf("SandboxByID() after create (-want +got):\n%s", diff)
+	}
+	_, err = s.SandboxByID(ctx, newSandbox("t1").ID)
+	wantKind(t, "SandboxByID(unknown)", err, store.ErrNotFound, errkind.NotFound)
 
 	_, err = s.CreateSandbox(ctx, in)
 	wantKind(t, "CreateSandbox(duplicate)", err, store.ErrAlreadyExists, errkind.Conflict)
