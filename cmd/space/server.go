@@ -36,6 +36,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		vcpus, pool                                 int
 		memory                                      int64
 		egress                                      server.Egress
+		e2bListen, e2bDomain, e2bCert, e2bKey       string
 	)
 	c := &cobra.Command{
 		Use:   "server",
@@ -94,7 +95,17 @@ server stops, and the next start re-adopts them.`,
 			if storeURL == "" {
 				storeURL = g.getenv("SPACE_STORE_URL")
 			}
+			var e2bCfg *server.E2B
+			if e2bListen != "" {
+				e2bCfg = &server.E2B{Listen: e2bListen, Domain: e2bDomain, TLSCert: e2bCert, TLSKey: e2bKey}
+			} else if e2bDomain != "" || e2bCert != "" || e2bKey != "" {
+				return usagef("--e2b-domain, --e2b-tls-cert and --e2b-tls-key need --e2b-listen")
+			}
+			if (e2bCert == "") != (e2bKey == "") {
+				return usagef("--e2b-tls-cert and --e2b-tls-key go together")
+			}
 			return server.Run(cmd.Context(), server.Config{
+				E2B:     e2bCfg,
 				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, Chunks: chunks.store(g),
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
@@ -128,6 +139,10 @@ server stops, and the next start re-adopts them.`,
 	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers, over the host CPUs its vCPU overcommit (default: one per 128 MiB of memory offered, at least 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
+	f.StringVar(&e2bListen, "e2b-listen", "", "`address` of the E2B-compatible API (E2B_API_URL, E2B_SANDBOX_URL; docs/e2b.md), e.g. :443 with --e2b-domain and TLS (default: none)")
+	f.StringVar(&e2bDomain, "e2b-domain", "", "`domain` of the E2B API's sandbox hosts PORT-ID.DOMAIN and of api.DOMAIN (E2B_DOMAIN; needs wildcard DNS to this server)")
+	f.StringVar(&e2bCert, "e2b-tls-cert", "", "PEM `FILE` of the E2B listener's certificate (for DOMAIN and *.DOMAIN); with --e2b-tls-key")
+	f.StringVar(&e2bKey, "e2b-tls-key", "", "PEM `FILE` of the key of --e2b-tls-cert")
 	egressFlags(f, &egress)
 	agentFlag(f, &agent)
 	guestKernelFlag(f, &guestKernel)

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -149,6 +150,9 @@ type Config struct {
 	// SecretsKeyFile is the key the teams' secrets are sealed with; "" =
 	// DataDir/secrets.key, made on the first start. Replicas share one.
 	SecretsKeyFile string
+	// E2B, when set, serves the E2B-compatible API on its own listener
+	// (docs/e2b.md).
+	E2B *E2B
 	// DataPlaneURL is where clients send the data-plane requests of
 	// sandboxes on standalone workers (controlplane.Config.DataPlaneURL):
 	// a `space proxy`; "" = this server.
@@ -399,6 +403,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	fmt.Fprintf(progress, "space: serving the API on %s (data dir %s)\n", url, cfg.DataDir)
+	var e2bWait func() error
+	if cfg.E2B != nil {
+		// The facade calls the API on its own listener, by loopback.
+		var e2bURL string
+		e2bURL, e2bWait, err = startE2B(ctx, *cfg.E2B, loopbackURL(ln.Addr()), token, cp, cfg.Log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		fmt.Fprintf(progress, "space: serving the E2B API on %s (domain %q)\n", e2bURL, cfg.E2B.Domain)
+	}
 	if cfg.Ready != nil {
 		cfg.Ready(url)
 	}
@@ -431,11 +446,32 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				}
 			})
 		}
+		if e2bWait != nil {
+			wg.Go(func() {
+				if err := e2bWait(); err != nil {
+					cfg.Log.Error("the E2B API", "err", err)
+				}
+			})
+		}
 		err := cp.Run(ctx)
 		wg.Wait()
 		return err
 	}
 	return serve(ctx, ln, cp.Handler(), background, cfg.Log)
+}
+
+// loopbackURL is the URL this process reaches a listener of its own at:
+// a wildcard address by loopback.
+func loopbackURL(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return "http://" + a.String()
+	}
+	ip := ta.IP
+	if ip == nil || ip.IsUnspecified() {
+		ip = net.IPv4(127, 0, 0, 1)
+	}
+	return "http://" + net.JoinHostPort(ip.String(), strconv.Itoa(ta.Port))
 }
 
 // serve runs the HTTP server and background until ctx ends.

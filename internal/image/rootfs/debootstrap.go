@@ -12,8 +12,9 @@ import (
 )
 
 // DefaultPackages are installed into the default template's root file
-// system on top of debootstrap's minbase.
-var DefaultPackages = []string{"python3", "ca-certificates", "curl", "git", "procps", "bash"}
+// system on top of debootstrap's minbase: with DefaultUser, what E2B's
+// base image offers to code (python3 and python, sudo, bash).
+var DefaultPackages = []string{"python3", "python-is-python3", "ca-certificates", "curl", "git", "procps", "bash", "sudo"}
 
 // BootstrapConfig says what [Debootstrap] installs where.
 type BootstrapConfig struct {

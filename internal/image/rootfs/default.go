@@ -17,7 +17,7 @@ import (
 
 // formatVersion changes whenever the way Default builds its image changes,
 // so that images built the old way are no longer found.
-const formatVersion = 1
+const formatVersion = 2
 
 // CacheKind is the [cachedir.Dir] kind of the images Default builds.
 const CacheKind = "rootfs"
@@ -83,10 +83,31 @@ func buildDefault(ctx context.Context, cfg BootstrapConfig, tmp string, log *slo
 		return err
 	}
 	log.Info("debootstrap done", "duration", time.Since(start).Round(time.Second))
+	if err := addDefaultUser(ctx, cfg.Dir); err != nil {
+		return err
+	}
 	start = time.Now()
 	if err := MakeExt4(ctx, cfg.Dir, filepath.Join(tmp, imageName), Ext4Options{Label: DefaultLabel}); err != nil {
 		return err
 	}
 	log.Info("ext4 image done", "duration", time.Since(start).Round(time.Millisecond))
 	return os.RemoveAll(cfg.Dir)
+}
+
+// DefaultUser is the unprivileged user of the default template: uid 1000,
+// home /home/user, bash, and sudo without a password (as in E2B's base
+// image). Commands run as root unless they name a user.
+const DefaultUser = "user"
+
+// addDefaultUser adds DefaultUser to the tree at root.
+func addDefaultUser(ctx context.Context, root string) error {
+	if _, err := run(ctx, "chroot", root, "useradd", "--create-home", "--shell", "/bin/bash",
+		"--uid", "1000", "--user-group", "--groups", "sudo", DefaultUser); err != nil {
+		return fmt.Errorf("add the default user: %w", err)
+	}
+	rule := DefaultUser + " ALL=(ALL:ALL) NOPASSWD: ALL\n"
+	if err := os.WriteFile(filepath.Join(root, "etc/sudoers.d", DefaultUser), []byte(rule), 0o440); err != nil {
+		return fmt.Errorf("add the default user: %w", err)
+	}
+	return nil
 }

@@ -1,0 +1,353 @@
+package e2b
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"space/api"
+	"space/client"
+	"space/internal/errkind"
+)
+
+// noSandboxes finds no sandbox: the tests below never reach one.
+type noSandboxes struct{}
+
+func (noSandboxes) SandboxByID(context.Context, string) (api.Sandbox, error) {
+	return api.Sandbox{}, fmt.Errorf("no sandboxes here: %w", errkind.NotFound)
+}
+
+func newTestServer(t *testing.T, domain string) *Server {
+	t.Helper()
+	s, err := New(Config{API: "http://127.0.0.1:1", Sandboxes: noSandboxes{}, Secret: []byte("0123456789abcdef"), Domain: domain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	good := Config{API: "http://127.0.0.1:1", Sandboxes: noSandboxes{}, Secret: []byte("0123456789abcdef")}
+	for name, edit := range map[string]func(*Config){
+		"no API":       func(c *Config) { c.API = "" },
+		"bad API":      func(c *Config) { c.API = "ftp://x" },
+		"no sandboxes": func(c *Config) { c.Sandboxes = nil },
+		"short secret": func(c *Config) { c.Secret = []byte("short") },
+		"bad domain":   func(c *Config) { c.Domain = "http://x.test" },
+	} {
+		cfg := good
+		edit(&cfg)
+		if _, err := New(cfg); err == nil {
+			t.Errorf("%s: New = nil error", name)
+		}
+	}
+}
+
+// TestRouting checks which requests go to envd, to a port, or to the API.
+func TestRouting(t *testing.T) {
+	s := newTestServer(t, "e2b.test")
+	for _, tc := range []struct {
+		host    string
+		headers map[string]string
+		id      string
+		port    int
+		sandbox bool
+	}{
+		{host: "api.e2b.test", sandbox: false},
+		{host: "e2b.test", sandbox: false},
+		{host: "127.0.0.1:3000", sandbox: false},
+		{host: "49983-abc123.e2b.test", id: "abc123", port: EnvdPort, sandbox: true},
+		{host: "8080-abc123.E2B.test:443", id: "abc123", port: 8080, sandbox: true},
+		{host: "99999-abc.e2b.test", id: "abc", port: 0, sandbox: true},
+		{host: "x-abc.e2b.test", id: "abc", port: 0, sandbox: true},
+		{host: "a.b.e2b.test", sandbox: false},
+		{host: "127.0.0.1", headers: map[string]string{"E2b-Sandbox-Id": "abc"}, id: "abc", port: EnvdPort, sandbox: true},
+		{host: "127.0.0.1", headers: map[string]string{"E2b-Sandbox-Id": "abc", "E2b-Sandbox-Port": "3000"}, id: "abc", port: 3000, sandbox: true},
+		{host: "e2b.test", headers: map[string]string{"E2b-Sandbox-Id": "abc", "E2b-Sandbox-Port": "nope"}, id: "abc", port: 0, sandbox: true},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Host = tc.host
+		for k, v := range tc.headers {
+			r.Header.Set(k, v)
+		}
+		id, port, ok := s.sandboxTarget(r)
+		if ok != tc.sandbox || id != tc.id || port != tc.port {
+			t.Errorf("host %q headers %v: (%q, %d, %v), want (%q, %d, %v)", tc.host, tc.headers, id, port, ok, tc.id, tc.port, tc.sandbox)
+		}
+	}
+}
+
+func TestIDs(t *testing.T) {
+	if id, ok := spaceID("abc234xyz"); !ok || id != "sbx_abc234xyz" || e2bID(id) != "abc234xyz" {
+		t.Errorf("spaceID(abc234xyz) = %q, %v", id, ok)
+	}
+	for _, bad := range []string{"", "ABC", "sbx_abc", "a-b", "a/b", strings.Repeat("a", 65)} {
+		if _, ok := spaceID(bad); ok {
+			t.Errorf("spaceID(%q) accepted", bad)
+		}
+	}
+}
+
+// TestAccessTokens checks that tokens are bound to a sandbox and the
+// secret, and that unauthenticated envd calls are refused before a
+// sandbox is looked up.
+func TestAccessTokens(t *testing.T) {
+	s := newTestServer(t, "")
+	other, _ := New(Config{API: "http://127.0.0.1:1", Sandboxes: noSandboxes{}, Secret: []byte("another secret!!")})
+	tok := s.accessToken("sbx_a")
+	switch {
+	case !s.validToken("sbx_a", tok):
+		t.Error("a sandbox's own token is refused")
+	case s.validToken("sbx_b", tok):
+		t.Error("a token opens another sandbox")
+	case other.validToken("sbx_a", tok):
+		t.Error("a token made with another secret is accepted")
+	case s.validToken("sbx_a", ""):
+		t.Error("no token is accepted")
+	}
+	for _, path := range []string{"/process.Process/List", "/files?path=/etc/hostname", "/filesystem.Filesystem/Stat"} {
+		r := httptest.NewRequest("POST", path, strings.NewReader("{}"))
+		r.Header.Set("E2b-Sandbox-Id", "a")
+		r.Header.Set("X-Access-Token", "spe2b_forged")
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, r)
+		if w.Code != http.StatusUnauthorized {
+			t.Errorf("POST %s with a forged token = %d %s, want 401", path, w.Code, w.Body)
+		}
+	}
+	// The health check needs no token, and says an unknown sandbox is gone.
+	r := httptest.NewRequest("GET", "/health", nil)
+	r.Header.Set("E2b-Sandbox-Id", "a")
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, r)
+	var gone struct {
+		SandboxID, Message string
+		Code               int
+	}
+	json.Unmarshal(w.Body.Bytes(), &gone)
+	if w.Code != http.StatusBadGateway || gone.Code != 502 || gone.SandboxID != "a" || gone.Message != "The sandbox was not found" {
+		t.Errorf("GET /health of an unknown sandbox = %d %s", w.Code, w.Body)
+	}
+}
+
+// TestSignatures checks signed /files URLs as E2B's SDK makes them.
+func TestSignatures(t *testing.T) {
+	s := newTestServer(t, "")
+	sign := func(path, op, user string, exp int64) url.Values {
+		raw := path + ":" + op + ":" + user + ":" + s.accessToken("sbx_a")
+		q := url.Values{"path": {path}}
+		if user != "" {
+			q.Set("username", user)
+		}
+		if exp != 0 {
+			raw += ":" + strconv.FormatInt(exp, 10)
+			q.Set("signature_expiration", strconv.FormatInt(exp, 10))
+		}
+		sum := sha256.Sum256([]byte(raw))
+		q.Set("signature", "v1_"+strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "="))
+		return q
+	}
+	check := func(method string, q url.Values) error {
+		return s.checkSignature(httptest.NewRequest(method, "/files?"+q.Encode(), nil), "sbx_a")
+	}
+	future := time.Now().Add(time.Hour).Unix()
+	if err := check("GET", sign("/a.txt", "read", "", 0)); err != nil {
+		t.Errorf("a read signature: %v", err)
+	}
+	if err := check("POST", sign("/a.txt", "write", "user", future)); err != nil {
+		t.Errorf("a write signature with an expiry: %v", err)
+	}
+	for name, q := range map[string]url.Values{
+		"a read signature used to write": sign("/a.txt", "read", "", 0),
+		"expired":                        sign("/a.txt", "write", "", time.Now().Add(-time.Minute).Unix()),
+	} {
+		if err := check("POST", q); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	q := sign("/a.txt", "read", "", 0)
+	q.Set("path", "/etc/shadow")
+	if err := check("GET", q); err == nil {
+		t.Error("a signature for another path: accepted")
+	}
+	q = sign("/a.txt", "read", "", future)
+	q.Set("signature_expiration", strconv.FormatInt(future+3600, 10))
+	if err := check("GET", q); err == nil {
+		t.Error("a signature with its expiry moved: accepted")
+	}
+}
+
+// TestConnectStream checks the envelopes of a server-streaming call.
+func TestConnectStream(t *testing.T) {
+	w := httptest.NewRecorder()
+	st := newStream(w)
+	st.Send(map[string]int{"a": 1})
+	st.End(newRPCError("not_found", "gone"))
+	if err := st.Send(map[string]int{"b": 2}); err == nil {
+		t.Error("Send after End = nil error")
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "application/connect+json" || w.Code != 200 {
+		t.Errorf("stream answered %d %q", w.Code, ct)
+	}
+	var frames []string
+	var flags []byte
+	b := w.Body.Bytes()
+	for len(b) >= 5 {
+		n := binary.BigEndian.Uint32(b[1:5])
+		flags = append(flags, b[0])
+		frames = append(frames, string(b[5:5+n]))
+		b = b[5+n:]
+	}
+	want := []string{`{"a":1}`, `{"error":{"code":"not_found","message":"gone"}}`}
+	if fmt.Sprint(frames) != fmt.Sprint(want) || fmt.Sprint(flags) != fmt.Sprint([]byte{0, 2}) || len(b) != 0 {
+		t.Errorf("frames %q flags %v rest %d, want %q flags [0 2]", frames, flags, len(b), want)
+	}
+
+	// A request envelope, and refusals of what is not Connect JSON.
+	env := func(flag byte, msg string) io.Reader {
+		var h [5]byte
+		h[0] = flag
+		binary.BigEndian.PutUint32(h[1:], uint32(len(msg)))
+		return io.MultiReader(bytes.NewReader(h[:]), strings.NewReader(msg))
+	}
+	var got struct{ Path string }
+	r := httptest.NewRequest("POST", "/", env(0, `{"path":"/x"}`))
+	r.Header.Set("Content-Type", "application/connect+json")
+	if err := readStreamRequest(r, &got); err != nil || got.Path != "/x" {
+		t.Errorf("readStreamRequest = %+v, %v", got, err)
+	}
+	for name, tc := range map[string]struct {
+		ct   string
+		body io.Reader
+		code string
+	}{
+		"binary protobuf": {"application/connect+proto", env(0, "x"), "unimplemented"},
+		"compressed":      {"application/connect+json", env(1, "x"), "unimplemented"},
+		"truncated":       {"application/connect+json", strings.NewReader("\x00\x00\x00\x00\x09{}"), "invalid_argument"},
+		"huge":            {"application/connect+json", strings.NewReader("\x00\xff\xff\xff\xff"), "resource_exhausted"},
+		"bad JSON":        {"application/connect+json", env(0, "{"), "invalid_argument"},
+	} {
+		r := httptest.NewRequest("POST", "/", tc.body)
+		r.Header.Set("Content-Type", tc.ct)
+		if err := readStreamRequest(r, &got); rpcErrorOf(err).Code != tc.code {
+			t.Errorf("%s: readStreamRequest = %v, want code %s", name, err, tc.code)
+		}
+	}
+}
+
+func TestRPCErrors(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		code   string
+		status int
+	}{
+		{&client.Error{Status: 404, Code: api.CodeNotFound, Message: "no"}, "not_found", 404},
+		{&client.Error{Status: 409, Code: api.CodeConflict}, "already_exists", 409},
+		{&client.Error{Status: 409, Code: api.CodeFailedPrecondition}, "failed_precondition", 400},
+		{&client.Error{Status: 413, Code: api.CodeTooLarge}, "resource_exhausted", 429},
+		{fmt.Errorf("x: %w", errkind.InvalidArgument), "invalid_argument", 400},
+		{context.DeadlineExceeded, "deadline_exceeded", 504},
+		{fmt.Errorf("plain"), "internal", 500},
+	} {
+		re := rpcErrorOf(tc.err)
+		if re.Code != tc.code || httpStatusOf(re.Code) != tc.status {
+			t.Errorf("rpcErrorOf(%v) = %s (HTTP %d), want %s (HTTP %d)", tc.err, re.Code, httpStatusOf(re.Code), tc.code, tc.status)
+		}
+	}
+}
+
+func TestEndEvents(t *testing.T) {
+	for _, tc := range []struct {
+		exit api.Exit
+		want string
+	}{
+		{api.Exit{Code: 0}, `{"exitCode":0,"exited":true,"status":"exit status 0"}`},
+		{api.Exit{Code: 3}, `{"exitCode":3,"exited":true,"status":"exit status 3","error":"exit status 3"}`},
+		{api.Exit{Code: 137, Signal: 9}, `{"exitCode":-1,"exited":false,"status":"signal: killed","error":"signal: killed"}`},
+	} {
+		b, _ := json.Marshal(endOf(tc.exit))
+		if string(b) != tc.want {
+			t.Errorf("endOf(%+v) = %s, want %s", tc.exit, b, tc.want)
+		}
+	}
+}
+
+func TestMetadataFilter(t *testing.T) {
+	// As E2B's SDK sends it: each key and value escaped, the pairs joined
+	// as a query string (which escapes the escapes).
+	want := map[string]string{"user id": "a&b=c", "k": "v"}
+	pairs := url.Values{}
+	for k, v := range want {
+		pairs.Set(url.PathEscape(k), url.QueryEscape(v))
+	}
+	got, err := parseMetadataFilter(pairs.Encode())
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("parseMetadataFilter(%q) = %v, %v; want %v", pairs.Encode(), got, err, want)
+	}
+	for _, bad := range []string{"novalue", "a=b=c", "%zz=1"} {
+		if _, err := parseMetadataFilter(bad); err == nil {
+			t.Errorf("parseMetadataFilter(%q) = nil error", bad)
+		}
+	}
+}
+
+func TestCreateRequest(t *testing.T) {
+	s := newTestServer(t, "")
+	f, ten := false, int64(10)
+	cr, err := s.createRequest(newSandbox{TemplateID: "base", Timeout: &ten, Metadata: map[string]string{"a": "b"},
+		EnvVars: map[string]string{"X": "1"}, AutoPause: true,
+		Network: &networkConfig{AllowOut: []string{"pypi.org"}, AllowPublicTraffic: &f}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cr.Template != "default" || cr.TimeoutSeconds != 10 || cr.OnTimeout != "suspend" || cr.Env["X"] != "1" ||
+		cr.Labels["a"] != "b" || cr.Labels[labelPrivate] != "true" ||
+		fmt.Sprint(cr.Network.Allow) != "[0.0.0.0/0 pypi.org]" {
+		t.Errorf("createRequest = %+v (network %+v)", cr, cr.Network)
+	}
+	cr, _ = s.createRequest(newSandbox{TemplateID: "mine", AllowInternetAccess: &f})
+	if cr.Template != "mine" || cr.TimeoutSeconds != defaultTimeout || len(cr.Network.Allow) != 0 {
+		t.Errorf("createRequest(no internet) = %+v", cr)
+	}
+	for name, req := range map[string]newSandbox{
+		"mcp":          {MCP: json.RawMessage(`{"x":{}}`)},
+		"volumes":      {VolumeMounts: json.RawMessage(`[{"name":"v","path":"/v"}]`)},
+		"denyOut":      {Network: &networkConfig{DenyOut: []string{"10.0.0.0/8"}}},
+		"reserved key": {Metadata: map[string]string{labelPrivate: "false"}},
+		"zero timeout": {Timeout: new(int64)},
+		"disk-only":    {AutoPauseMemory: &f},
+		"masked host":  {Network: &networkConfig{MaskRequestHost: new(string)}},
+	} {
+		if _, err := s.createRequest(req); err == nil {
+			t.Errorf("%s: createRequest = nil error", name)
+		}
+	}
+}
+
+func TestAPIKeyRequired(t *testing.T) {
+	s := newTestServer(t, "")
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, httptest.NewRequest("GET", "/v2/sandboxes", nil))
+	var e apiError
+	json.Unmarshal(w.Body.Bytes(), &e)
+	if w.Code != 401 || e.Code != 401 || e.Message == "" {
+		t.Errorf("GET /v2/sandboxes without a key = %d %s", w.Code, w.Body)
+	}
+	w = httptest.NewRecorder()
+	s.ServeHTTP(w, httptest.NewRequest("GET", "/templates", nil))
+	if w.Code != 404 {
+		t.Errorf("GET /templates = %d %s, want 404", w.Code, w.Body)
+	}
+}

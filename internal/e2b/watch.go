@@ -1,0 +1,295 @@
+package e2b
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"space/api"
+	"space/client"
+)
+
+// Directory watches: WatchDir streams a watch's events; CreateWatcher,
+// GetWatcherEvents and RemoveWatcher keep one on the server for clients
+// that poll it (E2B's Python SDK does).
+
+type watchRequest struct {
+	Path               string `json:"path"`
+	Recursive          bool   `json:"recursive"`
+	IncludeEntry       bool   `json:"includeEntry"`
+	AllowNetworkMounts bool   `json:"allowNetworkMounts"`
+}
+
+type filesystemEvent struct {
+	Name  string     `json:"name"`
+	Type  string     `json:"type"`
+	Entry *entryInfo `json:"entry,omitempty"`
+}
+
+var eventTypes = map[api.FileEventType]string{
+	api.FileEventCreate: "EVENT_TYPE_CREATE",
+	api.FileEventWrite:  "EVENT_TYPE_WRITE",
+	api.FileEventRemove: "EVENT_TYPE_REMOVE",
+	api.FileEventRename: "EVENT_TYPE_RENAME",
+	api.FileEventChmod:  "EVENT_TYPE_CHMOD",
+}
+
+// errEventsLost ends a watch whose events overflowed a queue: envd's
+// protocol has no way to say some were lost and go on.
+var errEventsLost = newRPCError("resource_exhausted", "events were lost (the sandbox's queue overflowed): watch again and list the directory")
+
+// eventOf converts a change; ok is false for events envd does not send.
+func eventOf(ev api.FileEvent, withEntry bool) (filesystemEvent, bool, error) {
+	if ev.Type == api.FileEventOverflow {
+		return filesystemEvent{}, false, errEventsLost
+	}
+	typ, ok := eventTypes[ev.Type]
+	if !ok || ev.Name == "." {
+		return filesystemEvent{}, false, nil
+	}
+	fe := filesystemEvent{Name: ev.Name, Type: typ}
+	if withEntry && ev.Entry != nil {
+		e := entryOf(ev.Path, *ev.Entry)
+		fe.Entry = &e
+	}
+	return fe, true, nil
+}
+
+func (s *Server) startWatch(ctx context.Context, c *envdCall, req watchRequest) (*client.FileWatch, error) {
+	p, err := c.absPath(ctx, req.Path)
+	if err != nil {
+		return nil, err
+	}
+	w, err := c.sandbox.WatchFiles(ctx, c.id, p, req.Recursive)
+	if err != nil {
+		return nil, fsError(err, p)
+	}
+	return w, nil
+}
+
+func (s *Server) fsWatchDir(w http.ResponseWriter, r *http.Request, c *envdCall) {
+	st := newStream(w)
+	var req watchRequest
+	if err := readStreamRequest(r, &req); err != nil {
+		st.End(err)
+		return
+	}
+	ctx, cancel, _, err := rpcDeadline(r.Context(), r)
+	if err != nil {
+		st.End(err)
+		return
+	}
+	defer cancel()
+	watch, err := s.startWatch(ctx, c, req)
+	if err != nil {
+		st.End(err)
+		return
+	}
+	defer watch.Close()
+	type message struct {
+		Start      *struct{}        `json:"start,omitempty"`
+		Filesystem *filesystemEvent `json:"filesystem,omitempty"`
+		Keepalive  *struct{}        `json:"keepalive,omitempty"`
+	}
+	if err := st.Send(message{Start: &struct{}{}}); err != nil {
+		return
+	}
+	go st.keepalive(ctx, r, message{Keepalive: &struct{}{}})
+	for {
+		ev, err := watch.Next()
+		if errors.Is(err, io.EOF) {
+			st.End(nil) // the watched directory went
+			return
+		}
+		if err != nil {
+			st.End(err)
+			return
+		}
+		fe, ok, err := eventOf(ev, req.IncludeEntry)
+		if err != nil {
+			st.End(err)
+			return
+		}
+		if ok && st.Send(message{Filesystem: &fe}) != nil {
+			return
+		}
+	}
+}
+
+// watchers are the watches CreateWatcher keeps for polling clients.
+type watchers struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	byID map[string]*watcher
+}
+
+// watcher is one watch kept on the server. Events wait for
+// GetWatcherEvents, up to maxQueued; one that nobody asked about for
+// watcherIdle is closed.
+type watcher struct {
+	sandbox string
+	stop    context.CancelFunc
+
+	mu sync.Mutex
+	// +checklocks:mu
+	events []filesystemEvent
+	// +checklocks:mu
+	err error // how the watch ended, once it did
+	// +checklocks:mu
+	polled time.Time
+}
+
+const (
+	maxQueued   = 10000
+	watcherIdle = 10 * time.Minute
+)
+
+func (s *Server) fsCreateWatcher(w http.ResponseWriter, r *http.Request, c *envdCall) {
+	var req watchRequest
+	if err := readUnary(r, &req); err != nil {
+		writeRPCError(w, err)
+		return
+	}
+	// The watch outlives this call: its context is the watcher's own.
+	ctx, stop := context.WithCancel(context.WithoutCancel(r.Context()))
+	watch, err := s.startWatch(ctx, c, req)
+	if err != nil {
+		stop()
+		writeRPCError(w, err)
+		return
+	}
+	wt := &watcher{sandbox: c.id, stop: stop, polled: time.Now()}
+	var b [16]byte
+	rand.Read(b[:])
+	id := hex.EncodeToString(b[:])
+	s.watchers.mu.Lock()
+	if s.watchers.byID == nil {
+		s.watchers.byID = map[string]*watcher{}
+	}
+	s.watchers.byID[id] = wt
+	s.watchers.mu.Unlock()
+	go s.runWatcher(ctx, id, wt, watch, req.IncludeEntry)
+	writeUnary(w, map[string]string{"watcherId": id})
+}
+
+// runWatcher queues a watcher's events until its watch ends, then drops
+// it once it was idle for watcherIdle.
+func (s *Server) runWatcher(ctx context.Context, id string, wt *watcher, watch *client.FileWatch, withEntry bool) {
+	defer watch.Close()
+	idle := time.NewTicker(time.Minute)
+	defer idle.Stop()
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-idle.C:
+				wt.mu.Lock()
+				stale := time.Since(wt.polled) > watcherIdle
+				wt.mu.Unlock()
+				if stale {
+					s.dropWatcher(id)
+					return
+				}
+			}
+		}
+	}()
+	for {
+		ev, err := watch.Next()
+		if err == nil {
+			var fe filesystemEvent
+			var ok bool
+			if fe, ok, err = eventOf(ev, withEntry); err == nil && ok {
+				wt.mu.Lock()
+				if len(wt.events) < maxQueued {
+					wt.events = append(wt.events, fe)
+				} else {
+					err = errEventsLost
+				}
+				wt.mu.Unlock()
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			wt.mu.Lock()
+			wt.err = err
+			if wt.err == nil {
+				wt.err = newRPCError("not_found", "the watched directory is gone")
+			}
+			wt.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (s *Server) dropWatcher(id string) {
+	s.watchers.mu.Lock()
+	wt := s.watchers.byID[id]
+	delete(s.watchers.byID, id)
+	s.watchers.mu.Unlock()
+	if wt != nil {
+		wt.stop()
+	}
+}
+
+// watcherOf returns the call's sandbox's watcher id.
+func (s *Server) watcherOf(c *envdCall, id string) (*watcher, error) {
+	s.watchers.mu.Lock()
+	wt := s.watchers.byID[id]
+	s.watchers.mu.Unlock()
+	if wt == nil || wt.sandbox != c.id {
+		return nil, notFoundf("watcher %q not found", id)
+	}
+	return wt, nil
+}
+
+type watcherRequest struct {
+	WatcherID string `json:"watcherId"`
+}
+
+func (s *Server) fsGetWatcherEvents(w http.ResponseWriter, r *http.Request, c *envdCall) {
+	var req watcherRequest
+	if err := readUnary(r, &req); err != nil {
+		writeRPCError(w, err)
+		return
+	}
+	wt, err := s.watcherOf(c, req.WatcherID)
+	if err != nil {
+		writeRPCError(w, err)
+		return
+	}
+	wt.mu.Lock()
+	events, werr := wt.events, wt.err
+	wt.events, wt.polled = nil, time.Now()
+	wt.mu.Unlock()
+	if len(events) == 0 && werr != nil {
+		s.dropWatcher(req.WatcherID)
+		writeRPCError(w, werr)
+		return
+	}
+	if events == nil {
+		events = []filesystemEvent{}
+	}
+	writeUnary(w, map[string][]filesystemEvent{"events": events})
+}
+
+func (s *Server) fsRemoveWatcher(w http.ResponseWriter, r *http.Request, c *envdCall) {
+	var req watcherRequest
+	if err := readUnary(r, &req); err != nil {
+		writeRPCError(w, err)
+		return
+	}
+	if _, err := s.watcherOf(c, req.WatcherID); err != nil {
+		writeRPCError(w, err)
+		return
+	}
+	s.dropWatcher(req.WatcherID)
+	writeUnary(w, struct{}{})
+}

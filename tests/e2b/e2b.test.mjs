@@ -1,0 +1,248 @@
+// The unmodified `e2b` SDK against SPACE's E2B-compatible API, written
+// from the SDK's documented behaviour. run.sh starts a SPACE server with
+// the API on :443 of 127.0.0.1 under the domain e2b.test (TLS with a CA
+// of its own) and sets E2B_DOMAIN, E2B_API_KEY and NODE_EXTRA_CA_CERTS;
+// hosts.cjs resolves every *.e2b.test name to 127.0.0.1.
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { createHash } from 'node:crypto'
+import {
+  Sandbox, CommandExitError, NotFoundError, FileType, FilesystemEventType,
+} from 'e2b'
+
+const RUN = Math.random().toString(36).slice(2, 10)
+const META = { suite: 'e2b-sdk', run: RUN }
+const opts = { metadata: META, timeoutMs: 10 * 60_000 }
+
+let sbx
+before(async () => {
+  sbx = await Sandbox.create('base', opts)
+})
+after(async () => {
+  // Whatever a failed test left behind.
+  const p = Sandbox.list({ query: { metadata: { run: RUN } } })
+  while (p.hasNext) {
+    for (const s of await p.nextItems()) await Sandbox.kill(s.sandboxId).catch(() => {})
+  }
+})
+
+test('create: an id the SDK accepts, and info', async () => {
+  assert.match(sbx.sandboxId, /^[a-z0-9]+$/)
+  const info = await sbx.getInfo()
+  assert.equal(info.sandboxId, sbx.sandboxId)
+  assert.equal(info.templateId, 'base')
+  assert.deepEqual(info.metadata, META)
+  assert.equal(info.state, 'running')
+  assert.ok(info.endAt > info.startedAt)
+  assert.equal(await sbx.isRunning(), true)
+})
+
+test('commands: run, exit codes, envs, cwd, user, stderr', async () => {
+  const r = await sbx.commands.run('echo "$GREETING from $(whoami) in $(pwd)"; echo err >&2',
+    { envs: { GREETING: 'hi' } })
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'hi from user in /home/user\n')
+  assert.equal(r.stderr, 'err\n')
+  assert.equal((await sbx.commands.run('id -un', { user: 'root', cwd: '/tmp' })).stdout, 'root\n')
+  assert.equal((await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout, '/tmp\n')
+  assert.equal((await sbx.commands.run('sudo -n id -u')).stdout, '0\n')
+  assert.equal((await sbx.commands.run('python --version && python3 -c "print(6*7)"')).stdout.split('\n')[1], '42')
+  await assert.rejects(sbx.commands.run('exit 3'), (e) => e instanceof CommandExitError && e.exitCode === 3)
+  const lines = []
+  await sbx.commands.run('for i in 1 2 3; do echo $i; done', { onStdout: (d) => lines.push(d) })
+  assert.equal(lines.join(''), '1\n2\n3\n')
+})
+
+test('commands: a large output arrives byte-exact', async () => {
+  const n = 8 << 20
+  const r = await sbx.commands.run(`head -c ${n} /dev/zero | tr '\\0' a; echo`, {
+    onStdout: () => {}, timeoutMs: 120_000,
+  })
+  const got = r.stdout
+  assert.equal(got.length, n + 1)
+  assert.equal(createHash('sha256').update(got).digest('hex'),
+    createHash('sha256').update('a'.repeat(n) + '\n').digest('hex'))
+})
+
+test('commands: background, stdin, list, connect, kill', async () => {
+  const h = await sbx.commands.run('read line; echo "got $line"; sleep 600', { background: true, stdin: true })
+  assert.ok(h.pid > 0)
+  const listed = await sbx.commands.list()
+  assert.ok(listed.some((p) => p.pid === h.pid), JSON.stringify(listed))
+  await sbx.commands.sendStdin(h.pid, 'hello\n')
+  for (let i = 0; i < 100 && !h.stdout.includes('got hello'); i++) await new Promise((r) => setTimeout(r, 100))
+  assert.equal(h.stdout, 'got hello\n')
+  await h.disconnect()
+  const again = await sbx.commands.connect(h.pid)
+  assert.equal(await sbx.commands.kill(h.pid), true)
+  await assert.rejects(again.wait(), (e) => e instanceof CommandExitError)
+  assert.equal(await sbx.commands.kill(h.pid), false)
+
+  const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+  await sbx.commands.sendStdin(cat.pid, 'to cat\n')
+  await sbx.commands.closeStdin(cat.pid)
+  const r = await cat.wait()
+  assert.equal(r.stdout, 'to cat\n')
+
+  // More than one request's worth of stdin, in order.
+  const big = Buffer.alloc(3 << 20)
+  for (let i = 0; i < big.length; i++) big[i] = 97 + (i % 26)
+  const sum = await sbx.commands.run('sha256sum', { background: true, stdin: true })
+  await sbx.commands.sendStdin(sum.pid, big)
+  await sbx.commands.closeStdin(sum.pid)
+  assert.equal((await sum.wait()).stdout.split(' ')[0], createHash('sha256').update(big).digest('hex'))
+})
+
+test('commands: a timeout kills the command', async () => {
+  const t0 = Date.now()
+  await assert.rejects(sbx.commands.run('sleep 30', { timeoutMs: 2000 }))
+  assert.ok(Date.now() - t0 < 20_000)
+})
+
+test('files: write, read, list, info, exists, makeDir, rename, remove', async () => {
+  const info = await sbx.files.write('/home/user/dir/a.txt', 'alpha')
+  assert.equal(info.path, '/home/user/dir/a.txt')
+  assert.equal(await sbx.files.read('/home/user/dir/a.txt'), 'alpha')
+  await sbx.files.write('rel.bin', new Uint8Array([0, 1, 2, 255]).buffer)
+  const bytes = await sbx.files.read('/home/user/rel.bin', { format: 'bytes' })
+  assert.deepEqual([...bytes], [0, 1, 2, 255])
+  const multi = await sbx.files.write([{ path: '/tmp/m1', data: 'one' }, { path: '/tmp/m2', data: 'two' }])
+  assert.deepEqual(multi.map((w) => w.path), ['/tmp/m1', '/tmp/m2'])
+  assert.equal(await sbx.files.read('/tmp/m2'), 'two')
+
+  const entries = await sbx.files.list('/home/user/dir')
+  assert.deepEqual(entries.map((e) => [e.name, e.type]), [['a.txt', FileType.FILE]])
+  const st = await sbx.files.getInfo('/home/user/dir/a.txt')
+  assert.equal(st.size, 5)
+  assert.equal(st.owner, 'user')
+  assert.equal(st.permissions, '-rw-r--r--')
+  assert.equal(await sbx.files.exists('/home/user/dir/a.txt'), true)
+  assert.equal(await sbx.files.exists('/home/user/nope'), false)
+  assert.equal(await sbx.files.makeDir('/home/user/dir/sub/deeper'), true)
+  assert.equal(await sbx.files.makeDir('/home/user/dir/sub/deeper'), false)
+  const deep = await sbx.files.list('/home/user/dir', { depth: 3 })
+  assert.ok(deep.some((e) => e.path === '/home/user/dir/sub/deeper' && e.type === FileType.DIR))
+  const moved = await sbx.files.rename('/home/user/dir/a.txt', '/home/user/dir/sub/b.txt')
+  assert.equal(moved.path, '/home/user/dir/sub/b.txt')
+  await sbx.files.remove('/home/user/dir')
+  assert.equal(await sbx.files.exists('/home/user/dir'), false)
+  await assert.rejects(sbx.files.read('/home/user/dir/sub/b.txt'), (e) => e instanceof NotFoundError)
+  await assert.rejects(sbx.files.getInfo('/nope'), (e) => e instanceof NotFoundError)
+})
+
+test('files: watch a directory', async () => {
+  await sbx.files.makeDir('/tmp/watched')
+  const events = []
+  const w = await sbx.files.watchDir('/tmp/watched', (e) => events.push(e), { recursive: true })
+  await sbx.files.write('/tmp/watched/new.txt', 'x')
+  await sbx.commands.run('mkdir /tmp/watched/d && echo y > /tmp/watched/d/inner && rm /tmp/watched/new.txt')
+  for (let i = 0; i < 100; i++) {
+    if (events.some((e) => e.name === 'd/inner' && e.type === FilesystemEventType.WRITE) &&
+      events.some((e) => e.name === 'new.txt' && e.type === FilesystemEventType.REMOVE)) break
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  await w.stop()
+  const seen = events.map((e) => `${e.type} ${e.name}`)
+  for (const want of ['create new.txt', 'create d', 'write d/inner', 'remove new.txt']) {
+    assert.ok(seen.includes(want), `${want} in ${JSON.stringify(seen)}`)
+  }
+})
+
+test('files: signed upload and download URLs', async () => {
+  const up = await sbx.uploadUrl('/tmp/via-url.txt')
+  const form = new FormData()
+  form.append('file', new Blob(['uploaded by url']), '/tmp/via-url.txt')
+  const res = await fetch(up, { method: 'POST', body: form })
+  assert.equal(res.status, 200, await res.clone().text())
+  const down = await sbx.downloadUrl('/tmp/via-url.txt')
+  assert.equal(await (await fetch(down)).text(), 'uploaded by url')
+  const forged = down.replace(/signature=[^&]+/, 'signature=v1_forged')
+  assert.equal((await fetch(forged)).status, 401)
+})
+
+test('pty: input, resize, output', async () => {
+  let out = ''
+  const dec = new TextDecoder()
+  const t = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d) } })
+  await sbx.pty.resize(t.pid, { cols: 120, rows: 40 })
+  await sbx.pty.sendInput(t.pid, new TextEncoder().encode('stty size; exit\n'))
+  await t.wait()
+  assert.match(out, /40 120/)
+})
+
+test('getHost: a server in the sandbox, through its host name', async () => {
+  await sbx.files.write('/tmp/www/index.html', 'served')
+  await sbx.commands.run('python3 -m http.server 8000 -d /tmp/www', { background: true })
+  const url = `https://${sbx.getHost(8000)}/index.html`
+  let res
+  for (let i = 0; i < 100; i++) {
+    res = await fetch(url)
+    if (res.status === 200) break
+    await new Promise((r) => setTimeout(r, 200))
+  }
+  assert.equal(res.status, 200)
+  assert.equal(await res.text(), 'served')
+  const closed = await fetch(`https://${sbx.getHost(8001)}/`)
+  assert.equal(closed.status, 502)
+  assert.equal((await closed.json()).code, 502)
+})
+
+test('routing by headers: one base URL for every sandbox', async () => {
+  // As with E2B_SANDBOX_URL: envd requests carry E2b-Sandbox-Id instead of
+  // naming the sandbox in the host.
+  const same = await Sandbox.connect(sbx.sandboxId, { sandboxUrl: `https://${process.env.E2B_DOMAIN}` })
+  assert.equal((await same.commands.run('echo via headers')).stdout, 'via headers\n')
+  assert.equal(await same.files.read('/tmp/www/index.html'), 'served')
+})
+
+test('timeouts: set, extend and shorten', async () => {
+  await sbx.setTimeout(30 * 60_000)
+  let info = await sbx.getInfo()
+  assert.ok(info.endAt.getTime() - Date.now() > 25 * 60_000)
+  await sbx.setTimeout(10 * 60_000)
+  info = await sbx.getInfo()
+  assert.ok(info.endAt.getTime() - Date.now() < 11 * 60_000)
+})
+
+test('pause and resume keep processes, files and a running server', async () => {
+  const other = await Sandbox.create('base', { ...opts, metadata: { ...META, role: 'pause' } })
+  await other.files.write('/tmp/kept.txt', 'kept')
+  await other.commands.run('python3 -m http.server 8000 -d /tmp', { background: true })
+  for (let i = 0; i < 100 && !(await other.commands.run('python3 -c "import socket; socket.create_connection((\'127.0.0.1\', 8000))" && echo up || true')).stdout.includes('up'); i++) {
+    await new Promise((r) => setTimeout(r, 200))
+  }
+  assert.equal(await other.pause(), true)
+  assert.equal((await other.getInfo()).state, 'paused')
+  const paused = await Sandbox.list({ query: { metadata: { run: RUN, role: 'pause' }, state: ['paused'] } }).nextItems()
+  assert.deepEqual(paused.map((s) => s.sandboxId), [other.sandboxId])
+  const back = await Sandbox.connect(other.sandboxId)
+  assert.equal((await back.getInfo()).state, 'running')
+  assert.equal(await back.files.read('/tmp/kept.txt'), 'kept')
+  const res = await fetch(`https://${back.getHost(8000)}/kept.txt`)
+  assert.equal(await res.text(), 'kept')
+  assert.equal(await back.kill(), true)
+  assert.equal(await Sandbox.kill(other.sandboxId), false)
+})
+
+test('list: filters and pages', async () => {
+  const extra = await Sandbox.create('base', { ...opts, metadata: { ...META, role: 'list' } })
+  try {
+    const mine = await Sandbox.list({ query: { metadata: { run: RUN, role: 'list' } } }).nextItems()
+    assert.deepEqual(mine.map((s) => s.sandboxId), [extra.sandboxId])
+    const p = Sandbox.list({ query: { metadata: { run: RUN } }, limit: 1 })
+    const seen = []
+    while (p.hasNext) seen.push(...(await p.nextItems()).map((s) => s.sandboxId))
+    assert.ok(seen.includes(extra.sandboxId) && seen.includes(sbx.sandboxId), JSON.stringify(seen))
+    assert.equal(new Set(seen).size, seen.length)
+  } finally {
+    await extra.kill()
+  }
+})
+
+test('a killed sandbox: 502 from its envd, not found from the API', async () => {
+  const gone = await Sandbox.create('base', { ...opts, metadata: { ...META, role: 'gone' } })
+  await gone.kill()
+  assert.equal(await gone.isRunning(), false)
+  await assert.rejects(gone.commands.run('true'))
+  await assert.rejects(Sandbox.getInfo(gone.sandboxId), (e) => e instanceof NotFoundError || /not found/i.test(e.message))
+})
