@@ -61,6 +61,8 @@ test: deps
 	$(GO) test -json -count=1 -timeout 45m -p 2 ./... 2>&1 | $(GO) run ./internal/testenv/testsummary
 	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime 20s ./internal/agent/proto
 	sdk/python/run-tests.sh -q
+	sdk/typescript/run-tests.sh
+	tests/e2b/run.sh
 
 run: deps build
 	bin/space server

@@ -12,7 +12,11 @@ set -euo pipefail
 # tier's one-node cluster (internal/testenv/kubetest; its Kubernetes binaries
 # come from scripts/build-kube.sh, kubectl included: Debian 12 has none recent).
 # The Python SDK's tests (sdk/python) run on Debian's python3 with its httpx,
-# websockets, yaml (the type generator) and pytest packages.
+# websockets, yaml (the type generator) and pytest packages. The TypeScript
+# SDK (sdk/typescript) and the E2B SDK tests (tests/e2b) need Node.js 18 or
+# newer with npm: Debian's nodejs and npm when the machine has no node;
+# their npm packages are installed from their lock files (npm ci).
+# openssl makes the E2B tests' throwaway certificates.
 packages=(
 	qemu-system-x86
 	qemu-utils
@@ -33,7 +37,13 @@ packages=(
 	python3-yaml
 	python3-pytest
 	python3-pytest-asyncio
+	openssl
+	curl
 )
+# Node.js: the machine's own when it has one, else Debian's.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+	packages+=(nodejs npm)
+fi
 
 # The guest kernel is fetched as this package through the host's apt index
 # (Debian only; see internal/image/kernel).
@@ -107,3 +117,15 @@ if ((major < min_go_major || (major == min_go_major && minor < min_go_minor))); 
 	die "$go_bin is $go_version; Go $min_go_major.$min_go_minor or newer is required (https://go.dev/doc/install)"
 fi
 log "go: $go_version ($go_bin)"
+
+# Node.js 18 or newer, then the npm packages of the JavaScript test suites.
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+((node_major >= 18)) || die "Node.js 18 or newer is required; node is $(node --version 2>/dev/null || echo missing)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+for dir in sdk/typescript tests/e2b; do
+	if [[ ! -f $here/$dir/node_modules/.package-lock.json || $here/$dir/package-lock.json -nt $here/$dir/node_modules/.package-lock.json ]]; then
+		log "npm ci in $dir"
+		(cd "$here/$dir" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
+	fi
+done
+log "node: $(node --version)"

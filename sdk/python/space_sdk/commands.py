@@ -411,6 +411,22 @@ class CommandHandle:
 # --- the sandbox.commands objects
 
 
+# INTERPRETERS run a snippet read from stdin, by language (run_code).
+INTERPRETERS = {
+    "python": ["python3", "-"],
+    "javascript": ["node", "-"],
+    "shell": ["/bin/sh", "-s"],
+    "bash": ["/bin/bash", "-s"],
+}
+
+
+def _interpreter(language: str) -> List[str]:
+    try:
+        return INTERPRETERS[language]
+    except KeyError:
+        raise ValueError("language %r: want one of %s" % (language, ", ".join(INTERPRETERS))) from None
+
+
 class AsyncCommands:
     """``sandbox.commands`` of the async API."""
 
@@ -464,6 +480,11 @@ class AsyncCommands:
             return h
         ex = build_exec(cmd, env, cwd, user, timeout, stdin, kill_on_disconnect)
         return _finish(await _ndjson_async(self._http, _exec_req(self._sb.id, ex), out), check)
+
+    async def run_code(self, code: str, language: str = "python", **kw: Any) -> CommandResult:
+        """Run a snippet (python, javascript, shell or bash), fed to its
+        interpreter on stdin; keyword arguments as for run (not stdin)."""
+        return await self.run(_interpreter(language), stdin=code, **kw)
 
     async def connect(
         self, pid: int, on_stdout: Optional[OutputCallback] = None, on_stderr: Optional[OutputCallback] = None
@@ -555,6 +576,11 @@ class Commands:
         ex = build_exec(cmd, env, cwd, user, timeout, stdin, kill_on_disconnect)
         out = _Output(on_stdout, on_stderr)
         return _finish(_ndjson_sync(self._http, _exec_req(self._sb.id, ex), out), check)
+
+    def run_code(self, code: str, language: str = "python", **kw: Any) -> CommandResult:
+        """Run a snippet (python, javascript, shell or bash), fed to its
+        interpreter on stdin; keyword arguments as for run (not stdin)."""
+        return self.run(_interpreter(language), stdin=code, **kw)
 
     def connect(
         self, pid: int, on_stdout: Optional[OutputCallback] = None, on_stderr: Optional[OutputCallback] = None

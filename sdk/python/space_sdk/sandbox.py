@@ -23,6 +23,7 @@ from ._errors import NotFoundError
 from ._http import Req, sandbox_path
 from .commands import AsyncCommands, Commands
 from .files import AsyncFiles, Files
+from .ports import AsyncPorts, Ports
 from .pty import AsyncPty, Pty
 
 if TYPE_CHECKING:
@@ -140,9 +141,11 @@ class Sandbox(_Base):
     def __init__(self, space: "Space", sandbox_id: str, info: Optional[T.Sandbox] = None) -> None:
         super().__init__(sandbox_id, info)
         self._space = space
+        self._owns_space = False
         self.commands = Commands(self)
         self.files = Files(self)
         self.pty = Pty(self)
+        self.ports = Ports(self)
 
     def _call(self, req: Req) -> "Sandbox":
         self._set(self._space._http.json(req))
@@ -210,16 +213,47 @@ class Sandbox(_Base):
         return self._call(_put(self.id, "checkpoints/policy", p.to_dict()))
 
     def port_open(self, port: int) -> bool:
-        """Whether something in the sandbox accepts TCP connections on port."""
-        doc = self._space._http.json(Req("GET", sandbox_path(self.id, "/ports/%d" % int(port)), sandbox=self.id,
-                                         idempotent=True))
-        return bool(T.PortState.from_dict(doc).open)
+        """Whether something in the sandbox accepts TCP connections on port (``ports.is_open``)."""
+        return self.ports.is_open(port)
+
+    @classmethod
+    def create(
+        cls, template: Optional[str] = None, *, api_url: Optional[str] = None, api_key: Optional[str] = None, **kw: Any
+    ) -> "Sandbox":
+        """Create a sandbox with a client of its own (``Space(api_url,
+        api_key)``: $SPACE_API_URL and $SPACE_API_KEY by default), which
+        ``close()`` or the end of a ``with`` block closes; keyword
+        arguments are those of ``Space().sandboxes.create``. Forks and
+        sandboxes connected through ``sb.space`` share that client."""
+        from .client import Space
+
+        space = Space(api_url, api_key)
+        try:
+            sb = space.sandboxes.create(template, **kw)
+        except BaseException:
+            space.close()
+            raise
+        sb._owns_space = True
+        return sb
+
+    @property
+    def space(self) -> "Space":
+        """The client this sandbox talks through."""
+        return self._space
+
+    def close(self) -> None:
+        """Close the client Sandbox.create made (the sandbox keeps running); no-op otherwise."""
+        if self._owns_space:
+            self._space.close()
 
     def __enter__(self) -> "Sandbox":
         return self
 
     def __exit__(self, et: Optional[Type[BaseException]], ev: Optional[BaseException], tb: Optional[TracebackType]) -> None:
-        self.delete(missing_ok=True)
+        try:
+            self.delete(missing_ok=True)
+        finally:
+            self.close()
 
 
 class AsyncSandbox(_Base):
@@ -228,9 +262,11 @@ class AsyncSandbox(_Base):
     def __init__(self, space: "AsyncSpace", sandbox_id: str, info: Optional[T.Sandbox] = None) -> None:
         super().__init__(sandbox_id, info)
         self._space = space
+        self._owns_space = False
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self.pty = AsyncPty(self)
+        self.ports = AsyncPorts(self)
 
     async def _call(self, req: Req) -> "AsyncSandbox":
         self._set(await self._space._http.json(req))
@@ -292,9 +328,29 @@ class AsyncSandbox(_Base):
         return await self._call(_put(self.id, "checkpoints/policy", p.to_dict()))
 
     async def port_open(self, port: int) -> bool:
-        doc = await self._space._http.json(
-            Req("GET", sandbox_path(self.id, "/ports/%d" % int(port)), sandbox=self.id, idempotent=True))
-        return bool(T.PortState.from_dict(doc).open)
+        return await self.ports.is_open(port)
+
+    @classmethod
+    def create(
+        cls, template: Optional[str] = None, *, api_url: Optional[str] = None, api_key: Optional[str] = None, **kw: Any
+    ) -> "_CreateCall":
+        """As Sandbox.create, for asyncio: ``sb = await AsyncSandbox.create()``
+        (then ``await sb.close()``) or ``async with AsyncSandbox.create() as sb:``."""
+        from .client import AsyncSpace
+
+        space = AsyncSpace(api_url, api_key)
+        call = space.sandboxes.create(template, **kw)
+        call._owns_space = True
+        return call
+
+    @property
+    def space(self) -> "AsyncSpace":
+        return self._space
+
+    async def close(self) -> None:
+        """Close the client AsyncSandbox.create made (the sandbox keeps running); no-op otherwise."""
+        if self._owns_space:
+            await self._space.aclose()
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -302,7 +358,10 @@ class AsyncSandbox(_Base):
     async def __aexit__(
         self, et: Optional[Type[BaseException]], ev: Optional[BaseException], tb: Optional[TracebackType]
     ) -> None:
-        await self.delete(missing_ok=True)
+        try:
+            await self.delete(missing_ok=True)
+        finally:
+            await self.close()
 
 
 def _create_req(body: Dict[str, Any]) -> Req:
@@ -363,10 +422,17 @@ class _CreateCall:
         self._space = space
         self._body = body
         self._sb: Optional[AsyncSandbox] = None
+        self._owns_space = False  # AsyncSandbox.create's own client
 
     async def _create(self) -> AsyncSandbox:
-        info = T.Sandbox.from_dict(await self._space._http.json(_create_req(self._body)))
+        try:
+            info = T.Sandbox.from_dict(await self._space._http.json(_create_req(self._body)))
+        except BaseException:
+            if self._owns_space:
+                await self._space.aclose()
+            raise
         self._sb = AsyncSandbox(self._space, info.id, info)
+        self._sb._owns_space = self._owns_space
         return self._sb
 
     def __await__(self) -> Generator[Any, None, AsyncSandbox]:
@@ -379,7 +445,7 @@ class _CreateCall:
         self, et: Optional[Type[BaseException]], ev: Optional[BaseException], tb: Optional[TracebackType]
     ) -> None:
         if self._sb is not None:
-            await self._sb.delete(missing_ok=True)
+            await self._sb.__aexit__(et, ev, tb)
 
 
 class AsyncSandboxes:
