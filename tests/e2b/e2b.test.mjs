@@ -241,7 +241,12 @@ test('list: filters and pages', async () => {
 
 test('a killed sandbox: 502 from its envd, not found from the API', async () => {
   const gone = await Sandbox.create('base', { ...opts, metadata: { ...META, role: 'gone' } })
+  const running = await gone.commands.run('sleep 600', { background: true })
+  const t0 = Date.now()
   await gone.kill()
+  // The kill cuts the command's open stream.
+  await assert.rejects(running.wait())
+  assert.ok(Date.now() - t0 < 30_000, `the stream ended ${Date.now() - t0} ms after the kill`)
   assert.equal(await gone.isRunning(), false)
   await assert.rejects(gone.commands.run('true'))
   await assert.rejects(Sandbox.getInfo(gone.sandboxId), (e) => e instanceof NotFoundError || /not found/i.test(e.message))
