@@ -351,3 +351,105 @@ func TestAPIKeyRequired(t *testing.T) {
 		t.Errorf("GET /templates = %d %s, want 404", w.Code, w.Body)
 	}
 }
+
+// fakePlane is a SPACE data plane of one sandbox, sbx_abc, that answers
+// file watches with the events sent on its channel, and nothing else.
+type fakePlane struct {
+	srv    *httptest.Server
+	events chan api.FileEvent
+}
+
+func newFakePlane(t *testing.T) *fakePlane {
+	f := &fakePlane{events: make(chan api.FileEvent, 16)}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/sandboxes/sbx_abc/files/watch", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer sdp1_token" || r.URL.Query().Get("path") != "/tmp/w" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"error":{"code":"not_found","message":"no such directory"}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		enc := json.NewEncoder(w)
+		enc.Encode(api.FileEvent{Type: api.FileEventStart, Path: r.URL.Query().Get("path")})
+		w.(http.Flusher).Flush()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case ev := <-f.events:
+				enc.Encode(ev)
+				w.(http.Flusher).Flush()
+			}
+		}
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprint(w, `{"error":{"code":"not_found","message":"no such path"}}`)
+	})
+	f.srv = httptest.NewServer(mux)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakePlane) SandboxByID(_ context.Context, id string) (api.Sandbox, error) {
+	if id != "sbx_abc" {
+		return api.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errkind.NotFound)
+	}
+	return api.Sandbox{ID: id, State: "running",
+		DataPlane: &api.DataPlane{URL: f.srv.URL, Token: "sdp1_token", ExpiresAt: time.Now().Add(time.Hour)}}, nil
+}
+
+// TestWatchers drives the polling watchers (CreateWatcher,
+// GetWatcherEvents, RemoveWatcher) against a fake data plane: the real
+// watch under them is tested with real VMs in tests/e2b.
+func TestWatchers(t *testing.T) {
+	plane := newFakePlane(t)
+	s, err := New(Config{API: plane.srv.URL, Sandboxes: plane, Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(method string, body any, out any) int {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		r := httptest.NewRequest("POST", "/filesystem.Filesystem/"+method, bytes.NewReader(b))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("E2b-Sandbox-Id", "abc")
+		r.Header.Set("X-Access-Token", s.accessToken("sbx_abc"))
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, r)
+		if out != nil {
+			json.Unmarshal(w.Body.Bytes(), out)
+		}
+		return w.Code
+	}
+	var created struct{ WatcherID string }
+	if code := call("CreateWatcher", map[string]any{"path": "/tmp/w", "recursive": true}, &created); code != 200 || created.WatcherID == "" {
+		t.Fatalf("CreateWatcher = %d %+v", code, created)
+	}
+	plane.events <- api.FileEvent{Type: api.FileEventCreate, Path: "/tmp/w/a.txt", Name: "a.txt"}
+	plane.events <- api.FileEvent{Type: api.FileEventRemove, Path: "/tmp/w/d/b", Name: "d/b"}
+	var got []filesystemEvent
+	for deadline := time.Now().Add(10 * time.Second); len(got) < 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var evs struct{ Events []filesystemEvent }
+		if code := call("GetWatcherEvents", map[string]string{"watcherId": created.WatcherID}, &evs); code != 200 {
+			t.Fatalf("GetWatcherEvents = %d", code)
+		}
+		got = append(got, evs.Events...)
+	}
+	want := []filesystemEvent{{Name: "a.txt", Type: "EVENT_TYPE_CREATE"}, {Name: "d/b", Type: "EVENT_TYPE_REMOVE"}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("events %+v, want %+v", got, want)
+	}
+	if code := call("RemoveWatcher", map[string]string{"watcherId": created.WatcherID}, nil); code != 200 {
+		t.Errorf("RemoveWatcher = %d", code)
+	}
+	var e rpcError
+	if code := call("GetWatcherEvents", map[string]string{"watcherId": created.WatcherID}, &e); code != 404 || e.Code != "not_found" {
+		t.Errorf("GetWatcherEvents after RemoveWatcher = %d %+v", code, e)
+	}
+	if code := call("CreateWatcher", map[string]any{"path": "/nope"}, &e); code != 404 {
+		t.Errorf("CreateWatcher(/nope) = %d %+v", code, e)
+	}
+}
