@@ -453,3 +453,27 @@ func TestWatchers(t *testing.T) {
 		t.Errorf("CreateWatcher(/nope) = %d %+v", code, e)
 	}
 }
+
+func TestParseMetrics(t *testing.T) {
+	out := `cpu  100 0 50 800 50 0 0 0 0 0
+cpu  130 0 60 850 60 0 0 0 0 0
+MemTotal:         501236 kB
+MemAvailable:     401236 kB
+Cached:            51200 kB
+overlay 1023303680 52428800 970874880 6% /
+2
+`
+	m, err := parseMetrics(strings.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 40 busy of 100 jiffies.
+	want := metric{CPUCount: 2, CPUUsedPct: 40, MemTotal: 501236 << 10, MemUsed: 100000 << 10, MemCache: 51200 << 10,
+		DiskTotal: 1023303680, DiskUsed: 52428800}
+	if m != want {
+		t.Errorf("parseMetrics = %+v, want %+v", m, want)
+	}
+	if _, err := parseMetrics(strings.NewReader("nothing\n")); err == nil {
+		t.Error("parseMetrics(nothing) = nil error")
+	}
+}

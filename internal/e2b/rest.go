@@ -42,6 +42,7 @@ func (s *Server) apiRoutes() {
 	h("GET /snapshots", s.listSnapshots)
 	h("DELETE /templates/{id}", s.deleteSnapshot)
 	h("PUT /sandboxes/{id}/network", s.setNetwork)
+	h("GET /sandboxes/{id}/metrics", s.metrics)
 	s.api.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"message": "Health check successful"})
 	})

@@ -195,6 +195,14 @@ test('routing by headers: one base URL for every sandbox', async () => {
   assert.equal(await same.files.read('/tmp/www/index.html'), 'served')
 })
 
+test('metrics: a sample of the guest', async () => {
+  const [m] = await sbx.getMetrics()
+  assert.ok(m.cpuCount >= 1 && m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, JSON.stringify(m))
+  assert.ok(m.memTotal > 100 << 20 && m.memUsed > 0 && m.memUsed < m.memTotal, JSON.stringify(m))
+  assert.ok(m.diskTotal > 0 && m.diskUsed > 0, JSON.stringify(m))
+  assert.ok(m.timestamp instanceof Date)
+})
+
 test('timeouts: set, extend and shorten', async () => {
   await sbx.setTimeout(30 * 60_000)
   let info = await sbx.getInfo()

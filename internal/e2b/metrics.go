@@ -1,0 +1,127 @@
+package e2b
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"space/api"
+	"space/client"
+)
+
+// metric is E2B's SandboxMetric.
+type metric struct {
+	Timestamp     string  `json:"timestamp"`
+	TimestampUnix int64   `json:"timestampUnix"`
+	CPUCount      int     `json:"cpuCount"`
+	CPUUsedPct    float64 `json:"cpuUsedPct"`
+	MemTotal      int64   `json:"memTotal"`
+	MemUsed       int64   `json:"memUsed"`
+	MemCache      int64   `json:"memCache"`
+	DiskTotal     int64   `json:"diskTotal"`
+	DiskUsed      int64   `json:"diskUsed"`
+}
+
+// metricsScript samples the guest: its CPU times 200 ms apart, its
+// memory and its root file system, with what every Debian system has.
+const metricsScript = `head -n1 /proc/stat; sleep 0.2; head -n1 /proc/stat; ` +
+	`grep -E '^(MemTotal|MemAvailable|Cached):' /proc/meminfo; df -P -B1 / | tail -n1; nproc`
+
+// metrics answers E2B's metrics route with one sample of the guest taken
+// now (E2B keeps a series; SPACE measures on demand), or none while the
+// sandbox does not run.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request, c *client.Client) {
+	id, ok := pathSandbox(w, r)
+	if !ok {
+		return
+	}
+	sb, err := c.Sandbox(r.Context(), id)
+	if err != nil {
+		writeAPIError(w, sandboxErr(err, r))
+		return
+	}
+	if sb.State != "running" {
+		writeJSON(w, http.StatusOK, []metric{})
+		return
+	}
+	var out, errOut bytes.Buffer
+	exit, err := c.ExecEvents(r.Context(), id, api.Exec{Shell: metricsScript, User: "root", TimeoutSeconds: 10}, &out, &errOut)
+	if err == nil && exit.Code != 0 {
+		err = fmt.Errorf("sample the sandbox: exit %d: %s", exit.Code, strings.TrimSpace(errOut.String()))
+	}
+	var m metric
+	if err == nil {
+		m, err = parseMetrics(&out)
+	}
+	if err != nil {
+		writeAPIError(w, err)
+		return
+	}
+	now := time.Now().UTC()
+	m.Timestamp, m.TimestampUnix = now.Format(time.RFC3339), now.Unix()
+	writeJSON(w, http.StatusOK, []metric{m})
+}
+
+// parseMetrics reads metricsScript's output.
+func parseMetrics(r io.Reader) (metric, error) {
+	var m metric
+	var cpu [][]int64
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		switch {
+		case len(f) > 4 && f[0] == "cpu":
+			var times []int64
+			for _, v := range f[1:] {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return m, fmt.Errorf("sample the sandbox: /proc/stat %q", sc.Text())
+				}
+				times = append(times, n)
+			}
+			cpu = append(cpu, times)
+		case len(f) == 3 && strings.HasSuffix(f[0], ":") && f[2] == "kB":
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			switch f[0] {
+			case "MemTotal:":
+				m.MemTotal = n << 10
+			case "MemAvailable:":
+				m.MemUsed = -n << 10 // total minus available, below
+			case "Cached:":
+				m.MemCache = n << 10
+			}
+		case len(f) == 6 && strings.HasSuffix(f[4], "%"):
+			m.DiskTotal, _ = strconv.ParseInt(f[1], 10, 64)
+			m.DiskUsed, _ = strconv.ParseInt(f[2], 10, 64)
+		case len(f) == 1:
+			m.CPUCount, _ = strconv.Atoi(f[0])
+		}
+	}
+	if len(cpu) != 2 || m.MemTotal == 0 || m.CPUCount == 0 {
+		return m, fmt.Errorf("sample the sandbox: unexpected output")
+	}
+	m.MemUsed += m.MemTotal
+	// Busy is every time but idle and iowait (the 4th and 5th).
+	var busy, total int64
+	for i := range cpu[1] {
+		if i >= len(cpu[0]) {
+			break
+		}
+		d := cpu[1][i] - cpu[0][i]
+		if i < 8 { // user nice system idle iowait irq softirq steal; guest times are in user already
+			total += d
+			if i != 3 && i != 4 {
+				busy += d
+			}
+		}
+	}
+	if total > 0 {
+		m.CPUUsedPct = float64(int64(float64(busy)/float64(total)*10000)) / 100
+	}
+	return m, nil
+}
