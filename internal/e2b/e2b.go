@@ -89,10 +89,10 @@ type Server struct {
 	cfg Config
 	api *http.ServeMux
 	env *http.ServeMux
-	// hasDefaultUser caches, per SPACE sandbox ID, whether the guest has
-	// the user "user" that envd calls run as by default.
-	hasDefaultUser sync.Map
-	watchers       watchers
+	// users caches, per SPACE sandbox ID, whether the guest has the user
+	// "user" that envd calls run as by default.
+	users    userCache
+	watchers watchers
 }
 
 // New validates cfg and returns the facade.
@@ -270,4 +270,37 @@ func sandboxGone(w http.ResponseWriter, id string) {
 		Message   string `json:"message"`
 		Code      int    `json:"code"`
 	}{id, "The sandbox was not found", http.StatusBadGateway})
+}
+
+// userCache remembers whether sandboxes have the default user, for at
+// most maxCachedUsers of them: forgotten all at once when full, since
+// sandboxes deleted elsewhere are never removed one by one.
+type userCache struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	has map[string]bool
+}
+
+const maxCachedUsers = 10000
+
+func (u *userCache) get(id string) (has, ok bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	has, ok = u.has[id]
+	return has, ok
+}
+
+func (u *userCache) put(id string, has bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.has == nil || len(u.has) >= maxCachedUsers {
+		u.has = map[string]bool{}
+	}
+	u.has[id] = has
+}
+
+func (u *userCache) forget(id string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(u.has, id)
 }

@@ -146,15 +146,15 @@ const defaultUser = "user"
 func (c *envdCall) userAndHome(ctx context.Context) (string, string) {
 	u := c.user
 	if u == "" {
-		has, ok := c.s.hasDefaultUser.Load(c.id)
+		has, ok := c.s.users.get(c.id)
 		if !ok {
 			_, err := c.sandbox.ListFiles(ctx, c.id, "/home/"+defaultUser)
 			has = err == nil
 			if err == nil || client.IsNotFound(err) {
-				c.s.hasDefaultUser.Store(c.id, has)
+				c.s.users.put(c.id, has)
 			}
 		}
-		if has.(bool) {
+		if has {
 			u = defaultUser
 		}
 	}

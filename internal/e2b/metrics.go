@@ -36,15 +36,11 @@ const metricsScript = `head -n1 /proc/stat; sleep 0.2; head -n1 /proc/stat; ` +
 // now (E2B keeps a series; SPACE measures on demand), or none while the
 // sandbox does not run.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request, c *client.Client) {
-	id, ok := pathSandbox(w, r)
+	sb, ok := pathSandboxInfo(w, r, c)
 	if !ok {
 		return
 	}
-	sb, err := c.Sandbox(r.Context(), id)
-	if err != nil {
-		writeAPIError(w, sandboxErr(err, r))
-		return
-	}
+	id := sb.ID
 	if sb.State != "running" {
 		writeJSON(w, http.StatusOK, []metric{})
 		return

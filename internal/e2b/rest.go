@@ -88,6 +88,21 @@ func pathSandbox(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return id, true
 }
 
+// pathSandboxInfo returns the sandbox the path names, or answers the
+// error.
+func pathSandboxInfo(w http.ResponseWriter, r *http.Request, c *client.Client) (api.Sandbox, bool) {
+	id, ok := pathSandbox(w, r)
+	if !ok {
+		return api.Sandbox{}, false
+	}
+	sb, err := c.Sandbox(r.Context(), id)
+	if err != nil {
+		writeAPIError(w, sandboxErr(err, r))
+		return api.Sandbox{}, false
+	}
+	return sb, true
+}
+
 // sandboxRequest returns the SPACE ID of the sandbox the path names and
 // reads the JSON body into req; false once it has answered an error.
 func sandboxRequest(w http.ResponseWriter, r *http.Request, req any) (string, bool) {
@@ -385,13 +400,8 @@ func (s *Server) detailOf(sb api.Sandbox) sandboxDetail {
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request, c *client.Client) {
-	id, ok := pathSandbox(w, r)
+	sb, ok := pathSandboxInfo(w, r, c)
 	if !ok {
-		return
-	}
-	sb, err := c.Sandbox(r.Context(), id)
-	if err != nil {
-		writeAPIError(w, sandboxErr(err, r))
 		return
 	}
 	if sb.State == "deleted" || sb.State == "failed" {
@@ -593,7 +603,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, c *client.Client) 
 		writeAPIError(w, sandboxErr(err, r))
 		return
 	}
-	s.hasDefaultUser.Delete(id)
+	s.users.forget(id)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -648,15 +658,11 @@ func extend(ctx context.Context, c *client.Client, id string, d time.Duration) e
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request, c *client.Client) {
-	id, ok := pathSandbox(w, r)
+	sb, ok := pathSandboxInfo(w, r, c)
 	if !ok {
 		return
 	}
-	sb, err := c.Sandbox(r.Context(), id)
-	if err != nil {
-		writeAPIError(w, sandboxErr(err, r))
-		return
-	}
+	id := sb.ID
 	if sb.State == "suspended" {
 		writeAPIError(w, &statusError{http.StatusConflict, fmt.Sprintf("sandbox %q is already paused", r.PathValue("id"))})
 		return
