@@ -407,3 +407,7 @@ func waitCtx(ctx context.Context) error {
 // pollInterval is how often Pause looks for the guest's processes to have
 // stopped.
 const pollInterval = time.Millisecond
+
+// pauseTimeout bounds how long Pause waits for the guest's processes to
+// stop: a process that never stops is reported, not waited for forever.
+const pauseTimeout = 30 * time.Second

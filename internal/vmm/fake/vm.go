@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -182,7 +183,8 @@ func (v *VM) Pause(ctx context.Context) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if err := v.pauseLocked(ctx); err != nil {
-		return fmt.Errorf("pause vm %d: %w", v.h.PID, err)
+		// Half stopped is not paused: let the guest run on.
+		return fmt.Errorf("pause vm %d: %w", v.h.PID, errors.Join(err, v.resumeLocked()))
 	}
 	return nil
 }
@@ -212,6 +214,13 @@ func (v *VM) pauseLocked(ctx context.Context) error {
 		return vmm.ErrExited
 	}
 	v.paused = true
+	// A process in uninterruptible sleep ('D') takes its SIGSTOP only when
+	// it leaves the kernel, and it may never leave while the guest is
+	// stopped: a vfork parent waits there for a child that was stopped
+	// before it could exec. Once signalled, it runs no more of its own
+	// code, so it counts as stopped.
+	signalled := map[int]bool{v.h.PID: true}
+	deadline := time.Now().Add(pauseTimeout)
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
 	for {
@@ -219,19 +228,26 @@ func (v *VM) pauseLocked(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		all := true
+		var running []string
 		for _, pid := range pids {
 			s, err := proc.ReadStat(pid)
 			if err != nil || !s.Alive() || s.State == 'T' || s.State == 't' {
 				continue
 			}
-			all = false
+			if s.State == 'D' && signalled[pid] {
+				continue
+			}
+			running = append(running, fmt.Sprintf("%d (%s, state %c)", pid, comm(pid), s.State))
 			if pid != v.h.PID {
 				unix.Kill(pid, unix.SIGSTOP) // a pid of the guest's namespace, just read: ESRCH at worst
+				signalled[pid] = true
 			}
 		}
-		if all {
+		if len(running) == 0 {
 			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("guest processes still running %s after SIGSTOP: %s", pauseTimeout, strings.Join(running, ", "))
 		}
 		select {
 		case <-tick.C:
@@ -288,6 +304,15 @@ func (v *VM) members() ([]int, error) {
 		}
 	}
 	return pids, nil
+}
+
+// comm returns a process's command name, for messages.
+func comm(pid int) string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func removeIfExists(path string) error {
