@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 
 	"github.com/coder/websocket"
@@ -57,6 +58,17 @@ func (c *Client) ExecEvents(ctx context.Context, id string, req api.Exec, stdout
 func (c *Client) Output(ctx context.Context, id string, pid int64, stdout, stderr io.Writer) (api.Exit, error) {
 	return c.ndjson(ctx, request{method: http.MethodGet, sandbox: id, path: processPath(id, pid, "/output")}, stdout, stderr)
 }
+
+// OutputShared is Output alongside the command's live attachment (an
+// Attach, ExecStream or another Output) instead of taking over from it:
+// both get the output written from now on. A command nobody follows gives
+// its buffered output as with Output.
+func (c *Client) OutputShared(ctx context.Context, id string, pid int64, stdout, stderr io.Writer) (api.Exit, error) {
+	return c.ndjson(ctx, request{method: http.MethodGet, sandbox: id, path: processPath(id, pid, "/output"), query: shareQuery}, stdout, stderr)
+}
+
+// shareQuery asks to follow a command alongside its live attachment.
+var shareQuery = url.Values{"share": {"true"}}
 
 // ndjson sends r, whose reply is an application/x-ndjson event stream, and
 // copies the output events to stdout and stderr until the exit event.
@@ -174,7 +186,7 @@ type StreamIO struct {
 func (c *Client) ExecStream(ctx context.Context, id string, req api.Exec, sio StreamIO) (api.Exit, error) {
 	req.Detach = false
 	req.Stdin = nil
-	return c.websocket(ctx, id, sandboxPath(id, "/exec/ws"), &req, sio)
+	return c.websocket(ctx, id, sandboxPath(id, "/exec/ws"), nil, &req, sio)
 }
 
 // Attach attaches to the running command pid (an api.Process.ID) in
@@ -182,14 +194,21 @@ func (c *Client) ExecStream(ctx context.Context, id string, req api.Exec, sio St
 // sio.Stdout and sio.Stderr and sio.Stdin to its stdin, until it exits.
 // Errors are as for Exec.
 func (c *Client) Attach(ctx context.Context, id string, pid int64, sio StreamIO) (api.Exit, error) {
-	return c.websocket(ctx, id, processPath(id, pid, "/attach"), nil, sio)
+	return c.websocket(ctx, id, processPath(id, pid, "/attach"), nil, nil, sio)
+}
+
+// AttachShared is Attach alongside the command's live attachment instead
+// of taking over from it: both get the output written from now on and
+// both reach its stdin. Leaving never kills the command.
+func (c *Client) AttachShared(ctx context.Context, id string, pid int64, sio StreamIO) (api.Exit, error) {
+	return c.websocket(ctx, id, processPath(id, pid, "/attach"), shareQuery, nil, sio)
 }
 
 // maxMessage bounds a WebSocket message from the server: an event or a
 // chunk of output.
 const maxMessage = 16 << 20
 
-func (c *Client) websocket(ctx context.Context, sandbox, path string, first *api.Exec, sio StreamIO) (_ api.Exit, err error) {
+func (c *Client) websocket(ctx context.Context, sandbox, path string, q url.Values, first *api.Exec, sio StreamIO) (_ api.Exit, err error) {
 	dial := func() (*websocket.Conn, *http.Response, error) {
 		base, auth, err := c.route(ctx, sandbox)
 		if err != nil {
@@ -197,7 +216,7 @@ func (c *Client) websocket(ctx context.Context, sandbox, path string, first *api
 		}
 		h := http.Header{}
 		setAuth(h, auth)
-		return websocket.Dial(ctx, urlOf(base, path, nil), &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
+		return websocket.Dial(ctx, urlOf(base, path, q), &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
 	}
 	conn, resp, err := dial()
 	if err != nil && resp != nil && resp.StatusCode == http.StatusUnauthorized {

@@ -236,7 +236,7 @@ func (s *Server) processConnect(w http.ResponseWriter, r *http.Request, c *envdC
 		return
 	}
 	follow(ctx, r, st, p.TTY, func(sio client.StreamIO) (api.Exit, error) {
-		return c.sandbox.Attach(ctx, c.id, p.ID, sio)
+		return c.sandbox.AttachShared(ctx, c.id, p.ID, sio)
 	}, true)
 }
 

@@ -434,6 +434,87 @@ func TestDetachAttach(t *testing.T) {
 			t.Errorf("tty %v: WriteStdin after exit = %v, want a conflict", tty, err)
 		}
 	}
+
+	testSharedFollowers(t, c, sb.ID)
+}
+
+// testSharedFollowers follows a command from an output stream and an
+// attach alongside the exec that started it: each gets what was written
+// after it joined, the attach's stdin reaches the command, and every one of
+// them sees the exit.
+func testSharedFollowers(t *testing.T, c *client.Client, id string) {
+	ctx := t.Context()
+	var lead, viaOutput, viaAttach syncBuffer
+	started := make(chan api.Process, 1)
+	ended := make(chan error, 3)
+	check := func(name string, exit api.Exit, err error) {
+		if err == nil && exit.Code != 0 {
+			err = fmt.Errorf("exit %+v", exit)
+		}
+		if err != nil {
+			err = fmt.Errorf("%s: %w", name, err)
+		}
+		ended <- err
+	}
+	go func() {
+		exit, err := c.ExecStream(ctx, id, api.Exec{Command: []string{"cat"}}, client.StreamIO{Stdout: &lead, KeepStdinOpen: true,
+			Started: func(p api.Process) { started <- p }})
+		check("exec", exit, err)
+	}()
+	var p api.Process
+	select {
+	case p = <-started:
+	case <-time.After(time.Minute):
+		t.Fatalf("no started event")
+	}
+	go func() {
+		exit, err := c.OutputShared(ctx, id, p.ID, &viaOutput, io.Discard)
+		check("shared output", exit, err)
+	}()
+	// The output stream joins at some point: write until it saw a line.
+	testenv.Eventually(t, time.Minute, func() bool {
+		if err := c.WriteStdin(ctx, id, p.ID, []byte("ping\n"), false); err != nil {
+			t.Fatalf("WriteStdin = %v", err)
+		}
+		return strings.Contains(viaOutput.String(), "ping\n")
+	})
+	go func() {
+		exit, err := c.AttachShared(ctx, id, p.ID, client.StreamIO{Stdin: strings.NewReader("from attach\n"), Stdout: &viaAttach})
+		check("shared attach", exit, err)
+	}()
+	for range 3 {
+		select {
+		case err := <-ended:
+			if err != nil {
+				t.Errorf("%v", err)
+			}
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("a follower did not end once the attach closed stdin")
+		}
+	}
+	all, out := lead.String(), viaOutput.String()
+	if !strings.HasSuffix(all, "ping\nfrom attach\n") || !strings.HasSuffix(all, out) || !strings.HasPrefix(out, "ping\n") || viaAttach.String() != "from attach\n" {
+		t.Errorf("exec got %q, shared output %q, shared attach %q; want the output a suffix of the exec's, the attach only its own line", all, out, viaAttach.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	b bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 type notifyWriter struct {

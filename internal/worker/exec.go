@@ -309,14 +309,34 @@ func processRef(r *http.Request, a *client.Client) (proto.ProcInfo, error) {
 	return proto.ProcInfo{}, fmt.Errorf("process %d: %w", id, errkind.NotFound)
 }
 
+// attachFunc is how a request attaches to a process of the table.
+type attachFunc func(context.Context, int64, client.IO) (*client.Process, proto.ProcInfo, error)
+
+// attacher returns how the request attaches: alongside the process's live
+// attachment with ?share=true, taking over from it otherwise.
+func attacher(r *http.Request, a *client.Client) (attachFunc, error) {
+	switch v := r.URL.Query().Get("share"); v {
+	case "", "false":
+		return a.Attach, nil
+	case "true":
+		return a.AttachShared, nil
+	default:
+		return nil, fmt.Errorf("share=%.32q: want true or false: %w", v, errkind.InvalidArgument)
+	}
+}
+
 func handleOutput(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
+	attach, err := attacher(r, a)
+	if err != nil {
+		return err
+	}
 	// Check the process exists before committing to a 200 stream.
 	ref, err := processRef(r, a)
 	if err != nil {
 		return err
 	}
 	n := newNDJSON(rw)
-	p, info, err := a.Attach(r.Context(), ref.ID, n.io(nil))
+	p, info, err := attach(r.Context(), ref.ID, n.io(nil))
 	n.follow(p, info, err)
 	return nil
 }
@@ -415,6 +435,10 @@ func (w *Worker) execEnded(id string, req api.Exec, started time.Time, startErr 
 
 // handleAttachWS attaches a WebSocket to a running process.
 func handleAttachWS(rw http.ResponseWriter, r *http.Request, a *client.Client) error {
+	attach, err := attacher(r, a)
+	if err != nil {
+		return err
+	}
 	ref, err := processRef(r, a)
 	if err != nil {
 		return err
@@ -426,7 +450,7 @@ func handleAttachWS(rw http.ResponseWriter, r *http.Request, a *client.Client) e
 	defer c.CloseNow()
 	c.SetReadLimit(maxWSMessage)
 	ws := newWSSession(r.Context(), c)
-	p, info, err := a.Attach(r.Context(), ref.ID, ws.io())
+	p, info, err := attach(r.Context(), ref.ID, ws.io())
 	ws.follow(p, info, err)
 	return nil
 }

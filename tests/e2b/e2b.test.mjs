@@ -93,6 +93,29 @@ test('commands: background, stdin, list, connect, kill', async () => {
   assert.equal((await sum.wait()).stdout.split(' ')[0], createHash('sha256').update(big).digest('hex'))
 })
 
+test('commands: every handle of a command receives its output', async () => {
+  const h = await sbx.commands.run('while read line; do echo "got $line"; done', { background: true, stdin: true })
+  const other = await sbx.commands.connect(h.pid)
+  const wait = async (cond) => {
+    for (let i = 0; i < 200 && !cond(); i++) await new Promise((r) => setTimeout(r, 100))
+  }
+  await sbx.commands.sendStdin(h.pid, 'one\n')
+  await wait(() => h.stdout.includes('got one') && other.stdout.includes('got one'))
+  assert.equal(h.stdout, 'got one\n')
+  assert.equal(other.stdout, 'got one\n')
+  // One handle leaving neither ends the command nor the other handle.
+  await other.disconnect()
+  await sbx.commands.sendStdin(h.pid, 'two\n')
+  await wait(() => h.stdout.includes('got two'))
+  assert.equal(h.stdout, 'got one\ngot two\n')
+  const third = await sbx.commands.connect(h.pid)
+  await sbx.commands.closeStdin(h.pid)
+  const [r, r3] = await Promise.all([h.wait(), third.wait()])
+  assert.equal(r.exitCode, 0)
+  assert.equal(r3.exitCode, 0)
+  assert.equal(r.stdout, 'got one\ngot two\n')
+})
+
 test('commands: a timeout kills the command', async () => {
   const t0 = Date.now()
   await assert.rejects(sbx.commands.run('sleep 30', { timeoutMs: 2000 }))

@@ -21,6 +21,7 @@ import (
 // runProc runs the process table scenarios (ops proc.*).
 func runProc(t *testing.T, c *client.Client, opts Options) {
 	t.Run("ProcTakeoverAndStdin", func(t *testing.T) { testProcTakeover(t, c) })
+	t.Run("ProcSharedAttach", func(t *testing.T) { testProcShared(t, c) })
 	t.Run("ProcDropsOldestWhileDetached", func(t *testing.T) { testProcDropOldest(t, c) })
 	t.Run("ProcList", func(t *testing.T) { testProcList(t, c) })
 	t.Run("ProcUnlisted", func(t *testing.T) { testProcUnlisted(t, c) })
@@ -100,6 +101,86 @@ func testProcTakeover(t *testing.T, c *client.Client) {
 	}
 	if got1, got2 := out1.String(), out2.String(); got1 != "one\n" || got2 != "two\n" {
 		t.Errorf("outputs = %q, %q; want %q, %q", got1, got2, "one\n", "two\n")
+	}
+}
+
+// testProcShared: a shared attachment follows a process alongside its
+// attachment without taking over: both get the output written after it
+// joined, both reach stdin, and ending the shared one neither detaches nor
+// kills the process (started with KillOnDetach).
+func testProcShared(t *testing.T, c *client.Client) {
+	var out1, out2, out3 lockedBuffer
+	p1, info, err := c.StartAttached(ctx(t, time.Minute), proto.ProcStart{ExecRequest: proto.ExecRequest{Argv: []string{"cat"}, Stdin: true}, KillOnDetach: true},
+		client.IO{Stdout: &out1})
+	if err != nil {
+		t.Fatalf("StartAttached(cat) = %v", err)
+	}
+	if err := p1.WriteStdin([]byte("one\n")); err != nil {
+		t.Fatalf("WriteStdin(one) = %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return out1.String() == "one\n" })
+
+	p2, info2, err := c.AttachShared(ctx(t, time.Minute), info.ID, client.IO{Stdout: &out2})
+	if err != nil {
+		t.Fatalf("AttachShared(%d) = %v", info.ID, err)
+	}
+	if !info2.Attached || !info2.Running || info2.PID != info.PID {
+		t.Errorf("AttachShared(%d) info = %+v, want running and attached", info.ID, info2)
+	}
+	if err := p1.WriteStdin([]byte("two\n")); err != nil {
+		t.Fatalf("WriteStdin(two) through the attachment = %v", err)
+	}
+	// Two streams' stdin frames are not ordered with each other: wait.
+	testenv.Eventually(t, 30*time.Second, func() bool { return out2.String() == "two\n" })
+	if err := p2.WriteStdin([]byte("three\n")); err != nil {
+		t.Fatalf("WriteStdin(three) through the shared attachment = %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return out1.String() == "one\ntwo\nthree\n" && out2.String() == "two\nthree\n"
+	})
+
+	p2.Detach()
+	if _, err := p2.Wait(); !errors.Is(err, client.ErrDetached) {
+		t.Errorf("shared attachment Wait() after Detach = %v, want ErrDetached", err)
+	}
+	if err := p1.WriteStdin([]byte("four\n")); err != nil {
+		t.Fatalf("WriteStdin(four) after the shared attachment left = %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return out1.String() == "one\ntwo\nthree\nfour\n" })
+	if got := proc(t, c, info.ID); !got.Running || !got.Attached {
+		t.Errorf("after the shared attachment left: %+v, want running and still attached", got)
+	}
+
+	p3, _, err := c.AttachShared(ctx(t, time.Minute), info.ID, client.IO{Stdout: &out3})
+	if err != nil {
+		t.Fatalf("second AttachShared(%d) = %v", info.ID, err)
+	}
+	if err := p1.CloseStdin(); err != nil {
+		t.Fatalf("CloseStdin = %v", err)
+	}
+	for i, p := range []*client.Process{p1, p3} {
+		if exit, err := p.Wait(); err != nil || exit != (proto.Exit{}) {
+			t.Errorf("attachment %d Wait() = %+v, %v; want exit 0", i+1, exit, err)
+		}
+	}
+	if out3.String() != "" {
+		t.Errorf("late shared attachment got %q, want nothing (it joined after the last output)", out3.String())
+	}
+
+	// With no live attachment, a shared attach attaches: it gets the
+	// buffered output.
+	done, err := c.StartProcess(ctx(t, time.Minute), proto.ProcStart{ExecRequest: proto.ExecRequest{Shell: "echo left"}})
+	if err != nil {
+		t.Fatalf("StartProcess(echo) = %v", err)
+	}
+	waitProc(t, c, done.ID, exited)
+	var out bytes.Buffer
+	p, _, err := c.AttachShared(ctx(t, time.Minute), done.ID, client.IO{Stdout: &out})
+	if err != nil {
+		t.Fatalf("AttachShared(%d) with no attachment = %v", done.ID, err)
+	}
+	if exit, err := p.Wait(); err != nil || exit != (proto.Exit{}) || out.String() != "left\n" {
+		t.Errorf("AttachShared to an unattached exited process: Wait() = %+v, %v, output %q; want exit 0 and %q", exit, err, out.String(), "left\n")
 	}
 }
 

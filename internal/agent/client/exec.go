@@ -134,6 +134,16 @@ func (c *Client) Attach(ctx context.Context, id int64, pio IO) (*Process, proto.
 	return c.attach(ctx, proto.OpProcAttach, proto.ProcRef{ID: id}, pio)
 }
 
+// AttachShared follows a process alongside its live attachment instead of
+// taking over: it receives the output written from now on and the exit,
+// while the other attachment keeps receiving everything too. A process
+// with no live attachment is attached as by Attach. Ending a shared
+// attachment never kills the process. Agents that predate sharing take
+// over instead.
+func (c *Client) AttachShared(ctx context.Context, id int64, pio IO) (*Process, proto.ProcInfo, error) {
+	return c.attach(ctx, proto.OpProcAttach, proto.ProcRef{ID: id, Share: true}, pio)
+}
+
 func (c *Client) attach(ctx context.Context, op proto.Op, args any, pio IO) (*Process, proto.ProcInfo, error) {
 	var info proto.ProcInfo
 	s, release, err := c.open(ctx, op, args)

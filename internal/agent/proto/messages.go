@@ -37,7 +37,9 @@ const (
 	// OpProcAttach attaches the stream to a process of the table, taking
 	// over from any earlier attachment. args ProcRef -> Result ProcInfo,
 	// Stdout/Stderr..., Exit; the host may send Stdin, StdinEOF, Signal and
-	// Resize frames meanwhile.
+	// Resize frames meanwhile. With ProcRef.Share and a live attachment, the
+	// stream follows the process alongside that attachment instead: it gets
+	// the output written from then on, and the exit.
 	OpProcAttach Op = "proc.attach"
 	// OpProcList lists the process table ordered by id. -> Result
 	// ProcList..., End.
@@ -187,6 +189,10 @@ type ProcStart struct {
 // ProcRef names a process of the agent's table.
 type ProcRef struct {
 	ID int64 `json:"id"`
+	// Share (proc.attach) joins a live attachment rather than taking over
+	// from it; without one the stream attaches as usual. Agents older than
+	// this field ignore it and take over.
+	Share bool `json:"share,omitempty"`
 }
 
 // ProcSignal signals the process group of a process of the agent's table.

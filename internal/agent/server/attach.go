@@ -38,10 +38,16 @@ func (s *Server) procAttach(ctx context.Context, c *call, ref proto.ProcRef) err
 		return c.fail(err)
 	}
 	a := newAttachment(c)
-	if old := p.attach(a); old != nil {
+	first := func() error { return c.result(p.info()) }
+	if ref.Share {
+		if o := p.join(a); o != nil {
+			defer p.out.unobserve(o)
+			return s.serveShared(ctx, p, a, o, first)
+		}
+	} else if old := p.attach(a); old != nil {
 		old.takeOver()
 	}
-	return s.serveAttachment(ctx, p, a, func() error { return c.result(p.info()) })
+	return s.serveAttachment(ctx, p, a, first)
 }
 
 func (s *Server) procList(c *call) error {
@@ -88,6 +94,12 @@ func (s *Server) procSignal(a proto.ProcSignal) error {
 // frames. It returns when the exit was sent, the host went away or a newer
 // attachment took over.
 func (s *Server) serveAttachment(ctx context.Context, p *process, a *attachment, first func() error) error {
+	return s.serveShared(ctx, p, a, nil, first)
+}
+
+// serveShared is serveAttachment for a shared attachment that reads
+// through observer o, or, with o nil, for the process's attachment.
+func (s *Server) serveShared(ctx context.Context, p *process, a *attachment, o *observer, first func() error) error {
 	c := a.c
 	stop := context.AfterFunc(ctx, func() { s.hostGone(p, a) })
 	defer stop()
@@ -101,7 +113,7 @@ func (s *Server) serveAttachment(ctx context.Context, p *process, a *attachment,
 	if err != nil {
 		s.hostGone(p, a)
 	} else {
-		err = s.deliver(p, a)
+		err = s.deliver(p, a, o)
 	}
 	if a.reason() == endTakenOver {
 		err = c.fail(fmt.Errorf("process %d: %w", p.id, errTakenOver))
@@ -113,13 +125,20 @@ func (s *Server) serveAttachment(ctx context.Context, p *process, a *attachment,
 	return err
 }
 
-// deliver sends p's output to a until the exit is sent or a ends. Each
-// chunk leaves the log only once it was sent.
-func (s *Server) deliver(p *process, a *attachment) error {
-	if !p.out.acquire(a.stop) {
-		return nil
+// deliver sends p's output to a until the exit is sent or a ends: through
+// observer o, or with o nil through the delivery cursor. Each chunk leaves
+// the log only once it was sent.
+func (s *Server) deliver(p *process, a *attachment, o *observer) error {
+	next, advance := p.out.next, p.out.advance
+	if o != nil {
+		next = func(stop <-chan struct{}) (pending, bool) { return p.out.nextFor(o, stop) }
+		advance = func(end int64) { p.out.advanceFor(o, end) }
+	} else {
+		if !p.out.acquire(a.stop) {
+			return nil
+		}
+		defer p.out.release()
 	}
-	defer p.out.release()
 	// A wait for a ring slot ends with the attachment.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -131,7 +150,7 @@ func (s *Server) deliver(p *process, a *attachment) error {
 		}
 	}()
 	for {
-		ch, ok := p.out.next(a.stop)
+		ch, ok := next(a.stop)
 		if !ok {
 			return nil
 		}
@@ -150,7 +169,7 @@ func (s *Server) deliver(p *process, a *attachment) error {
 			s.hostGone(p, a)
 			return err
 		}
-		p.out.advance(ch.end)
+		advance(ch.end)
 	}
 }
 

@@ -13,15 +13,20 @@ import (
 // process ever wrote is at 0, and bytes keep their offset when older ones
 // are delivered or dropped.
 //
-// The pumps call write. One reader at a time (the attachment holding the
+// The pumps call write. Readers read through cursors. The delivery cursor
+// belongs to the attachment: one reader at a time (the one holding the
 // reader token, see acquire) calls next, sends the chunk, and calls advance
-// once it was sent: bytes are removed only when delivered, so a send that
-// failed leaves them for the next reader, and what one reader delivered is
-// never replayed to the next.
+// once it was sent. The cursor outlives its readers: a send that failed
+// leaves the bytes for the next reader, and what one reader delivered is
+// never replayed to the next. Observers (shared attachments) each have a
+// cursor of their own that starts at the end of the log: they see the
+// output written after they joined, and bytes stay until every cursor that
+// needs them has passed them.
 //
 // While hold is set (someone is attached), a full log makes write wait for
 // the reader: backpressure down to the process's pipe. Otherwise write
-// never waits; it drops the oldest bytes and counts them.
+// does not wait for the delivery cursor; it drops the oldest bytes and
+// counts them. It does wait for observers: they lose nothing.
 type outputLog struct {
 	limit     int           // +checklocksignore: immutable
 	maxChunks int           // +checklocksignore: immutable
@@ -35,6 +40,10 @@ type outputLog struct {
 	// +checklocks:mu
 	size int // bytes buffered
 	// +checklocks:mu
+	delivered int64 // the delivery cursor: everything before it was delivered or dropped
+	// +checklocks:mu
+	observers map[*observer]struct{}
+	// +checklocks:mu
 	dropped int64 // bytes dropped unread
 	// +checklocks:mu
 	hold bool // a reader is attached: writes wait instead of dropping
@@ -44,6 +53,12 @@ type outputLog struct {
 	waiting int // writers waiting for room; for tests
 	// +checklocks:mu
 	changed chan struct{} // closed and replaced on every change
+}
+
+// observer is the cursor of one shared attachment: the offset of the next
+// byte it reads. Guarded by its log's mu.
+type observer struct {
+	off int64
 }
 
 // maxChunk is the most output one chunk gathers: a ring slot, which one
@@ -80,14 +95,23 @@ func (l *outputLog) broadcastLocked() {
 }
 
 // write appends a copy of p. While a reader is attached it waits until the
-// log has room; otherwise it drops the oldest bytes to make room.
+// log has room; otherwise it drops the oldest bytes to make room, except
+// those an observer has yet to read: for those it waits too.
 func (l *outputLog) write(t proto.Type, p []byte) {
 	if len(p) == 0 {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for l.hold && !l.closed && !l.fitsLocked(t, len(p)) {
+	for !l.closed && !l.fitsLocked(t, len(p)) {
+		if !l.hold {
+			if len(l.observers) == 0 {
+				break // appended, then trimmed below
+			}
+			if l.trimLocked(t, len(p)); l.fitsLocked(t, len(p)) {
+				break
+			}
+		}
 		ch := l.changed
 		l.waiting++
 		l.mu.Unlock()
@@ -106,7 +130,7 @@ func (l *outputLog) write(t proto.Type, p []byte) {
 	}
 	l.size += len(p)
 	if !l.hold {
-		l.trimLocked()
+		l.trimLocked(t, 0)
 	}
 	l.broadcastLocked()
 }
@@ -115,28 +139,72 @@ func (l *outputLog) write(t proto.Type, p []byte) {
 // takes any chunk, so a write never waits for ever.
 //
 // +checklocks:l.mu
-func (l *outputLog) fitsLocked(t proto.Type, n int) bool {
+func (l *outputLog) fitsLocked(t proto.Type, n int) bool { return l.roomLocked(t, n, false) }
+
+// endLocked is the offset after the last byte written.
+//
+// +checklocks:l.mu
+func (l *outputLog) endLocked() int64 { return l.start + int64(l.size) }
+
+// observedLocked is the lowest offset an observer has yet to read, or the
+// end of the log.
+//
+// +checklocks:l.mu
+func (l *outputLog) observedLocked() int64 {
+	low := l.endLocked()
+	for o := range l.observers {
+		low = min(low, o.off)
+	}
+	return low
+}
+
+// trimLocked drops the oldest bytes until n more bytes of type t would
+// fit (n = 0: until the log is within its limits), but none an observer
+// has yet to read. Bytes the delivery cursor had not reached count as
+// dropped.
+//
+// +checklocks:l.mu
+func (l *outputLog) trimLocked(t proto.Type, n int) {
+	floor := l.observedLocked()
+	for len(l.chunks) > 0 && l.start < floor && !l.roomLocked(t, n, false) {
+		k := min(len(l.chunks[0].data), int(floor-l.start))
+		if l.roomLocked(t, n, true) {
+			k = min(k, l.size+n-l.limit) // only bytes are over: drop just those
+		}
+		if unread := l.start + int64(k) - l.delivered; unread > 0 {
+			l.dropped += min(unread, int64(k))
+			l.delivered = l.start + int64(k)
+		}
+		l.removeLocked(k)
+	}
+}
+
+// roomLocked reports whether n more bytes of type t fit (n = 0: whether
+// the log is within its limits); with chunksOnly, by the count of chunks
+// alone.
+//
+// +checklocks:l.mu
+func (l *outputLog) roomLocked(t proto.Type, n int, chunksOnly bool) bool {
+	if n == 0 {
+		return len(l.chunks) <= l.maxChunks && (chunksOnly || l.size <= l.limit)
+	}
 	if len(l.chunks) == 0 {
 		return true
 	}
-	if l.size+n > l.limit {
+	if !chunksOnly && l.size+n > l.limit {
 		return false
 	}
 	last := l.chunks[len(l.chunks)-1]
 	return len(l.chunks) < l.maxChunks || last.typ == t && len(last.data)+n <= maxChunk
 }
 
-// trimLocked drops the oldest bytes until the log is within its limits.
+// compactLocked removes the bytes every cursor has passed.
 //
 // +checklocks:l.mu
-func (l *outputLog) trimLocked() {
-	for len(l.chunks) > 0 && (l.size > l.limit || len(l.chunks) > l.maxChunks) {
-		n := len(l.chunks[0].data)
-		if len(l.chunks) <= l.maxChunks && l.size-l.limit < n {
-			n = l.size - l.limit
-		}
-		l.removeLocked(n)
-		l.dropped += int64(n)
+func (l *outputLog) compactLocked() {
+	floor := min(l.delivered, l.observedLocked())
+	for len(l.chunks) > 0 && l.start < floor {
+		l.removeLocked(int(min(int64(len(l.chunks[0].data)), floor-l.start)))
 	}
 }
 
@@ -157,9 +225,28 @@ func (l *outputLog) removeLocked(n int) {
 	}
 }
 
+// chunkAtLocked returns the buffered bytes from offset off to the end of
+// the chunk holding it, or ok=false when off is the end of the log.
+//
+// +checklocks:l.mu
+func (l *outputLog) chunkAtLocked(off int64) (_ pending, ok bool) {
+	at := l.start
+	for _, c := range l.chunks {
+		if end := at + int64(len(c.data)); off < end {
+			return pending{typ: c.typ, data: c.data[max(off-at, 0):], end: end}, true
+		}
+		at += int64(len(c.data))
+	}
+	return pending{}, false
+}
+
 // next returns the oldest chunk not yet delivered, waiting for one, or
 // ok=false once stop is closed. The caller must hold the reader token.
-func (l *outputLog) next(stop <-chan struct{}) (_ pending, ok bool) {
+func (l *outputLog) next(stop <-chan struct{}) (_ pending, ok bool) { return l.nextAt(nil, stop) }
+
+// nextAt returns the chunk at observer o's cursor, or with o nil at the
+// delivery cursor, waiting for one, or ok=false once stop is closed.
+func (l *outputLog) nextAt(o *observer, stop <-chan struct{}) (_ pending, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for {
@@ -168,9 +255,12 @@ func (l *outputLog) next(stop <-chan struct{}) (_ pending, ok bool) {
 			return pending{}, false
 		default:
 		}
-		if len(l.chunks) > 0 {
-			c := l.chunks[0]
-			return pending{typ: c.typ, data: c.data, end: l.start + int64(len(c.data))}, true
+		off := l.delivered
+		if o != nil {
+			off = o.off
+		}
+		if c, ok := l.chunkAtLocked(off); ok {
+			return c, true
 		}
 		if l.closed {
 			return pending{eof: true}, true
@@ -185,14 +275,48 @@ func (l *outputLog) next(stop <-chan struct{}) (_ pending, ok bool) {
 	}
 }
 
-// advance removes the bytes before offset end: they were delivered. Bytes
-// already dropped meanwhile are skipped.
+// advance moves the delivery cursor to end: the bytes before it were
+// delivered. Bytes dropped meanwhile are skipped.
 func (l *outputLog) advance(end int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for len(l.chunks) > 0 && l.start < end {
-		l.removeLocked(int(min(int64(len(l.chunks[0].data)), end-l.start)))
+	l.delivered = max(l.delivered, end)
+	l.compactLocked()
+	l.broadcastLocked()
+}
+
+// observe adds an observer whose cursor is at the end of the log.
+func (l *outputLog) observe() *observer {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	o := &observer{off: l.endLocked()}
+	if l.observers == nil {
+		l.observers = map[*observer]struct{}{}
 	}
+	l.observers[o] = struct{}{}
+	return o
+}
+
+// nextFor is next for observer o, which needs no token.
+func (l *outputLog) nextFor(o *observer, stop <-chan struct{}) (_ pending, ok bool) {
+	return l.nextAt(o, stop)
+}
+
+// advanceFor moves o's cursor to end.
+func (l *outputLog) advanceFor(o *observer, end int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	o.off = max(o.off, end)
+	l.compactLocked()
+	l.broadcastLocked()
+}
+
+// unobserve removes o: the bytes only it needed go.
+func (l *outputLog) unobserve(o *observer) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.observers, o)
+	l.compactLocked()
 	l.broadcastLocked()
 }
 
@@ -202,7 +326,7 @@ func (l *outputLog) setHold(hold bool) {
 	defer l.mu.Unlock()
 	l.hold = hold
 	if !hold {
-		l.trimLocked()
+		l.trimLocked(0, 0)
 	}
 	l.broadcastLocked()
 }
@@ -215,11 +339,12 @@ func (l *outputLog) close() {
 	l.broadcastLocked()
 }
 
-// stats returns the bytes buffered and the bytes dropped so far.
+// stats returns the bytes buffered for the delivery cursor and the bytes
+// dropped so far.
 func (l *outputLog) stats() (buffered, dropped int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return int64(l.size), l.dropped
+	return l.endLocked() - l.delivered, l.dropped
 }
 
 // waiters returns how many writers wait for room.

@@ -23,7 +23,7 @@ func drain(t *testing.T, l *outputLog) (chunks []got, eof bool) {
 	never := make(chan struct{})
 	for {
 		l.mu.Lock()
-		empty, closed := len(l.chunks) == 0, l.closed
+		empty, closed := l.endLocked() == l.delivered, l.closed
 		l.mu.Unlock()
 		if empty && !closed {
 			return chunks, false
@@ -215,5 +215,72 @@ func TestOutputLogReaderToken(t *testing.T) {
 	l.release()
 	if !l.acquire(make(chan struct{})) {
 		t.Errorf("acquire() after release = false")
+	}
+}
+
+func TestOutputLogObserver(t *testing.T) {
+	l := newOutputLog(10, 100)
+	never := make(chan struct{})
+	l.setHold(true)
+	l.write(proto.TypeStdout, []byte("abc"))
+	o := l.observe() // joins after "abc": sees only what comes next
+	l.write(proto.TypeStdout, []byte("def"))
+	l.write(proto.TypeStderr, []byte("gh"))
+
+	// The delivery cursor gets everything; delivering does not take the
+	// observer's bytes away.
+	chunks, _ := drain(t, l)
+	if diff := cmp.Diff([]got{{proto.TypeStdout, "abcdef"}, {proto.TypeStderr, "gh"}}, chunks); diff != "" {
+		t.Errorf("delivered (-want +got):\n%s", diff)
+	}
+	var seen []got
+	for range 2 {
+		p, ok := l.nextFor(o, never)
+		if !ok || p.eof {
+			t.Fatalf("nextFor() = %+v, %v", p, ok)
+		}
+		seen = append(seen, got{p.typ, string(p.data)})
+		l.advanceFor(o, p.end)
+	}
+	if diff := cmp.Diff([]got{{proto.TypeStdout, "def"}, {proto.TypeStderr, "gh"}}, seen); diff != "" {
+		t.Errorf("observed (-want +got):\n%s", diff)
+	}
+	if l.mu.Lock(); l.size != 0 {
+		t.Errorf("%d bytes left once every cursor passed them", l.size)
+	}
+	l.mu.Unlock()
+
+	// Detached, a writer drops what only the delivery cursor wanted, but
+	// waits for the observer.
+	l.setHold(false)
+	l.write(proto.TypeStdout, []byte("12345678"))
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		l.write(proto.TypeStderr, []byte("ijklmnop"))
+	}()
+	testenv.Eventually(t, 10*time.Second, func() bool { return l.waiters() == 1 })
+	p, _ := l.nextFor(o, never)
+	if string(p.data) != "12345678" {
+		t.Fatalf("observer next = %q", p.data)
+	}
+	l.advanceFor(o, p.end)
+	<-wrote
+	if _, dropped := l.stats(); dropped != 6 {
+		t.Errorf("dropped = %d, want 6 (just enough of the first write to make room)", dropped)
+	}
+	l.close()
+	p, _ = l.nextFor(o, never)
+	if string(p.data) != "ijklmnop" {
+		t.Fatalf("observer next = %q", p.data)
+	}
+	l.advanceFor(o, p.end)
+	if p, _ = l.nextFor(o, never); !p.eof {
+		t.Errorf("observer after close = %+v, want eof", p)
+	}
+	l.unobserve(o)
+	chunks, eof := drain(t, l)
+	if diff := cmp.Diff([]got{{proto.TypeStdout, "78"}, {proto.TypeStderr, "ijklmnop"}}, chunks); diff != "" || !eof {
+		t.Errorf("delivered after the drop (-want +got):\n%s (eof %v)", diff, eof)
 	}
 }

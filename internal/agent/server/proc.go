@@ -108,6 +108,19 @@ func (p *process) attach(a *attachment) (old *attachment) {
 	return old
 }
 
+// join returns an observer of the output if the process has a live
+// attachment, or attaches a like attach when it has none.
+func (p *process) join(a *attachment) *observer {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.att != nil {
+		return p.out.observe()
+	}
+	p.att = a
+	p.out.setHold(true)
+	return nil
+}
+
 // detach ends a's hold on the process and reports whether a was still its
 // attachment (rather than taken over).
 func (p *process) detach(a *attachment) bool {

@@ -471,7 +471,9 @@ export interface paths {
          * @description An application/x-ndjson stream like exec's: `started`, the buffered
          *     output (up to 1 MiB; older bytes are dropped and counted in the
          *     Process's `dropped_bytes`), then live output, then `exit` or
-         *     `error`. Reading does not send stdin or signals.
+         *     `error`. Reading does not send stdin or signals. It takes over
+         *     from an earlier attachment, which ends with a `failed_precondition` error,
+         *     unless `share` is set.
          */
         get: operations["processOutput"];
         put?: never;
@@ -500,7 +502,9 @@ export interface paths {
          *     client sends no Exec: the server's first message is a `started`
          *     Event carrying the Process, followed by the buffered output, live
          *     output and finally `exit` or `error`. A `detach` Control ends the
-         *     attachment and leaves the command running.
+         *     attachment and leaves the command running. It takes over from an
+         *     earlier attachment, which ends with a `failed_precondition` error, unless
+         *     `share` is set.
          */
         get: operations["attachProcess"];
         put?: never;
@@ -2277,6 +2281,14 @@ export interface components {
         SandboxID: string;
         /** @description The Process's `id` (not its guest pid). */
         ProcessID: number;
+        /**
+         * @description true follows the command alongside its live attachment (an attach,
+         *     an output stream or the exec that started it) instead of taking
+         *     over from it: both get the output written from now on (not what
+         *     was buffered before) and the exit, and leaving never kills the
+         *     command. A command nobody follows is attached as without it.
+         */
+        Share: boolean;
         /** @description An absolute path in the sandbox. */
         FilePath: string;
         /** @description A TCP port number. */
@@ -2909,7 +2921,16 @@ export interface operations {
     };
     processOutput: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description true follows the command alongside its live attachment (an attach,
+                 *     an output stream or the exec that started it) instead of taking
+                 *     over from it: both get the output written from now on (not what
+                 *     was buffered before) and the exit, and leaving never kills the
+                 *     command. A command nobody follows is attached as without it.
+                 */
+                share?: components["parameters"]["Share"];
+            };
             header?: never;
             path: {
                 /** @description The sandbox's ID. */
@@ -2937,7 +2958,16 @@ export interface operations {
     };
     attachProcess: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description true follows the command alongside its live attachment (an attach,
+                 *     an output stream or the exec that started it) instead of taking
+                 *     over from it: both get the output written from now on (not what
+                 *     was buffered before) and the exit, and leaving never kills the
+                 *     command. A command nobody follows is attached as without it.
+                 */
+                share?: components["parameters"]["Share"];
+            };
             header?: never;
             path: {
                 /** @description The sandbox's ID. */
