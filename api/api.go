@@ -264,6 +264,10 @@ type Exec struct {
 	KillOnDisconnect bool `json:"kill_on_disconnect,omitempty"`
 	// TTY runs the command on a terminal of this size (WebSocket only).
 	TTY *WinSize `json:"tty,omitempty"`
+	// Tag names the command for whoever looks for it later: it is kept
+	// with the Process. At most 256 bytes of UTF-8 without control
+	// characters; tags need not be unique.
+	Tag string `json:"tag,omitempty"`
 }
 
 // MaxStdinWrite bounds the body of POST
@@ -288,6 +292,7 @@ type Process struct {
 	Shell        string    `json:"shell,omitempty"`
 	Cwd          string    `json:"cwd,omitempty"`
 	TTY          bool      `json:"tty,omitempty"`
+	Tag          string    `json:"tag,omitempty"`
 	StartedAt    time.Time `json:"started_at"`
 	Running      bool      `json:"running"`
 	Exit         *Exit     `json:"exit,omitempty"`

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -26,6 +27,7 @@ type execOptions struct {
 	interactive, tty bool
 	detach           bool
 	killOnDisconnect bool
+	tag              string
 	output           string
 }
 
@@ -55,6 +57,7 @@ terminal in raw mode and forwards size changes).`,
 	f.BoolVarP(&o.tty, "tty", "t", false, "run the command on a terminal")
 	f.BoolVarP(&o.detach, "detach", "d", false, "start the command and print its process ID")
 	f.BoolVar(&o.killOnDisconnect, "kill-on-disconnect", false, "kill the command when space is interrupted or loses the connection")
+	f.StringVar(&o.tag, "tag", "", "name the command with this `tag`, shown by space ps")
 	outputFlag(f, &o.output)
 	return c
 }
@@ -75,7 +78,7 @@ func runExec(ctx context.Context, g *globals, o execOptions, id string, argv []s
 		return err
 	}
 	req := api.Exec{Command: argv, Env: env, Cwd: o.cwd, User: o.user, TimeoutSeconds: timeout,
-		KillOnDisconnect: o.killOnDisconnect}
+		KillOnDisconnect: o.killOnDisconnect, Tag: o.tag}
 	cl, err := g.client()
 	if err != nil {
 		return err
@@ -264,13 +267,13 @@ func newPsCmd(g *globals) *cobra.Command {
 			if output == "json" {
 				return g.printJSON(api.ProcessList{Processes: nonNil(ps)})
 			}
-			return g.printTable([]string{"ID", "PID", "STATUS", "STARTED", "COMMAND"}, func(row func(...any)) {
+			return g.printTable([]string{"ID", "PID", "STATUS", "STARTED", "TAG", "COMMAND"}, func(row func(...any)) {
 				for _, p := range ps {
 					command := p.Shell
 					if command == "" {
 						command = strings.Join(p.Command, " ")
 					}
-					row(p.ID, p.PID, processStatus(p), g.ago(p.StartedAt), command)
+					row(p.ID, p.PID, processStatus(p), g.ago(p.StartedAt), cmp.Or(p.Tag, "-"), command)
 				}
 			})
 		},

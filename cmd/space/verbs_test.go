@@ -379,9 +379,9 @@ func TestTextOutput(t *testing.T) {
 		want string
 	}{
 		{[]string{"exec", "sb-1", "--detach", "--", "sleep", "9"}, "5\n"},
-		{[]string{"ps", "sb-1"}, "ID  PID  STATUS      STARTED  COMMAND\n" +
-			"5   99   running     1m ago   sleep 9\n" +
-			"6   100  exited (2)  1m ago   exit 2\n"},
+		{[]string{"ps", "sb-1"}, "ID  PID  STATUS      STARTED  TAG  COMMAND\n" +
+			"5   99   running     1m ago   -    sleep 9\n" +
+			"6   100  exited (2)  1m ago   -    exit 2\n"},
 		{[]string{"kill", "sb-1", "5", "-s", "KILL"}, ""},
 		{[]string{"file", "get", "sb-1", "/etc/hostname"}, "remote /etc/hostname"},
 		{[]string{"file", "get", "sb-1", "/etc/hostname", "-"}, "remote /etc/hostname"},

@@ -169,11 +169,34 @@ func readUnary(r *http.Request, v any) error {
 // readStreamRequest decodes the one enveloped message of a
 // server-streaming call into v.
 func readStreamRequest(r *http.Request, v any) error {
+	if err := checkStreamType(r); err != nil {
+		return err
+	}
+	err := readEnvelope(r.Body, v)
+	if err == io.EOF {
+		return newRPCError("invalid_argument", "the request has no message")
+	}
+	return err
+}
+
+// checkStreamType checks a streaming call's request is in Connect's
+// streaming JSON.
+func checkStreamType(r *http.Request) error {
 	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/connect+json" {
 		return newRPCError("unimplemented", "content type %.64q: this server speaks the Connect protocol with JSON (application/connect+json)", r.Header.Get("Content-Type"))
 	}
+	return nil
+}
+
+// readEnvelope decodes the next enveloped message of a streaming
+// request's body into v, or returns io.EOF where the body ends between
+// messages.
+func readEnvelope(body io.Reader, v any) error {
 	var head [5]byte
-	if _, err := io.ReadFull(r.Body, head[:]); err != nil {
+	if _, err := io.ReadFull(body, head[:]); err != nil {
+		if err == io.EOF {
+			return io.EOF
+		}
 		return newRPCError("invalid_argument", "read the request envelope: %v", err)
 	}
 	if head[0]&envelopeCompressed != 0 {
@@ -184,7 +207,7 @@ func readStreamRequest(r *http.Request, v any) error {
 		return newRPCError("resource_exhausted", "request message of %d bytes, more than %d", n, maxRequestMessage)
 	}
 	b := make([]byte, n)
-	if _, err := io.ReadFull(r.Body, b); err != nil {
+	if _, err := io.ReadFull(body, b); err != nil {
 		return newRPCError("invalid_argument", "read the request message: %v", err)
 	}
 	return decodeMessage(b, v)

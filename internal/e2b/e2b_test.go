@@ -353,15 +353,27 @@ func TestAPIKeyRequired(t *testing.T) {
 }
 
 // fakePlane is a SPACE data plane of one sandbox, sbx_abc, that answers
-// file watches with the events sent on its channel, and nothing else.
+// file watches with the events sent on its channel, lists two processes
+// (pid 7 tagged "sink" and pid 8), passes what is written to their stdin to
+// its stdin channel, and nothing else.
 type fakePlane struct {
 	srv    *httptest.Server
 	events chan api.FileEvent
+	stdin  chan string
 }
 
 func newFakePlane(t *testing.T) *fakePlane {
-	f := &fakePlane{events: make(chan api.FileEvent, 16)}
+	f := &fakePlane{events: make(chan api.FileEvent, 16), stdin: make(chan string, 16)}
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/sandboxes/sbx_abc/processes", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(api.ProcessList{Processes: []api.Process{
+			{ID: 1, PID: 7, Tag: "sink", Running: true}, {ID: 2, PID: 8, Running: true}}})
+	})
+	mux.HandleFunc("POST /v1/sandboxes/sbx_abc/processes/{pid}/stdin", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		f.stdin <- r.PathValue("pid") + ":" + string(b)
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("GET /v1/sandboxes/sbx_abc/files/watch", func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer sdp1_token" || r.URL.Query().Get("path") != "/tmp/w" {
 			w.Header().Set("Content-Type", "application/json")
@@ -475,5 +487,95 @@ overlay 1023303680 52428800 970874880 6% /
 	}
 	if _, err := parseMetrics(strings.NewReader("nothing\n")); err == nil {
 		t.Error("parseMetrics(nothing) = nil error")
+	}
+}
+
+// TestStreamInputH2 streams input over HTTP/2, the way envd's clients do
+// it: each message reaches the process while the call is still open.
+func TestStreamInputH2(t *testing.T) {
+	plane := newFakePlane(t)
+	s, err := New(Config{API: plane.srv.URL, Sandboxes: plane, Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(s)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+
+	envelope := func(msg string) []byte {
+		b := make([]byte, 5, 5+len(msg))
+		binary.BigEndian.PutUint32(b[1:], uint32(len(msg)))
+		return append(b, msg...)
+	}
+	call := func(body io.Reader) (*http.Response, error) {
+		r, _ := http.NewRequest("POST", srv.URL+"/process.Process/StreamInput", body)
+		r.Header.Set("Content-Type", "application/connect+json")
+		r.Header.Set("E2b-Sandbox-Id", "abc")
+		r.Header.Set("X-Access-Token", s.accessToken("sbx_abc"))
+		return srv.Client().Do(r)
+	}
+	pr, pw := io.Pipe()
+	type result struct {
+		frames []byte
+		proto  string
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := call(pr)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		done <- result{b, resp.Proto, err}
+	}()
+	pw.Write(envelope(`{"start":{"process":{"tag":"sink"}}}`))
+	pw.Write(envelope(`{"data":{"input":{"stdin":"` + base64.StdEncoding.EncodeToString([]byte("one")) + `"}}}`))
+	select {
+	case got := <-plane.stdin:
+		if got != "1:one" {
+			t.Errorf("first input reached %q, want process 1 (tag sink) to get %q", got, "one")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the first input did not arrive while the call was open")
+	}
+	pw.Write(envelope(`{"keepalive":{}}`))
+	pw.Write(envelope(`{"data":{"input":{"pty":"` + base64.StdEncoding.EncodeToString([]byte("two")) + `"}}}`))
+	pw.Close()
+	res := <-done
+	if res.err != nil || res.proto != "HTTP/2.0" {
+		t.Fatalf("StreamInput = %s, %v", res.proto, res.err)
+	}
+	if got := <-plane.stdin; got != "1:two" {
+		t.Errorf("second input %q, want %q", got, "1:two")
+	}
+	if want := string(append(envelope("{}"), append([]byte{2}, envelope("{}")[1:]...)...)); string(res.frames) != want {
+		t.Errorf("reply %q, want an empty message and an empty end", res.frames)
+	}
+
+	// Refusals end the stream with the error.
+	for name, tc := range map[string]struct{ body, code string }{
+		"input first": {`{"data":{"input":{"stdin":"eA=="}}}`, "invalid_argument"},
+		"unknown tag": {`{"start":{"process":{"tag":"nope"}}}`, "not_found"},
+		"two starts":  {`{"start":{"process":{"pid":8}}}` + "\x00" + `{"start":{"process":{"pid":8}}}`, "invalid_argument"},
+		"no selector": {`{"start":{}}`, "invalid_argument"},
+	} {
+		var body []byte
+		for _, m := range strings.Split(tc.body, "\x00") {
+			body = append(body, envelope(m)...)
+		}
+		resp, err := call(bytes.NewReader(body))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var end struct{ Error rpcError }
+		if len(b) < 5 || b[0] != 2 || json.Unmarshal(b[5:], &end) != nil || end.Error.Code != tc.code {
+			t.Errorf("%s: reply %q, want an end with code %s", name, b, tc.code)
+		}
 	}
 }

@@ -2,7 +2,7 @@ package e2b
 
 import (
 	"context"
-	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"syscall"
@@ -151,10 +151,6 @@ func (s *Server) processStart(w http.ResponseWriter, r *http.Request, c *envdCal
 		st.End(newRPCError("invalid_argument", "process.cmd is empty"))
 		return
 	}
-	if req.Tag != nil {
-		st.End(unimplemented("tagging a process"))
-		return
-	}
 	ctx, cancel, timeout, err := rpcDeadline(r.Context(), r)
 	if err != nil {
 		st.End(err)
@@ -167,6 +163,9 @@ func (s *Server) processStart(w http.ResponseWriter, r *http.Request, c *envdCal
 		Env:     req.Process.Envs, User: user, Cwd: home,
 		// envd kills a command when its call's deadline passes.
 		TimeoutSeconds: int64((timeout + time.Second - 1) / time.Second),
+	}
+	if req.Tag != nil {
+		ex.Tag = *req.Tag
 	}
 	if req.Process.Cwd != nil && *req.Process.Cwd != "" {
 		if ex.Cwd, err = c.absPath(ctx, *req.Process.Cwd); err != nil {
@@ -199,18 +198,23 @@ func (c *envdCall) process(ctx context.Context, sel *processSelector) (api.Proce
 	if sel == nil || (sel.PID == nil && sel.Tag == nil) {
 		return api.Process{}, newRPCError("invalid_argument", "process selector is empty")
 	}
-	if sel.Tag != nil {
-		return api.Process{}, notFoundf("process with tag %q not found (SPACE's envd does not tag processes)", *sel.Tag)
-	}
 	procs, err := c.sandbox.Processes(ctx, c.id)
 	if err != nil {
 		return api.Process{}, err
 	}
-	// The newest first: a pid may have been used before.
+	// The newest first: a pid may have been used before, and tags need
+	// not be unique.
 	for i := len(procs) - 1; i >= 0; i-- {
-		if p := procs[i]; p.Running && p.PID == int(*sel.PID) {
+		p := procs[i]
+		if !p.Running {
+			continue
+		}
+		if sel.PID != nil && p.PID == int(*sel.PID) || sel.PID == nil && p.Tag == *sel.Tag {
 			return p, nil
 		}
+	}
+	if sel.PID == nil {
+		return api.Process{}, notFoundf("process with tag %q not found", *sel.Tag)
 	}
 	return api.Process{}, notFoundf("process with pid %d not found", *sel.PID)
 }
@@ -253,6 +257,7 @@ func (s *Server) processList(w http.ResponseWriter, r *http.Request, c *envdCall
 	type processInfo struct {
 		Config processConfig `json:"config"`
 		PID    uint32        `json:"pid"`
+		Tag    *string       `json:"tag,omitempty"`
 	}
 	out := struct {
 		Processes []processInfo `json:"processes"`
@@ -269,7 +274,11 @@ func (s *Server) processList(w http.ResponseWriter, r *http.Request, c *envdCall
 			cwd := p.Cwd
 			cfg.Cwd = &cwd
 		}
-		out.Processes = append(out.Processes, processInfo{Config: cfg, PID: uint32(p.PID)})
+		info := processInfo{Config: cfg, PID: uint32(p.PID)}
+		if p.Tag != "" {
+			info.Tag = &p.Tag
+		}
+		out.Processes = append(out.Processes, info)
 	}
 	writeUnary(w, out)
 }
@@ -293,12 +302,16 @@ func processUnary[T any](w http.ResponseWriter, r *http.Request, c *envdCall, se
 	writeUnary(w, struct{}{})
 }
 
+// processInput is input for a process: for its stdin, or for its
+// terminal.
+type processInput struct {
+	Stdin []byte `json:"stdin,omitempty"`
+	PTY   []byte `json:"pty,omitempty"`
+}
+
 type sendInputRequest struct {
 	Process *processSelector `json:"process"`
-	Input   *struct {
-		Stdin []byte `json:"stdin,omitempty"`
-		PTY   []byte `json:"pty,omitempty"`
-	} `json:"input"`
+	Input   *processInput    `json:"input"`
 }
 
 func (s *Server) processSendInput(w http.ResponseWriter, r *http.Request, c *envdCall) {
@@ -361,8 +374,67 @@ func (s *Server) processUpdate(w http.ResponseWriter, r *http.Request, c *envdCa
 		})
 }
 
-// processStreamInput is envd's client-streaming input, which needs
-// HTTP/2 from the client; SendInput does the same a call at a time.
+// streamInputRequest is one message of StreamInput: the process first,
+// then its input, with keepalives in between.
+type streamInputRequest struct {
+	Start *struct {
+		Process *processSelector `json:"process"`
+	} `json:"start,omitempty"`
+	Data *struct {
+		Input *processInput `json:"input"`
+	} `json:"data,omitempty"`
+	Keepalive *struct{} `json:"keepalive,omitempty"`
+}
+
+// processStreamInput is envd's client-streaming input: a start message
+// naming the process, then data messages written to its stdin in order as
+// they arrive. The reply, once the client ends its side, is one empty
+// message; a failure ends the call early with the error.
 func (s *Server) processStreamInput(w http.ResponseWriter, r *http.Request, c *envdCall) {
-	writeRPCError(w, unimplemented(fmt.Sprintf("%s (client streaming; use SendInput)", r.URL.Path)))
+	st := newStream(w)
+	if err := checkStreamType(r); err != nil {
+		st.End(err)
+		return
+	}
+	ctx, cancel, _, err := rpcDeadline(r.Context(), r)
+	if err != nil {
+		st.End(err)
+		return
+	}
+	defer cancel()
+	var p *api.Process
+	for {
+		var msg streamInputRequest
+		err := readEnvelope(r.Body, &msg)
+		if err == io.EOF {
+			break
+		}
+		switch {
+		case err != nil:
+		case msg.Start != nil:
+			if p != nil {
+				err = newRPCError("invalid_argument", "a second start message")
+				break
+			}
+			var found api.Process
+			if found, err = c.process(ctx, msg.Start.Process); err == nil {
+				p = &found
+			}
+		case msg.Data != nil:
+			if p == nil {
+				err = newRPCError("invalid_argument", "input before the start message that names the process")
+				break
+			}
+			if in := msg.Data.Input; in != nil {
+				err = c.sandbox.WriteStdin(ctx, c.id, p.ID, append(in.Stdin, in.PTY...), false)
+			}
+		}
+		if err != nil {
+			st.End(err)
+			return
+		}
+	}
+	if err := st.Send(struct{}{}); err == nil {
+		st.End(nil)
+	}
 }

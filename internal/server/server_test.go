@@ -323,13 +323,16 @@ func TestDetachAttach(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CreateSandbox = %v", err)
 	}
-	p, err := c.StartDetached(ctx, sb.ID, api.Exec{Shell: "for i in 1 2 3; do echo $i; sleep 0.5; done; exit 7", Detach: true})
+	p, err := c.StartDetached(ctx, sb.ID, api.Exec{Shell: "for i in 1 2 3; do echo $i; sleep 0.5; done; exit 7", Detach: true, Tag: "counter"})
 	if err != nil {
 		t.Fatalf("StartDetached = %v", err)
 	}
 	procs, err := c.Processes(ctx, sb.ID)
-	if err != nil || len(procs) == 0 || procs[len(procs)-1].ID != p.ID {
-		t.Errorf("Processes = %+v, %v; want %d listed", procs, err, p.ID)
+	if err != nil || len(procs) == 0 || procs[len(procs)-1].ID != p.ID || procs[len(procs)-1].Tag != "counter" || p.Tag != "counter" {
+		t.Errorf("Processes = %+v, %v; want %d listed with tag counter", procs, err, p.ID)
+	}
+	if _, err := c.StartDetached(ctx, sb.ID, api.Exec{Shell: "true", Detach: true, Tag: "bad\ttag"}); !client.IsInvalid(err) {
+		t.Errorf("StartDetached with a tab in its tag = %v, want invalid argument", err)
 	}
 	var out bytes.Buffer
 	exit, err := c.Output(ctx, sb.ID, p.ID, &out, io.Discard)

@@ -46,6 +46,9 @@ func (w *Worker) procStart(ctx context.Context, a *client.Client, id string, req
 	case req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/"):
 		return ps, httpapi.Invalid("cwd", "want an absolute path")
 	}
+	if err := proto.CheckProcTag(req.Tag); err != nil {
+		return ps, &httpapi.FieldError{Field: "tag", Err: err}
+	}
 	s, err := w.get(id)
 	if err != nil {
 		return ps, err
@@ -78,6 +81,7 @@ func (w *Worker) procStart(ctx context.Context, a *client.Client, id string, req
 	ps.Argv, ps.Shell, ps.Cwd = req.Command, req.Shell, req.Cwd
 	ps.TimeoutMS = req.TimeoutSeconds * 1000
 	ps.KillOnDetach = req.KillOnDisconnect
+	ps.Tag = req.Tag
 	if req.TTY != nil {
 		ps.PTY = &proto.WinSize{Rows: req.TTY.Rows, Cols: req.TTY.Cols}
 	}
@@ -148,7 +152,7 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 
 func processView(p proto.ProcInfo) api.Process {
 	v := api.Process{
-		ID: p.ID, PID: p.PID, Command: p.Argv, Shell: p.Shell, Cwd: p.Cwd, TTY: p.PTY,
+		ID: p.ID, PID: p.PID, Command: p.Argv, Shell: p.Shell, Cwd: p.Cwd, TTY: p.PTY, Tag: p.Tag,
 		StartedAt: time.UnixMilli(p.StartedUnixMS).UTC(), Running: p.Running,
 		Attached: p.Attached, DroppedBytes: p.DroppedBytes,
 	}

@@ -116,6 +116,77 @@ test('commands: every handle of a command receives its output', async () => {
   assert.equal(r.stdout, 'got one\ngot two\n')
 })
 
+test('envd calls the SDK does not make: tagged processes and StreamInput', async () => {
+  const envd = `https://${sbx.getHost(49983)}`
+  const token = { 'X-Access-Token': sbx.envdAccessToken }
+  const stream = { ...token, 'Content-Type': 'application/connect+json' }
+  const unary = { ...token, 'Content-Type': 'application/json' }
+  const envelope = (msg) => {
+    const b = Buffer.from(JSON.stringify(msg))
+    const h = Buffer.alloc(5)
+    h.writeUInt32BE(b.length, 1)
+    return Buffer.concat([h, b])
+  }
+  const frames = (buf) => {
+    const out = []
+    let b = Buffer.from(buf)
+    while (b.length >= 5) {
+      const n = b.readUInt32BE(1)
+      out.push({ flags: b[0], msg: JSON.parse(b.subarray(5, 5 + n).toString()) })
+      b = b.subarray(5 + n)
+    }
+    return out
+  }
+  const b64 = (s) => Buffer.from(s).toString('base64')
+
+  // A tagged command, started the way envd's Start is called.
+  const started = await fetch(`${envd}/process.Process/Start`, {
+    method: 'POST', headers: stream,
+    body: envelope({ process: { cmd: '/bin/bash', args: ['-c', 'cat > /tmp/streamed'] }, tag: 'sink', stdin: true }),
+  })
+  assert.equal(started.status, 200)
+  const events = started.arrayBuffer() // the whole stream, once the command ends
+  let listed
+  for (let i = 0; i < 100; i++) {
+    listed = (await sbx.commands.list()).find((p) => p.tag === 'sink')
+    if (listed) break
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  assert.ok(listed, 'the tagged command is listed with its tag')
+
+  // Client-streamed input, found by tag, written in order.
+  const { readable, writable } = new TransformStream()
+  const reply = fetch(`${envd}/process.Process/StreamInput`, { method: 'POST', headers: stream, body: readable, duplex: 'half' })
+  const w = writable.getWriter()
+  await w.write(envelope({ start: { process: { tag: 'sink' } } }))
+  await w.write(envelope({ data: { input: { stdin: b64('one ') } } }))
+  await w.write(envelope({ keepalive: {} }))
+  await w.write(envelope({ data: { input: { stdin: b64('two\n') } } }))
+  await w.close()
+  const res = await reply
+  assert.equal(res.status, 200)
+  assert.deepEqual(frames(await res.arrayBuffer()), [{ flags: 0, msg: {} }, { flags: 2, msg: {} }])
+
+  // Unary calls by tag; an unknown tag is not found.
+  const close = await fetch(`${envd}/process.Process/CloseStdin`, { method: 'POST', headers: unary, body: JSON.stringify({ process: { tag: 'sink' } }) })
+  assert.equal(close.status, 200)
+  const end = frames(await events).map((f) => f.msg)
+  assert.deepEqual(end.at(-2), { event: { end: { exitCode: 0, exited: true, status: 'exit status 0' } } })
+  assert.equal(await sbx.files.read('/tmp/streamed'), 'one two\n')
+  const unknown = await fetch(`${envd}/process.Process/SendSignal`, {
+    method: 'POST', headers: unary, body: JSON.stringify({ process: { tag: 'no-such-tag' }, signal: 'SIGNAL_SIGKILL' }),
+  })
+  assert.equal(unknown.status, 404)
+
+  // Input before the process is named is refused, in the stream's end.
+  const early = await fetch(`${envd}/process.Process/StreamInput`, {
+    method: 'POST', headers: stream, body: envelope({ data: { input: { stdin: b64('x') } } }),
+  })
+  const [f] = frames(await early.arrayBuffer())
+  assert.equal(f.flags, 2)
+  assert.equal(f.msg.error.code, 'invalid_argument')
+})
+
 test('commands: a timeout kills the command', async () => {
   const t0 = Date.now()
   await assert.rejects(sbx.commands.run('sleep 30', { timeoutMs: 2000 }))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,6 +25,7 @@ func runProc(t *testing.T, c *client.Client, opts Options) {
 	t.Run("ProcSharedAttach", func(t *testing.T) { testProcShared(t, c) })
 	t.Run("ProcDropsOldestWhileDetached", func(t *testing.T) { testProcDropOldest(t, c) })
 	t.Run("ProcList", func(t *testing.T) { testProcList(t, c) })
+	t.Run("ProcTag", func(t *testing.T) { testProcTag(t, c) })
 	t.Run("ProcUnlisted", func(t *testing.T) { testProcUnlisted(t, c) })
 	t.Run("ProcSignal", func(t *testing.T) { testProcSignal(t, c) })
 	t.Run("ProcKillOnDetach", func(t *testing.T) { testProcKillOnDetach(t, c) })
@@ -181,6 +183,35 @@ func testProcShared(t *testing.T, c *client.Client) {
 	}
 	if exit, err := p.Wait(); err != nil || exit != (proto.Exit{}) || out.String() != "left\n" {
 		t.Errorf("AttachShared to an unattached exited process: Wait() = %+v, %v, output %q; want exit 0 and %q", exit, err, out.String(), "left\n")
+	}
+}
+
+// testProcTag: a tag is kept with the process and listed; a bad tag is
+// refused before anything starts.
+func testProcTag(t *testing.T, c *client.Client) {
+	tag := "web server ✓"
+	p, info, err := c.StartAttached(ctx(t, time.Minute), proto.ProcStart{ExecRequest: proto.ExecRequest{Shell: "echo tagged"}, Tag: tag}, client.IO{Stdout: io.Discard})
+	if err != nil {
+		t.Fatalf("StartAttached(tag %q) = %v", tag, err)
+	}
+	if info.Tag != tag {
+		t.Errorf("StartAttached info tag = %q, want %q", info.Tag, tag)
+	}
+	if _, err := p.Wait(); err != nil {
+		t.Fatalf("Wait() = %v", err)
+	}
+	if got := proc(t, c, info.ID); got.Tag != tag {
+		t.Errorf("listed tag = %q, want %q", got.Tag, tag)
+	}
+	started, err := c.StartProcess(ctx(t, time.Minute), proto.ProcStart{ExecRequest: proto.ExecRequest{Shell: "true"}, Tag: "detached"})
+	if err != nil || started.Tag != "detached" {
+		t.Errorf("StartProcess(tag detached) = %+v, %v", started, err)
+	}
+	for _, bad := range []string{strings.Repeat("x", proto.MaxProcTag+1), "a\nb", "\xff"} {
+		_, err := c.StartProcess(ctx(t, time.Minute), proto.ProcStart{ExecRequest: proto.ExecRequest{Shell: "touch /tmp/should-not-exist"}, Tag: bad})
+		if !errors.Is(err, errkind.InvalidArgument) {
+			t.Errorf("StartProcess(tag %.20q) = %v, want invalid argument", bad, err)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"space/internal/agent/proto"
 	"space/internal/agent/ring"
@@ -98,6 +99,9 @@ func (p *Process) run(pio IO) {
 func (c *Client) StartProcess(ctx context.Context, ps proto.ProcStart) (proto.ProcInfo, error) {
 	ps.Attach = false
 	var info proto.ProcInfo
+	if err := proto.CheckProcTag(ps.Tag); err != nil {
+		return info, err // JSON would have mangled some of it
+	}
 	s, release, err := c.open(ctx, proto.OpProcStart, ps)
 	if err != nil {
 		return info, err
@@ -107,8 +111,23 @@ func (c *Client) StartProcess(ctx context.Context, ps proto.ProcStart) (proto.Pr
 	if err != nil {
 		return info, c.callErr(ctx, proto.OpProcStart, err)
 	}
-	err = decodeResult(proto.OpProcStart, f, proto.MaxFrame, &info)
-	return info, err
+	if err = decodeResult(proto.OpProcStart, f, proto.MaxFrame, &info); err != nil {
+		return info, err
+	}
+	return info, c.checkTag(ps, info)
+}
+
+// checkTag kills a process started with a tag that the agent did not keep
+// (it predates tags): untagged, it could not be found by its tag.
+func (c *Client) checkTag(ps proto.ProcStart, info proto.ProcInfo) error {
+	if info.Tag == ps.Tag {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.SignalProcess(ctx, info.ID, 9) // SIGKILL, as the guest numbers it
+	return fmt.Errorf("process tag %.64q: the sandbox's agent (version %s) predates process tags; the process was killed (rebuild the template for a newer agent): %w",
+		ps.Tag, c.agentVersion, errkind.FailedPrecondition)
 }
 
 // StartAttached starts a process in the agent's process table and follows
@@ -120,7 +139,17 @@ func (c *Client) StartAttached(ctx context.Context, ps proto.ProcStart, pio IO) 
 	if pio.Stdin != nil {
 		ps.Stdin = true
 	}
-	return c.attach(ctx, proto.OpProcStart, ps, pio)
+	if err := proto.CheckProcTag(ps.Tag); err != nil {
+		return nil, proto.ProcInfo{}, err
+	}
+	p, info, err := c.attach(ctx, proto.OpProcStart, ps, pio)
+	if err == nil {
+		if err = c.checkTag(ps, info); err != nil {
+			p.Detach()
+			p = nil
+		}
+	}
+	return p, info, err
 }
 
 // Attach follows a process of the agent's table: it receives the output

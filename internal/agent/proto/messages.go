@@ -184,6 +184,11 @@ type ProcStart struct {
 	// Attach attaches the same stream right away, before the process can
 	// write anything: the reply goes on as OpProcAttach.
 	Attach bool `json:"attach,omitempty"`
+	// Tag is a name the caller gives the process, kept in the table and
+	// returned in ProcInfo: at most MaxProcTag bytes of UTF-8 without
+	// control characters. Tags need not be unique. Agents older than this
+	// field ignore it and return no tag.
+	Tag string `json:"tag,omitempty"`
 }
 
 // ProcRef names a process of the agent's table.
@@ -212,6 +217,7 @@ type ProcInfo struct {
 	Shell         string   `json:"shell,omitempty"` // as requested
 	Cwd           string   `json:"cwd"`
 	PTY           bool     `json:"pty,omitempty"`
+	Tag           string   `json:"tag,omitempty"` // as started
 	StartedUnixMS int64    `json:"started_unix_ms"`
 	// Running is false once the process exited and its output ended (the
 	// pipes reached EOF, or stayed quiet for the exit grace); Exit is set

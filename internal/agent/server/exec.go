@@ -39,6 +39,9 @@ func (s *Server) exec(ctx context.Context, c *call, req proto.ExecRequest) error
 // process is attached to it from the start, before it can write anything.
 func (s *Server) startProcess(ps proto.ProcStart, a *attachment) (*process, error) {
 	req := ps.ExecRequest
+	if err := proto.CheckProcTag(ps.Tag); err != nil {
+		return nil, err
+	}
 	cmd, err := s.command(req)
 	if err != nil {
 		return nil, err
@@ -100,7 +103,7 @@ func (s *Server) startProcess(ps proto.ProcStart, a *attachment) (*process, erro
 		}
 	}
 	p := &process{
-		argv: req.Argv, shell: req.Shell, cwd: cmd.Dir, started: time.Now(),
+		argv: req.Argv, shell: req.Shell, cwd: cmd.Dir, tag: ps.Tag, started: time.Now(),
 		killOnDetach: ps.KillOnDetach, stdin: stdin, isPTY: req.PTY != nil, unlisted: req.Unlisted,
 		out: newOutputLog(proto.ProcOutputLimit, proto.ProcOutputLimit/64),
 	}

@@ -63,6 +63,7 @@ type process struct {
 	argv         []string
 	shell        string
 	cwd          string
+	tag          string
 	started      time.Time
 	killOnDetach bool
 	out          *outputLog
@@ -145,7 +146,7 @@ func (p *process) exitStatus() (proto.Exit, bool) {
 
 func (p *process) info() proto.ProcInfo {
 	i := proto.ProcInfo{
-		ID: p.id, PID: p.pid, Argv: p.argv, Shell: p.shell, Cwd: p.cwd, PTY: p.isPTY,
+		ID: p.id, PID: p.pid, Argv: p.argv, Shell: p.shell, Cwd: p.cwd, PTY: p.isPTY, Tag: p.tag,
 		StartedUnixMS: p.started.UnixMilli(),
 	}
 	p.mu.Lock()

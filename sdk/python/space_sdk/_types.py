@@ -362,6 +362,7 @@ class Exec:
     detach: Optional[bool] = None
     kill_on_disconnect: Optional[bool] = None
     tty: Optional[WinSize] = None
+    tag: Optional[str] = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Exec":
@@ -376,6 +377,7 @@ class Exec:
             detach=d['detach'] if d.get('detach') is not None else None,
             kill_on_disconnect=d['kill_on_disconnect'] if d.get('kill_on_disconnect') is not None else None,
             tty=WinSize.from_dict(d['tty']) if d.get('tty') is not None else None,
+            tag=d['tag'] if d.get('tag') is not None else None,
         )
 
     def to_dict(self) -> Dict[str, Any]:
@@ -400,6 +402,8 @@ class Exec:
             d['kill_on_disconnect'] = self.kill_on_disconnect
         if self.tty is not None:
             d['tty'] = self.tty.to_dict()
+        if self.tag is not None:
+            d['tag'] = self.tag
         return d
 
 @dataclass
@@ -436,6 +440,7 @@ class Process:
     shell: Optional[str] = None
     cwd: Optional[str] = None
     tty: Optional[bool] = None
+    tag: Optional[str] = None
     exit: Optional[Exit] = None
 
     @classmethod
@@ -451,6 +456,7 @@ class Process:
             shell=d['shell'] if d.get('shell') is not None else None,
             cwd=d['cwd'] if d.get('cwd') is not None else None,
             tty=d['tty'] if d.get('tty') is not None else None,
+            tag=d['tag'] if d.get('tag') is not None else None,
             exit=Exit.from_dict(d['exit']) if d.get('exit') is not None else None,
         )
 
@@ -470,6 +476,8 @@ class Process:
             d['cwd'] = self.cwd
         if self.tty is not None:
             d['tty'] = self.tty
+        if self.tag is not None:
+            d['tag'] = self.tag
         if self.exit is not None:
             d['exit'] = self.exit.to_dict()
         return d

@@ -165,6 +165,7 @@ def build_exec(
     stdin: StdinData = None,
     kill_on_disconnect: bool = False,
     tty: Optional[T.WinSize] = None,
+    tag: Optional[str] = None,
 ) -> T.Exec:
     """The Exec of a command: a str is a shell line (/bin/sh -c), a list an argv."""
     if isinstance(cmd, (bytes, bytearray)):
@@ -177,6 +178,7 @@ def build_exec(
         stdin=_to_bytes(stdin) if stdin else None,
         kill_on_disconnect=True if kill_on_disconnect else None,
         tty=tty,
+        tag=tag or None,
     )
     if isinstance(cmd, str):
         ex.shell = cmd
@@ -442,14 +444,14 @@ class AsyncCommands:
                   cwd: Optional[str] = ..., user: Optional[str] = ..., timeout: Optional[float] = ...,
                   stdin: StdinData = ..., on_stdout: Optional[OutputCallback] = ...,
                   on_stderr: Optional[OutputCallback] = ..., check: bool = ...,
-                  kill_on_disconnect: bool = ...) -> CommandResult: ...
+                  kill_on_disconnect: bool = ..., tag: Optional[str] = ...) -> CommandResult: ...
 
     @overload
     async def run(self, cmd: Cmd, *, background: Literal[True], env: Optional[Mapping[str, str]] = ...,
                   cwd: Optional[str] = ..., user: Optional[str] = ..., timeout: Optional[float] = ...,
                   stdin: StdinData = ..., on_stdout: Optional[OutputCallback] = ...,
                   on_stderr: Optional[OutputCallback] = ..., check: bool = ...,
-                  kill_on_disconnect: bool = ...) -> AsyncCommandHandle: ...
+                  kill_on_disconnect: bool = ..., tag: Optional[str] = ...) -> AsyncCommandHandle: ...
 
     async def run(
         self,
@@ -465,12 +467,13 @@ class AsyncCommands:
         on_stderr: Optional[OutputCallback] = None,
         check: bool = False,
         kill_on_disconnect: bool = False,
+        tag: Optional[str] = None,
     ) -> Union[CommandResult, AsyncCommandHandle]:
         """Run cmd (a shell line, or an argv list) and return its
         CommandResult; with background=True return a handle at once."""
         out = _Output(on_stdout, on_stderr)
         if background:
-            ex = build_exec(cmd, env, cwd, user, timeout, None, kill_on_disconnect)
+            ex = build_exec(cmd, env, cwd, user, timeout, None, kill_on_disconnect, tag=tag)
             h = await AsyncCommandHandle._open(
                 self._http, self._sb.id, sandbox_path(self._sb.id, "/exec/ws"), ex.to_dict(), out
             )
@@ -478,7 +481,7 @@ class AsyncCommands:
                 await h.send_stdin(stdin)
                 await h.close_stdin()
             return h
-        ex = build_exec(cmd, env, cwd, user, timeout, stdin, kill_on_disconnect)
+        ex = build_exec(cmd, env, cwd, user, timeout, stdin, kill_on_disconnect, tag=tag)
         return _finish(await _ndjson_async(self._http, _exec_req(self._sb.id, ex), out), check)
 
     async def run_code(self, code: str, language: str = "python", **kw: Any) -> CommandResult:
@@ -487,14 +490,16 @@ class AsyncCommands:
         return await self.run(_interpreter(language), stdin=code, **kw)
 
     async def connect(
-        self, pid: int, on_stdout: Optional[OutputCallback] = None, on_stderr: Optional[OutputCallback] = None
+        self, pid: int, on_stdout: Optional[OutputCallback] = None, on_stderr: Optional[OutputCallback] = None,
+        *, share: bool = False,
     ) -> AsyncCommandHandle:
         """Attach to a running command by its Process id: its buffered
-        output (up to 1 MiB) is replayed, then live output follows."""
+        output (up to 1 MiB) is replayed, then live output follows. An
+        earlier handle of the command is taken over (it ends), unless
+        share is set: then both follow it, this one from now on."""
         out = _Output(on_stdout, on_stderr)
-        return await AsyncCommandHandle._open(
-            self._http, self._sb.id, _process_path(self._sb.id, pid, "/attach"), None, out
-        )
+        path = _process_path(self._sb.id, pid, "/attach") + ("?share=true" if share else "")
+        return await AsyncCommandHandle._open(self._http, self._sb.id, path, None, out)
 
     async def list(self) -> List[T.Process]:
         doc = await self._http.json(Req("GET", sandbox_path(self._sb.id, "/processes"), sandbox=self._sb.id,
@@ -540,14 +545,14 @@ class Commands:
             cwd: Optional[str] = ..., user: Optional[str] = ..., timeout: Optional[float] = ...,
             stdin: StdinData = ..., on_stdout: Optional[OutputCallback] = ...,
             on_stderr: Optional[OutputCallback] = ..., check: bool = ...,
-            kill_on_disconnect: bool = ...) -> CommandResult: ...
+            kill_on_disconnect: bool = ..., tag: Optional[str] = ...) -> CommandResult: ...
 
     @overload
     def run(self, cmd: Cmd, *, background: Literal[True], env: Optional[Mapping[str, str]] = ...,
             cwd: Optional[str] = ..., user: Optional[str] = ..., timeout: Optional[float] = ...,
             stdin: StdinData = ..., on_stdout: Optional[OutputCallback] = ...,
             on_stderr: Optional[OutputCallback] = ..., check: bool = ...,
-            kill_on_disconnect: bool = ...) -> CommandHandle: ...
+            kill_on_disconnect: bool = ..., tag: Optional[str] = ...) -> CommandHandle: ...
 
     def run(
         self,
@@ -563,6 +568,7 @@ class Commands:
         on_stderr: Optional[OutputCallback] = None,
         check: bool = False,
         kill_on_disconnect: bool = False,
+        tag: Optional[str] = None,
     ) -> Union[CommandResult, CommandHandle]:
         """Run cmd (a shell line, or an argv list) and return its
         CommandResult; with background=True return a CommandHandle at once.
@@ -571,9 +577,9 @@ class Commands:
             a = self._sb._space._async_sandbox(self._sb.id).commands
             return self._ws(
                 a.run(cmd, background=True, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin,
-                      on_stdout=on_stdout, on_stderr=on_stderr, kill_on_disconnect=kill_on_disconnect)
+                      on_stdout=on_stdout, on_stderr=on_stderr, kill_on_disconnect=kill_on_disconnect, tag=tag)
             )
-        ex = build_exec(cmd, env, cwd, user, timeout, stdin, kill_on_disconnect)
+        ex = build_exec(cmd, env, cwd, user, timeout, stdin, kill_on_disconnect, tag=tag)
         out = _Output(on_stdout, on_stderr)
         return _finish(_ndjson_sync(self._http, _exec_req(self._sb.id, ex), out), check)
 
@@ -583,11 +589,12 @@ class Commands:
         return self.run(_interpreter(language), stdin=code, **kw)
 
     def connect(
-        self, pid: int, on_stdout: Optional[OutputCallback] = None, on_stderr: Optional[OutputCallback] = None
+        self, pid: int, on_stdout: Optional[OutputCallback] = None, on_stderr: Optional[OutputCallback] = None,
+        *, share: bool = False,
     ) -> CommandHandle:
         """Attach to a running command by its Process id (see AsyncCommands.connect)."""
         a = self._sb._space._async_sandbox(self._sb.id).commands
-        return self._ws(a.connect(pid, on_stdout, on_stderr))
+        return self._ws(a.connect(pid, on_stdout, on_stderr, share=share))
 
     def list(self) -> List[T.Process]:
         doc = self._http.json(Req("GET", sandbox_path(self._sb.id, "/processes"), sandbox=self._sb.id,

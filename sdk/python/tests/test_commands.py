@@ -130,6 +130,20 @@ def test_disconnect_and_output(shared: Sandbox) -> None:
     assert r.stdout == "later\n" and r.exit_code == 0
 
 
+def test_tag_and_shared_connect(shared: Sandbox) -> None:
+    out1: List[str] = []
+    out2: List[str] = []
+    h = shared.commands.run('while read l; do echo "got $l"; done', background=True, tag="echoer",
+                            on_stdout=out1.append)
+    assert shared.commands.get(h.pid).tag == "echoer"
+    h2 = shared.commands.connect(h.pid, on_stdout=out2.append, share=True)
+    h.send_stdin("one\n")
+    _wait_for(lambda: "".join(out1) == "got one\n" and "".join(out2) == "got one\n")
+    h.close_stdin()
+    r, r2 = h.wait(timeout=30), h2.wait(timeout=30)
+    assert (r.exit_code, r2.exit_code, r.stdout, r2.stdout) == (0, 0, "got one\n", "got one\n")
+
+
 def test_kill_on_disconnect(space: Space, shared: Sandbox) -> None:
     other = Space()
     h = other.sandboxes.connect(shared.id).commands.run("sleep 60", background=True, kill_on_disconnect=True)

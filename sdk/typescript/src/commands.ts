@@ -142,6 +142,8 @@ export interface RunOptions {
   check?: boolean;
   /** Kill the command when the client goes away (default: it runs on). */
   killOnDisconnect?: boolean;
+  /** A name kept with the command's Process (commands.list shows it): up to 256 bytes, no control characters. */
+  tag?: string;
   /** Aborts a foreground run's stream (the command runs on unless killOnDisconnect). */
   signal?: AbortSignal;
 }
@@ -162,6 +164,7 @@ export function buildExec(cmd: Cmd, o: RunOptions & { tty?: WinSize }, withStdin
     ex.stdin = b64encode(toBytes(o.stdin));
   }
   if (o.killOnDisconnect) ex.kill_on_disconnect = true;
+  if (o.tag) ex.tag = o.tag;
   if (o.tty) ex.tty = o.tty;
   return ex;
 }
@@ -412,10 +415,16 @@ export class Commands {
   /**
    * connect attaches to a running command by its Process id: its buffered
    * output (up to 1 MiB) that no client received is replayed, then live output follows.
+   * An earlier handle of the command is taken over (it ends), unless share is set:
+   * then both follow it, this one from now on.
    */
-  async connect(pid: number, opts: { onStdout?: OutputCallback; onStderr?: OutputCallback } = {}): Promise<CommandHandle> {
+  async connect(
+    pid: number,
+    opts: { onStdout?: OutputCallback; onStderr?: OutputCallback; share?: boolean } = {},
+  ): Promise<CommandHandle> {
     const out = new Output(opts.onStdout, opts.onStderr);
-    return CommandHandle.open(this.#ref, processPath(this.#ref.id, pid, "/attach"), undefined, out);
+    const path = processPath(this.#ref.id, pid, "/attach") + (opts.share ? "?share=true" : "");
+    return CommandHandle.open(this.#ref, path, undefined, out);
   }
 
   /** list returns the sandbox's processes (running and exited). */

@@ -1546,6 +1546,14 @@ export interface components {
              */
             kill_on_disconnect?: boolean;
             tty?: components["schemas"]["WinSize"];
+            /**
+             * @description A name for the command, kept with its Process for whoever looks
+             *     for it later: UTF-8 of at most 256 bytes without control
+             *     characters. Tags need not be unique. A sandbox whose agent
+             *     predates tags refuses a tagged command (409, the command is
+             *     killed).
+             */
+            tag?: string;
         };
         /** @description A terminal size; in Exec, run the command on a terminal of this size (WebSocket only). */
         WinSize: {
@@ -1564,6 +1572,8 @@ export interface components {
             shell?: string;
             cwd?: string;
             tty?: boolean;
+            /** @description The Exec's tag. */
+            tag?: string;
             /** Format: date-time */
             started_at: string;
             running: boolean;

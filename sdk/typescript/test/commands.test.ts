@@ -121,6 +121,24 @@ test("background: disconnect, then follow the output read-only", { skip }, async
   assert.deepEqual([r.stdout, r.exitCode], ["later\n", 0]);
 });
 
+test("background: a tag, and a second handle that shares the output", { skip }, async () => {
+  const sb = shared();
+  let out1 = "";
+  let out2 = "";
+  const h = await sb.commands.run("while read l; do echo \"got $l\"; done", {
+    background: true,
+    tag: "echoer",
+    onStdout: (s) => void (out1 += s),
+  });
+  assert.equal((await sb.commands.get(h.pid)).tag, "echoer");
+  const h2 = await sb.commands.connect(h.pid, { share: true, onStdout: (s) => void (out2 += s) });
+  await h.sendStdin("one\n");
+  await waitFor(() => out1 === "got one\n" && out2 === "got one\n");
+  await h.closeStdin();
+  const [r, r2] = await Promise.all([h.wait({ timeoutMs: 30_000 }), h2.wait({ timeoutMs: 30_000 })]);
+  assert.deepEqual([r.exitCode, r2.exitCode, r.stdout, r2.stdout], [0, 0, "got one\n", "got one\n"]);
+});
+
 test("background: killOnDisconnect", { skip }, async () => {
   const sb = shared();
   const other = new Space();
