@@ -579,3 +579,37 @@ func TestStreamInputH2(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchTranslation: a SPACE write (a temporary file renamed over the
+// target) shows as envd's in-place write, and the temporary file's own
+// events are left out.
+func TestWatchTranslation(t *testing.T) {
+	tr := translator{}
+	var got []string
+	for _, ev := range []api.FileEvent{
+		{Type: api.FileEventCreate, Name: "d/.f.txt.space-tmp-123"},
+		{Type: api.FileEventWrite, Name: "d/.f.txt.space-tmp-123"},
+		{Type: api.FileEventRename, Name: "d/.f.txt.space-tmp-123"},
+		{Type: api.FileEventCreate, Name: "d/f.txt"},
+		{Type: api.FileEventCreate, Name: "other"},
+		{Type: api.FileEventCreate, Name: ".g.space-tmp-9"},
+		{Type: api.FileEventRemove, Name: ".g.space-tmp-9"},
+		{Type: api.FileEventCreate, Name: "g"},
+		{Type: api.FileEventCreate, Name: ".h.space-tmp-x"}, // not SPACE's pattern: a user's file
+	} {
+		fes, err := tr.events(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fe := range fes {
+			got = append(got, fe.Type+" "+fe.Name)
+		}
+	}
+	want := []string{"EVENT_TYPE_CREATE d/f.txt", "EVENT_TYPE_WRITE d/f.txt", "EVENT_TYPE_CREATE other", "EVENT_TYPE_CREATE g", "EVENT_TYPE_CREATE .h.space-tmp-x"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("events %q, want %q", got, want)
+	}
+	if _, err := tr.events(api.FileEvent{Type: api.FileEventOverflow}); err == nil {
+		t.Error("overflow: nil error")
+	}
+}

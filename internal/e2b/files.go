@@ -39,7 +39,7 @@ func (s *Server) checkSignature(r *http.Request, id string) error {
 			return fmt.Errorf("signature_expiration %.20q is not a Unix time", exp)
 		}
 		if time.Now().Unix() > t {
-			return errors.New("the signature has expired")
+			return errors.New("signature is already expired") // envd's words, which E2B's tests compare
 		}
 		raw += ":" + exp
 	}
@@ -154,6 +154,37 @@ type entry struct {
 // written files' metadata (extended attributes).
 const metadataPrefix = "X-Metadata-"
 
+// metadataKey prefixes E2B's metadata keys in SPACE's: envd keeps key k
+// in the extended attribute user.e2b.k, and SPACE's metadata names the
+// user.* attributes without their "user.".
+const metadataKey = "e2b."
+
+// toSpaceMetadata returns E2B metadata as SPACE's.
+func toSpaceMetadata(meta map[string]string) map[string]string {
+	if len(meta) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(meta))
+	for k, v := range meta {
+		out[metadataKey+k] = v
+	}
+	return out
+}
+
+// fromSpaceMetadata returns the E2B metadata among SPACE's, or nil.
+func fromSpaceMetadata(meta map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range meta {
+		if name, ok := strings.CutPrefix(k, metadataKey); ok && name != "" {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[name] = v
+		}
+	}
+	return out
+}
+
 func (s *Server) filesPost(w http.ResponseWriter, r *http.Request, c *envdCall) {
 	user, _ := c.userAndHome(r.Context())
 	meta := map[string]string{}
@@ -170,7 +201,7 @@ func (s *Server) filesPost(w http.ResponseWriter, r *http.Request, c *envdCall) 
 		if err != nil {
 			return entry{}, badRequest("%v", err)
 		}
-		opts := client.WriteOptions{Mkdir: true, Owner: user, Metadata: meta}
+		opts := client.WriteOptions{Mkdir: true, Owner: user, Metadata: toSpaceMetadata(meta)}
 		if _, err := c.sandbox.WriteFile(r.Context(), c.id, p, src, opts); err != nil {
 			return entry{}, err
 		}

@@ -5,7 +5,9 @@ import (
 	"io/fs"
 	"net/http"
 	"path"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"space/api"
@@ -31,26 +33,32 @@ type entryInfo struct {
 // entryOf converts a SPACE FileInfo of the entry at p. Mode is Go's
 // fs.FileMode (type bits and permissions), as envd sends it.
 func entryOf(p string, fi api.FileInfo) entryInfo {
+	// mode is the permission bits alone, as envd reports it; permissions
+	// spells them out with the type, as ls does.
 	mode := fs.FileMode(fi.Mode) & fs.ModePerm
-	typ := "FILE_TYPE_UNSPECIFIED"
+	typ, kind := "FILE_TYPE_UNSPECIFIED", fs.FileMode(0)
 	switch fi.Type {
 	case "file":
 		typ = "FILE_TYPE_FILE"
 	case "dir":
-		typ, mode = "FILE_TYPE_DIRECTORY", mode|fs.ModeDir
+		typ, kind = "FILE_TYPE_DIRECTORY", fs.ModeDir
 	case "symlink":
-		typ, mode = "FILE_TYPE_SYMLINK", mode|fs.ModeSymlink
+		typ, kind = "FILE_TYPE_SYMLINK", fs.ModeSymlink
 	}
 	e := entryInfo{
 		Name: path.Base(p), Type: typ, Path: p, Size: strconv.FormatInt(fi.Size, 10),
-		Mode: uint32(mode), Permissions: mode.String(),
-		Owner: fi.Owner, Group: fi.Group, Metadata: fi.Metadata,
+		Mode: uint32(mode), Permissions: (kind | mode).String(),
+		Owner: fi.Owner, Group: fi.Group, Metadata: fromSpaceMetadata(fi.Metadata),
 	}
 	if !fi.ModTime.IsZero() {
 		e.ModifiedTime = fi.ModTime.UTC().Format(time.RFC3339Nano)
 	}
 	if fi.Type == "symlink" {
+		// envd reports where a link points as an absolute path.
 		t := fi.Target
+		if !path.IsAbs(t) {
+			t = path.Join(path.Dir(p), t)
+		}
 		e.SymlinkTarget = &t
 	}
 	return e
@@ -119,6 +127,9 @@ func (s *Server) fsListDir(w http.ResponseWriter, r *http.Request, c *envdCall) 
 				if err != nil {
 					return err
 				}
+				// By name, each directory before its children: the order
+				// of envd's walk.
+				slices.SortFunc(l.Entries, func(a, b api.FileInfo) int { return strings.Compare(a.Name, b.Name) })
 				for _, fi := range l.Entries {
 					if len(entries) >= maxListEntries {
 						return newRPCError("resource_exhausted", "more than %d entries under %s: list with a smaller depth", maxListEntries, p)
@@ -178,6 +189,11 @@ func (s *Server) fsMove(w http.ResponseWriter, r *http.Request, c *envdCall) {
 func (s *Server) fsRemove(w http.ResponseWriter, r *http.Request, c *envdCall) {
 	fsUnary(w, r, c, func(q *pathRequest) *string { return &q.Path },
 		func(ctx context.Context, p string, _ *pathRequest) (any, error) {
-			return struct{}{}, c.sandbox.RemoveFile(ctx, c.id, p, client.RemoveOptions{Recursive: true})
+			// Like envd's os.RemoveAll, removing what is not there succeeds.
+			err := c.sandbox.RemoveFile(ctx, c.id, p, client.RemoveOptions{Recursive: true})
+			if client.IsNotFound(err) {
+				err = nil
+			}
+			return struct{}{}, err
 		})
 }

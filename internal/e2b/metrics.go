@@ -35,13 +35,34 @@ const metricsScript = `head -n1 /proc/stat; sleep 0.2; head -n1 /proc/stat; ` +
 // metrics answers E2B's metrics route with one sample of the guest taken
 // now (E2B keeps a series; SPACE measures on demand), or none while the
 // sandbox does not run.
+// rangeSlack is how far, in seconds, a metrics range may miss now and
+// still hold the sample taken now.
+const rangeSlack = 5
+
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request, c *client.Client) {
 	sb, ok := pathSandboxInfo(w, r, c)
 	if !ok {
 		return
 	}
 	id := sb.ID
-	if sb.State != "running" {
+	// The one sample is taken now: a range (unix seconds) that ends before
+	// now or starts after it holds none. The bounds are second-precision
+	// and the caller's clock is not ours: within rangeSlack counts as now.
+	now := time.Now().UTC()
+	var bounds [2]int64
+	for i, name := range []string{"start", "end"} {
+		v := r.URL.Query().Get(name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			writeAPIError(w, badRequest("%s %.32q: want unix seconds", name, v))
+			return
+		}
+		bounds[i] = n
+	}
+	if sb.State != "running" || bounds[0] != 0 && bounds[0] > now.Unix()+rangeSlack || bounds[1] != 0 && bounds[1] < now.Unix()-rangeSlack {
 		writeJSON(w, http.StatusOK, []metric{})
 		return
 	}
@@ -58,7 +79,6 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request, c *client.Clien
 		writeAPIError(w, err)
 		return
 	}
-	now := time.Now().UTC()
 	m.Timestamp, m.TimestampUnix = now.Format(time.RFC3339), now.Unix()
 	writeJSON(w, http.StatusOK, []metric{m})
 }

@@ -126,6 +126,9 @@ func decodeBody(r *http.Request, v any) error {
 	return nil
 }
 
+// snapshotIDPrefix starts SPACE's snapshot IDs.
+const snapshotIDPrefix = "snp_"
+
 // templateName maps E2B template names onto SPACE's: "base" is SPACE's
 // default template, which has what E2B's base image offers to code.
 func templateName(e2b string) string {
@@ -240,6 +243,11 @@ func (s *Server) createRequest(req newSandbox) (api.CreateSandbox, error) {
 		Template: templateName(req.TemplateID), TimeoutSeconds: timeout,
 		Env: req.EnvVars, OnTimeout: "delete",
 	}
+	// E2B starts a sandbox from a snapshot by giving its ID as the
+	// template; SPACE's snapshot IDs cannot be template names.
+	if strings.HasPrefix(req.TemplateID, snapshotIDPrefix) {
+		cr.Template, cr.FromSnapshot = "", req.TemplateID
+	}
 	if req.AutoPause {
 		cr.OnTimeout = "suspend"
 	}
@@ -251,6 +259,13 @@ func (s *Server) createRequest(req newSandbox) (api.CreateSandbox, error) {
 		return api.CreateSandbox{}, err
 	}
 	cr.Network = n
+	if cr.FromSnapshot != "" {
+		// A copy of a snapshot has the snapshot's environment and network.
+		if len(req.EnvVars) > 0 || req.Network != nil || req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
+			return api.CreateSandbox{}, badRequest("template %s is a snapshot: a sandbox started from it keeps its envVars and network (set neither)", req.TemplateID)
+		}
+		cr.Env, cr.Network = nil, nil
+	}
 	if private {
 		labels[labelPrivate] = "true"
 	}

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"path"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,22 +45,76 @@ var eventTypes = map[api.FileEventType]string{
 // protocol has no way to say some were lost and go on.
 var errEventsLost = newRPCError("resource_exhausted", "events were lost (the sandbox's queue overflowed): watch again and list the directory")
 
-// eventOf converts a change; ok is false for events envd does not send.
-func eventOf(ev api.FileEvent, withEntry bool) (filesystemEvent, bool, error) {
+// translator converts one watch's changes into envd's events.
+//
+// SPACE writes a file whole: into a temporary file beside it
+// (.NAME.space-tmp-N), then renamed over NAME. envd writes in place, and
+// clients wait for a write event of NAME. So the temporary file's events
+// are left out, and NAME appearing by that rename is a create and a write.
+type translator struct {
+	withEntry bool
+	staged    map[string]bool // names whose temporary file was created
+}
+
+// tmpMarker is in the names of the temporary files SPACE's writes use.
+const tmpMarker = ".space-tmp-"
+
+// stagedName returns the name a temporary file will become, or ok=false
+// for any other name.
+func stagedName(name string) (string, bool) {
+	dir, base := path.Split(name)
+	i := strings.LastIndex(base, tmpMarker)
+	if i < 2 || base[0] != '.' {
+		return "", false
+	}
+	for _, r := range base[i+len(tmpMarker):] {
+		if r < '0' || r > '9' {
+			return "", false
+		}
+	}
+	return dir + base[1:i], true
+}
+
+// events converts a change into the events envd would send for it: none,
+// one, or a create and a write.
+func (t *translator) events(ev api.FileEvent) ([]filesystemEvent, error) {
 	if ev.Type == api.FileEventOverflow {
-		return filesystemEvent{}, false, errEventsLost
+		return nil, errEventsLost
 	}
 	typ, ok := eventTypes[ev.Type]
 	if !ok || ev.Name == "." {
-		return filesystemEvent{}, false, nil
+		return nil, nil
+	}
+	if final, ok := stagedName(ev.Name); ok {
+		switch {
+		case ev.Type == api.FileEventCreate && len(t.staged) < maxStaged:
+			if t.staged == nil {
+				t.staged = map[string]bool{}
+			}
+			t.staged[final] = true
+		case ev.Type == api.FileEventRemove: // the write failed
+			delete(t.staged, final)
+		}
+		return nil, nil
 	}
 	fe := filesystemEvent{Name: ev.Name, Type: typ}
-	if withEntry && ev.Entry != nil {
+	if t.withEntry && ev.Entry != nil {
 		e := entryOf(ev.Path, *ev.Entry)
 		fe.Entry = &e
 	}
-	return fe, true, nil
+	out := []filesystemEvent{fe}
+	if ev.Type == api.FileEventCreate && t.staged[ev.Name] {
+		delete(t.staged, ev.Name)
+		w := fe
+		w.Type = eventTypes[api.FileEventWrite]
+		out = append(out, w)
+	}
+	return out, nil
 }
+
+// maxStaged bounds the writes a translator tracks between their start
+// and their rename.
+const maxStaged = 1024
 
 func (s *Server) startWatch(ctx context.Context, c *envdCall, req watchRequest) (*client.FileWatch, error) {
 	p, err := c.absPath(ctx, req.Path)
@@ -100,6 +156,7 @@ func (s *Server) fsWatchDir(w http.ResponseWriter, r *http.Request, c *envdCall)
 		return
 	}
 	go st.keepalive(ctx, r, message{Keepalive: &struct{}{}})
+	tr := translator{withEntry: req.IncludeEntry}
 	for {
 		ev, err := watch.Next()
 		if errors.Is(err, io.EOF) {
@@ -110,13 +167,15 @@ func (s *Server) fsWatchDir(w http.ResponseWriter, r *http.Request, c *envdCall)
 			st.End(err)
 			return
 		}
-		fe, ok, err := eventOf(ev, req.IncludeEntry)
+		fes, err := tr.events(ev)
 		if err != nil {
 			st.End(err)
 			return
 		}
-		if ok && st.Send(message{Filesystem: &fe}) != nil {
-			return
+		for _, fe := range fes {
+			if st.Send(message{Filesystem: &fe}) != nil {
+				return
+			}
 		}
 	}
 }
@@ -199,15 +258,15 @@ func (s *Server) runWatcher(ctx context.Context, id string, wt *watcher, watch *
 			}
 		}
 	}()
+	tr := translator{withEntry: withEntry}
 	for {
 		ev, err := watch.Next()
 		if err == nil {
-			var fe filesystemEvent
-			var ok bool
-			if fe, ok, err = eventOf(ev, withEntry); err == nil && ok {
+			var fes []filesystemEvent
+			if fes, err = tr.events(ev); err == nil && len(fes) > 0 {
 				wt.mu.Lock()
-				if len(wt.events) < maxQueued {
-					wt.events = append(wt.events, fe)
+				if len(wt.events)+len(fes) <= maxQueued {
+					wt.events = append(wt.events, fes...)
 				} else {
 					err = errEventsLost
 				}

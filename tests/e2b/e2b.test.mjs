@@ -224,11 +224,28 @@ test('files: write, read, list, info, exists, makeDir, rename, remove', async ()
   await assert.rejects(sbx.files.getInfo('/nope'), (e) => e instanceof NotFoundError)
 })
 
+test('files: what envd reports: modes, absolute link targets, order, metadata', async () => {
+  await sbx.files.makeDir('/home/user/det/b')
+  await sbx.files.write('/home/user/det/c.txt', 'c', { metadata: { author: 'me' } })
+  await sbx.files.write('/home/user/det/a.txt', 'a')
+  await sbx.commands.run('cd /home/user/det && ln -s a.txt link && mkdir b/x && python3 -c "import os; os.setxattr(\'a.txt\', \'user.e2b.kind\', b\'note\')"')
+  const dir = await sbx.files.getInfo('/home/user/det')
+  assert.deepEqual([dir.mode, dir.permissions], [0o755, 'drwxr-xr-x'])
+  assert.equal((await sbx.files.getInfo('/home/user/det/link')).symlinkTarget, '/home/user/det/a.txt')
+  assert.deepEqual((await sbx.files.list('/home/user/det', { depth: 2 })).map((e) => e.name),
+    ['a.txt', 'b', 'x', 'c.txt', 'link'])
+  assert.deepEqual((await sbx.files.getInfo('/home/user/det/c.txt')).metadata, { author: 'me' })
+  assert.deepEqual((await sbx.files.getInfo('/home/user/det/a.txt')).metadata, { kind: 'note' })
+  await sbx.files.remove('/home/user/det/never-was') // envd removes like rm -f
+  await sbx.files.remove('/home/user/det')
+})
+
 test('files: watch a directory', async () => {
   await sbx.files.makeDir('/tmp/watched')
   const events = []
   const w = await sbx.files.watchDir('/tmp/watched', (e) => events.push(e), { recursive: true })
   await sbx.files.write('/tmp/watched/new.txt', 'x')
+  await sbx.files.write('/tmp/watched/new.txt', 'overwritten')
   await sbx.commands.run('mkdir /tmp/watched/d && echo y > /tmp/watched/d/inner && rm /tmp/watched/new.txt')
   for (let i = 0; i < 100; i++) {
     if (events.some((e) => e.name === 'd/inner' && e.type === FilesystemEventType.WRITE) &&
@@ -237,9 +254,10 @@ test('files: watch a directory', async () => {
   }
   await w.stop()
   const seen = events.map((e) => `${e.type} ${e.name}`)
-  for (const want of ['create new.txt', 'create d', 'write d/inner', 'remove new.txt']) {
+  for (const want of ['create new.txt', 'write new.txt', 'create d', 'write d/inner', 'remove new.txt']) {
     assert.ok(seen.includes(want), `${want} in ${JSON.stringify(seen)}`)
   }
+  assert.ok(!seen.some((e) => e.includes('space-tmp')), `SPACE's temporary files stay out: ${JSON.stringify(seen)}`)
 })
 
 test('files: signed upload and download URLs', async () => {
@@ -295,6 +313,23 @@ test('metrics: a sample of the guest', async () => {
   assert.ok(m.memTotal > 100 << 20 && m.memUsed > 0 && m.memUsed < m.memTotal, JSON.stringify(m))
   assert.ok(m.diskTotal > 0 && m.diskUsed > 0, JSON.stringify(m))
   assert.ok(m.timestamp instanceof Date)
+  const hour = 3600_000
+  assert.deepEqual(await sbx.getMetrics({ start: new Date(Date.now() - 2 * hour), end: new Date(Date.now() - hour) }), [])
+})
+
+test('snapshots: a sandbox started from one has its files', async () => {
+  await sbx.files.write('/home/user/snap.txt', 'kept')
+  const snap = await sbx.createSnapshot()
+  try {
+    const copy = await Sandbox.create(snap.snapshotId, opts)
+    try {
+      assert.equal(await copy.files.read('/home/user/snap.txt'), 'kept')
+    } finally {
+      await copy.kill()
+    }
+  } finally {
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+  }
 })
 
 test('timeouts: set, extend and shorten', async () => {
