@@ -44,8 +44,9 @@ import (
 
 // EnvdVersion is the version of envd whose behaviour this package serves;
 // the SDKs gate features on it (0.5.2 closeStdin, 0.5.7 octet-stream
-// uploads, 0.6.2 file metadata, 0.6.3 watch events with entries).
-const EnvdVersion = "0.6.3"
+// uploads, 0.6.2 file metadata, 0.6.3 watch events with entries, 0.6.4
+// watches on network mounts).
+const EnvdVersion = "0.6.4"
 
 // EnvdPort is the port E2B's SDKs address envd on.
 const EnvdPort = 49983

@@ -21,10 +21,13 @@ import (
 // that poll it (E2B's Python SDK does).
 
 type watchRequest struct {
-	Path               string `json:"path"`
-	Recursive          bool   `json:"recursive"`
-	IncludeEntry       bool   `json:"includeEntry"`
-	AllowNetworkMounts bool   `json:"allowNetworkMounts"`
+	Path         string `json:"path"`
+	Recursive    bool   `json:"recursive"`
+	IncludeEntry bool   `json:"includeEntry"`
+	// AllowNetworkMounts lets envd watch a directory on a network file
+	// system, where changes made elsewhere go unseen. SPACE's agent
+	// watches any directory, so the flag changes nothing here.
+	AllowNetworkMounts bool `json:"allowNetworkMounts"`
 }
 
 type filesystemEvent struct {
