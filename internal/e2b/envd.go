@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"path"
 	"strings"
+	"time"
 
 	"space/client"
 	"space/internal/errkind"
@@ -99,6 +100,14 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, e2bID string)
 	}
 	call := &envdCall{s: s, id: id, e2bID: e2bID, sandbox: c, user: requestUser(r)}
 	s.env.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), envdCallKey{}, call)))
+}
+
+// gone reports whether the call's sandbox no longer runs.
+func (c *envdCall) gone() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sb, err := c.s.cfg.Sandboxes.SandboxByID(ctx, c.id)
+	return errors.Is(err, errkind.NotFound) || err == nil && sb.State != "running"
 }
 
 // sandboxClient returns a client of the data plane of SPACE sandbox id;

@@ -115,7 +115,11 @@ func (o output) Write(p []byte) (int, error) {
 // follow streams a command's events over st: ExecStream or Attach with
 // the StreamIO it is given, started, data and end events, keepalives
 // meanwhile, then the end of the stream.
-func follow(ctx context.Context, r *http.Request, st *stream, tty bool, run func(client.StreamIO) (api.Exit, error), keepStdin bool) {
+// When the stream breaks because the sandbox stopped running (killed,
+// paused, its VM died), the response is dropped rather than ended with an
+// error, as envd's connection drops with its VM: the SDKs then ask
+// /health, get the 502 of a sandbox that is gone, and say so.
+func follow(ctx context.Context, r *http.Request, st *stream, c *envdCall, tty bool, run func(client.StreamIO) (api.Exit, error), keepStdin bool) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go st.keepalive(ctx, r, keepaliveEvent)
@@ -130,6 +134,9 @@ func follow(ctx context.Context, r *http.Request, st *stream, tty bool, run func
 		},
 	})
 	if err != nil {
+		if r.Context().Err() == nil && c.gone() {
+			panic(http.ErrAbortHandler)
+		}
 		st.End(err)
 		return
 	}
@@ -187,7 +194,7 @@ func (s *Server) processStart(w http.ResponseWriter, r *http.Request, c *envdCal
 	// Before envd 0.3.0 stdin was always open, and an absent field keeps
 	// that meaning.
 	keepStdin := req.Stdin == nil || *req.Stdin || req.PTY != nil
-	follow(ctx, r, st, req.PTY != nil, func(sio client.StreamIO) (api.Exit, error) {
+	follow(ctx, r, st, c, req.PTY != nil, func(sio client.StreamIO) (api.Exit, error) {
 		return c.sandbox.ExecStream(ctx, c.id, ex, sio)
 	}, keepStdin)
 }
@@ -239,7 +246,7 @@ func (s *Server) processConnect(w http.ResponseWriter, r *http.Request, c *envdC
 		st.End(err)
 		return
 	}
-	follow(ctx, r, st, p.TTY, func(sio client.StreamIO) (api.Exit, error) {
+	follow(ctx, r, st, c, p.TTY, func(sio client.StreamIO) (api.Exit, error) {
 		return c.sandbox.AttachShared(ctx, c.id, p.ID, sio)
 	}, true)
 }
