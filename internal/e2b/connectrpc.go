@@ -179,6 +179,36 @@ func readStreamRequest(r *http.Request, v any) error {
 	return err
 }
 
+// streamCall is a streaming call under way: its response stream, and the
+// call's context, bounded by its Connect-Timeout-Ms (timeout; 0 = none).
+type streamCall struct {
+	st      *stream
+	ctx     context.Context
+	cancel  context.CancelFunc
+	timeout time.Duration
+}
+
+// beginStream starts a streaming call: it decodes the call's one request
+// message into req (with req nil, a client stream, whose messages the
+// caller reads, it checks the content type only) and applies the call's
+// deadline. On failure the stream is ended with the error and ok is
+// false; otherwise the caller must call cancel.
+func beginStream(w http.ResponseWriter, r *http.Request, req any) (sc streamCall, ok bool) {
+	sc.st = newStream(w)
+	err := checkStreamType(r)
+	if err == nil && req != nil {
+		err = readStreamRequest(r, req)
+	}
+	if err == nil {
+		sc.ctx, sc.cancel, sc.timeout, err = rpcDeadline(r.Context(), r)
+	}
+	if err != nil {
+		sc.st.End(err)
+		return sc, false
+	}
+	return sc, true
+}
+
 // checkStreamType checks a streaming call's request is in Connect's
 // streaming JSON.
 func checkStreamType(r *http.Request) error {

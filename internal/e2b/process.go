@@ -148,22 +148,17 @@ func follow(ctx context.Context, r *http.Request, st *stream, c *envdCall, tty b
 }
 
 func (s *Server) processStart(w http.ResponseWriter, r *http.Request, c *envdCall) {
-	st := newStream(w)
 	var req startRequest
-	if err := readStreamRequest(r, &req); err != nil {
-		st.End(err)
+	sc, ok := beginStream(w, r, &req)
+	if !ok {
 		return
 	}
+	defer sc.cancel()
+	st, ctx, timeout := sc.st, sc.ctx, sc.timeout
 	if req.Process == nil || req.Process.Cmd == "" {
 		st.End(newRPCError("invalid_argument", "process.cmd is empty"))
 		return
 	}
-	ctx, cancel, timeout, err := rpcDeadline(r.Context(), r)
-	if err != nil {
-		st.End(err)
-		return
-	}
-	defer cancel()
 	user, home := c.userAndHome(ctx)
 	ex := api.Exec{
 		Command: append([]string{req.Process.Cmd}, req.Process.Args...),
@@ -175,10 +170,12 @@ func (s *Server) processStart(w http.ResponseWriter, r *http.Request, c *envdCal
 		ex.Tag = *req.Tag
 	}
 	if req.Process.Cwd != nil && *req.Process.Cwd != "" {
-		if ex.Cwd, err = c.absPath(ctx, *req.Process.Cwd); err != nil {
+		cwd, err := c.absPath(ctx, *req.Process.Cwd)
+		if err != nil {
 			st.End(err)
 			return
 		}
+		ex.Cwd = cwd
 	}
 	if req.PTY != nil {
 		size := ptySize{Cols: 80, Rows: 24}
@@ -227,20 +224,15 @@ func (c *envdCall) process(ctx context.Context, sel *processSelector) (api.Proce
 }
 
 func (s *Server) processConnect(w http.ResponseWriter, r *http.Request, c *envdCall) {
-	st := newStream(w)
 	var req struct {
 		Process *processSelector `json:"process"`
 	}
-	if err := readStreamRequest(r, &req); err != nil {
-		st.End(err)
+	sc, ok := beginStream(w, r, &req)
+	if !ok {
 		return
 	}
-	ctx, cancel, _, err := rpcDeadline(r.Context(), r)
-	if err != nil {
-		st.End(err)
-		return
-	}
-	defer cancel()
+	defer sc.cancel()
+	st, ctx := sc.st, sc.ctx
 	p, err := c.process(ctx, req.Process)
 	if err != nil {
 		st.End(err)
@@ -398,17 +390,12 @@ type streamInputRequest struct {
 // they arrive. The reply, once the client ends its side, is one empty
 // message; a failure ends the call early with the error.
 func (s *Server) processStreamInput(w http.ResponseWriter, r *http.Request, c *envdCall) {
-	st := newStream(w)
-	if err := checkStreamType(r); err != nil {
-		st.End(err)
+	sc, ok := beginStream(w, r, nil)
+	if !ok {
 		return
 	}
-	ctx, cancel, _, err := rpcDeadline(r.Context(), r)
-	if err != nil {
-		st.End(err)
-		return
-	}
-	defer cancel()
+	defer sc.cancel()
+	st, ctx := sc.st, sc.ctx
 	var p *api.Process
 	for {
 		var msg streamInputRequest

@@ -132,18 +132,13 @@ func (s *Server) startWatch(ctx context.Context, c *envdCall, req watchRequest) 
 }
 
 func (s *Server) fsWatchDir(w http.ResponseWriter, r *http.Request, c *envdCall) {
-	st := newStream(w)
 	var req watchRequest
-	if err := readStreamRequest(r, &req); err != nil {
-		st.End(err)
+	sc, ok := beginStream(w, r, &req)
+	if !ok {
 		return
 	}
-	ctx, cancel, _, err := rpcDeadline(r.Context(), r)
-	if err != nil {
-		st.End(err)
-		return
-	}
-	defer cancel()
+	defer sc.cancel()
+	st, ctx := sc.st, sc.ctx
 	watch, err := s.startWatch(ctx, c, req)
 	if err != nil {
 		st.End(err)
