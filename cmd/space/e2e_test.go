@@ -73,10 +73,7 @@ func startRealServer(t *testing.T) map[string]string {
 	guesttest.Images(t)
 	release := guesttest.AcquireSlot(t)
 	t.Cleanup(release)
-	agent, err := guesttest.BuildAgent(t.Context())
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
+	agent := guesttest.Agent(t)
 	dataDir := t.TempDir()
 	workerID := "cli" + strings.ReplaceAll(time.Now().Format("150405.000"), ".", "")
 	t.Cleanup(func() {

@@ -85,8 +85,7 @@ type Config struct {
 	Limits Limits
 	// Quota is each team's quota; zero value = DefaultQuota.
 	Quota Quota
-	// ReapInterval is how often expired sandboxes are looked for; 0 = 1s
-	// (a timeout is kept to about a second, as E2B's are).
+	// ReapInterval is how often expired sandboxes are looked for; 0 = 5s.
 	ReapInterval time.Duration
 	// ReconcileInterval is how often every worker's sandboxes are
 	// compared with the store (a VM that died is marked failed); 0 = 30s.
@@ -202,7 +201,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Quota = DefaultQuota
 	}
 	if cfg.ReapInterval == 0 {
-		cfg.ReapInterval = time.Second
+		cfg.ReapInterval = 5 * time.Second
 	}
 	if cfg.EgressLogRetention == 0 {
 		cfg.EgressLogRetention = DefaultEgressLogRetention

@@ -121,10 +121,7 @@ type child struct {
 // point or is "".
 func startChild(t *testing.T, dataDir, workerID, crashAt string, env ...string) *child {
 	t.Helper()
-	agent, err := guesttest.BuildAgent(t.Context())
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
+	agent := guesttest.Agent(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChild+"=1", envDataDir+"="+dataDir, envWorkerID+"="+workerID,
 		envAgent+"="+agent, envCrashAt+"="+crashAt)

@@ -98,10 +98,7 @@ func workerChildMain() int {
 // process (so a test can stop it with SIGSTOP) and returns it.
 func startWorkerChild(t *testing.T, ts *testServer) *exec.Cmd {
 	t.Helper()
-	agent, err := guesttest.BuildAgent(t.Context())
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
+	agent := guesttest.Agent(t)
 	token, err := os.ReadFile(filepath.Join(ts.dataDir, WorkerTokenFile))
 	if err != nil {
 		t.Fatalf("setup: %v", err)

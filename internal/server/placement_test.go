@@ -30,10 +30,7 @@ func startWorker(t testing.TB, ts *testServer, memoryMiB int64) *testServer {
 // it with wt.stop.
 func restartWorker(t testing.TB, ts *testServer, memoryMiB int64, wt *testServer) *testServer {
 	t.Helper()
-	agent, err := guesttest.BuildAgent(t.Context())
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
+	agent := guesttest.Agent(t)
 	token, err := os.ReadFile(filepath.Join(ts.dataDir, WorkerTokenFile))
 	if err != nil {
 		t.Fatalf("setup: %v", err)

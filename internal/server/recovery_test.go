@@ -37,10 +37,7 @@ type s3Worker struct {
 // startS3Worker runs a worker registered with ts on srv's bucket.
 func startS3Worker(t testing.TB, ts *testServer, srv weedtest.Server, logDir string, env ...string) *s3Worker {
 	t.Helper()
-	agent, err := guesttest.BuildAgent(t.Context())
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
+	agent := guesttest.Agent(t)
 	token, err := os.ReadFile(filepath.Join(ts.dataDir, WorkerTokenFile))
 	if err != nil {
 		t.Fatalf("setup: %v", err)

@@ -50,6 +50,7 @@ func buildImages() (*imagebuild.Artifacts, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer os.RemoveAll(filepath.Dir(agent)) // the images hold their copy
 	cache, err := cachedir.Open(cacheBase())
 	if err != nil {
 		return nil, err
@@ -59,9 +60,21 @@ func buildImages() (*imagebuild.Artifacts, error) {
 
 func cacheBase() string { return cachedir.DefaultBase(nil) }
 
+// Agent builds space-agent from this checkout (BuildAgent) for t and
+// removes it when t ends.
+func Agent(t testing.TB) string {
+	t.Helper()
+	bin, err := BuildAgent(t.Context())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Dir(bin)) })
+	return bin
+}
+
 // BuildAgent builds space-agent from this checkout, reproducibly (the same
 // source gives the same bytes, so the initramfs cache key is stable), and
-// returns its path.
+// returns its path, in a directory of its own that the caller removes.
 func BuildAgent(ctx context.Context) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
@@ -77,6 +90,7 @@ func BuildAgent(ctx context.Context) (string, error) {
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
 		return "", fmt.Errorf("build space-agent: %v\n%s", err, out)
 	}
 	return bin, nil

@@ -228,10 +228,7 @@ func use(t *testing.T, c *client.Client) {
 // finds its initramfs in the cache).
 func buildBinaries(t *testing.T) (space, agent string) {
 	t.Helper()
-	agent, err := guesttest.BuildAgent(t.Context())
-	if err != nil {
-		t.Fatalf("setup: %v", err)
-	}
+	agent = guesttest.Agent(t)
 	space = filepath.Join(t.TempDir(), "space")
 	cmd := exec.CommandContext(t.Context(), "go", "build", "-trimpath", "-ldflags=-s -w", "-o", space, "./cmd/space")
 	cmd.Dir = moduleRoot(t)

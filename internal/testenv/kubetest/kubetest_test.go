@@ -296,7 +296,9 @@ func TestStartAfterKilledRun(t *testing.T) {
 	testenv.RequireRoot(t, testenv.TierK8s)
 	LoadBinaries(t) // skip before spending a child on a missing tier
 	child := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestStartAfterKilledRun$", "-test.v", "-test.timeout=5m")
-	child.Env = append(os.Environ(), killedRunEnv+"=1")
+	// The child's temporary files go under ours: killed, it cannot
+	// remove them itself.
+	child.Env = append(os.Environ(), killedRunEnv+"=1", "TMPDIR="+t.TempDir())
 	stdout, err := child.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
