@@ -129,11 +129,7 @@ func (s *Server) serveShared(ctx context.Context, p *process, a *attachment, o *
 // observer o, or with o nil through the delivery cursor. Each chunk leaves
 // the log only once it was sent.
 func (s *Server) deliver(p *process, a *attachment, o *observer) error {
-	next, advance := p.out.next, p.out.advance
-	if o != nil {
-		next = func(stop <-chan struct{}) (pending, bool) { return p.out.nextFor(o, stop) }
-		advance = func(end int64) { p.out.advanceFor(o, end) }
-	} else {
+	if o == nil {
 		if !p.out.acquire(a.stop) {
 			return nil
 		}
@@ -150,7 +146,7 @@ func (s *Server) deliver(p *process, a *attachment, o *observer) error {
 		}
 	}()
 	for {
-		ch, ok := next(a.stop)
+		ch, ok := p.out.nextAt(o, a.stop)
 		if !ok {
 			return nil
 		}
@@ -169,7 +165,7 @@ func (s *Server) deliver(p *process, a *attachment, o *observer) error {
 			s.hostGone(p, a)
 			return err
 		}
-		advance(ch.end)
+		p.out.advanceAt(o, ch.end)
 	}
 }
 

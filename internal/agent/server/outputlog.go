@@ -15,7 +15,7 @@ import (
 //
 // The pumps call write. Readers read through cursors. The delivery cursor
 // belongs to the attachment: one reader at a time (the one holding the
-// reader token, see acquire) calls next, sends the chunk, and calls advance
+// reader token, see acquire) calls nextAt, sends the chunk, and calls advanceAt
 // once it was sent. The cursor outlives its readers: a send that failed
 // leaves the bytes for the next reader, and what one reader delivered is
 // never replayed to the next. Observers (shared attachments) each have a
@@ -75,7 +75,7 @@ type outputChunk struct {
 type pending struct {
 	typ  proto.Type
 	data []byte // shared with the log: read only
-	end  int64  // offset after data; pass to advance once sent
+	end  int64  // offset after data; pass to advanceAt once sent
 	eof  bool   // the log is closed and everything was delivered
 }
 
@@ -240,12 +240,9 @@ func (l *outputLog) chunkAtLocked(off int64) (_ pending, ok bool) {
 	return pending{}, false
 }
 
-// next returns the oldest chunk not yet delivered, waiting for one, or
-// ok=false once stop is closed. The caller must hold the reader token.
-func (l *outputLog) next(stop <-chan struct{}) (_ pending, ok bool) { return l.nextAt(nil, stop) }
-
-// nextAt returns the chunk at observer o's cursor, or with o nil at the
-// delivery cursor, waiting for one, or ok=false once stop is closed.
+// nextAt returns the chunk at observer o's cursor, or with o nil the
+// oldest chunk not yet delivered (the caller must hold the reader token),
+// waiting for one, or ok=false once stop is closed.
 func (l *outputLog) nextAt(o *observer, stop <-chan struct{}) (_ pending, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -275,16 +272,6 @@ func (l *outputLog) nextAt(o *observer, stop <-chan struct{}) (_ pending, ok boo
 	}
 }
 
-// advance moves the delivery cursor to end: the bytes before it were
-// delivered. Bytes dropped meanwhile are skipped.
-func (l *outputLog) advance(end int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.delivered = max(l.delivered, end)
-	l.compactLocked()
-	l.broadcastLocked()
-}
-
 // observe adds an observer whose cursor is at the end of the log.
 func (l *outputLog) observe() *observer {
 	l.mu.Lock()
@@ -297,16 +284,17 @@ func (l *outputLog) observe() *observer {
 	return o
 }
 
-// nextFor is next for observer o, which needs no token.
-func (l *outputLog) nextFor(o *observer, stop <-chan struct{}) (_ pending, ok bool) {
-	return l.nextAt(o, stop)
-}
-
-// advanceFor moves o's cursor to end.
-func (l *outputLog) advanceFor(o *observer, end int64) {
+// advanceAt moves observer o's cursor, or with o nil the delivery cursor,
+// to end: the bytes before it were delivered. Bytes dropped meanwhile are
+// skipped.
+func (l *outputLog) advanceAt(o *observer, end int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	o.off = max(o.off, end)
+	if o != nil {
+		o.off = max(o.off, end)
+	} else {
+		l.delivered = max(l.delivered, end)
+	}
 	l.compactLocked()
 	l.broadcastLocked()
 }

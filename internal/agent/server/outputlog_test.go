@@ -28,7 +28,7 @@ func drain(t *testing.T, l *outputLog) (chunks []got, eof bool) {
 		if empty && !closed {
 			return chunks, false
 		}
-		p, ok := l.next(never)
+		p, ok := l.nextAt(nil, never)
 		if !ok {
 			t.Fatalf("next() = not ok with an open stop channel")
 		}
@@ -36,7 +36,7 @@ func drain(t *testing.T, l *outputLog) (chunks []got, eof bool) {
 			return chunks, true
 		}
 		chunks = append(chunks, got{p.typ, string(p.data)})
-		l.advance(p.end)
+		l.advanceAt(nil, p.end)
 	}
 }
 
@@ -125,7 +125,7 @@ func TestOutputLogBackpressure(t *testing.T) {
 	}
 	// The reader is handed the chunk, but the writer still waits: the
 	// bytes leave the log only once advance says they were sent.
-	p, ok := l.next(nil)
+	p, ok := l.nextAt(nil, nil)
 	if !ok || string(p.data) != "12345678" {
 		t.Fatalf("next() = %q, %v; want %q", p.data, ok, "12345678")
 	}
@@ -134,7 +134,7 @@ func TestOutputLogBackpressure(t *testing.T) {
 		t.Fatalf("write returned before the reader advanced")
 	default:
 	}
-	l.advance(p.end)
+	l.advanceAt(nil, p.end)
 	<-wrote
 	chunks, _ := drain(t, l)
 	if diff := cmp.Diff([]got{{proto.TypeStderr, "abcdefgh"}}, chunks); diff != "" {
@@ -176,15 +176,15 @@ func TestOutputLogDeliveredOnce(t *testing.T) {
 	if !l.acquire(stop) {
 		t.Fatalf("acquire() = false")
 	}
-	p, _ := l.next(stop)
+	p, _ := l.nextAt(nil, stop)
 	l.write(proto.TypeStdout, []byte("def"))
-	l.advance(p.end)
+	l.advanceAt(nil, p.end)
 	l.release()
 
 	// A reader whose send failed does not advance: the next reader gets
 	// the same bytes.
 	l.acquire(stop)
-	p, _ = l.next(stop)
+	p, _ = l.nextAt(nil, stop)
 	if string(p.data) != "def" {
 		t.Fatalf("second reader next() = %q, want %q (delivered bytes are not replayed)", p.data, "def")
 	}
@@ -209,7 +209,7 @@ func TestOutputLogReaderToken(t *testing.T) {
 	if l.acquire(stop) {
 		t.Errorf("acquire() while held = true, want false once stop closed")
 	}
-	if _, ok := l.next(stop); ok {
+	if _, ok := l.nextAt(nil, stop); ok {
 		t.Errorf("next() with stop closed = ok, want not ok")
 	}
 	l.release()
@@ -235,12 +235,12 @@ func TestOutputLogObserver(t *testing.T) {
 	}
 	var seen []got
 	for range 2 {
-		p, ok := l.nextFor(o, never)
+		p, ok := l.nextAt(o, never)
 		if !ok || p.eof {
 			t.Fatalf("nextFor() = %+v, %v", p, ok)
 		}
 		seen = append(seen, got{p.typ, string(p.data)})
-		l.advanceFor(o, p.end)
+		l.advanceAt(o, p.end)
 	}
 	if diff := cmp.Diff([]got{{proto.TypeStdout, "def"}, {proto.TypeStderr, "gh"}}, seen); diff != "" {
 		t.Errorf("observed (-want +got):\n%s", diff)
@@ -260,22 +260,22 @@ func TestOutputLogObserver(t *testing.T) {
 		l.write(proto.TypeStderr, []byte("ijklmnop"))
 	}()
 	testenv.Eventually(t, 10*time.Second, func() bool { return l.waiters() == 1 })
-	p, _ := l.nextFor(o, never)
+	p, _ := l.nextAt(o, never)
 	if string(p.data) != "12345678" {
 		t.Fatalf("observer next = %q", p.data)
 	}
-	l.advanceFor(o, p.end)
+	l.advanceAt(o, p.end)
 	<-wrote
 	if _, dropped := l.stats(); dropped != 6 {
 		t.Errorf("dropped = %d, want 6 (just enough of the first write to make room)", dropped)
 	}
 	l.close()
-	p, _ = l.nextFor(o, never)
+	p, _ = l.nextAt(o, never)
 	if string(p.data) != "ijklmnop" {
 		t.Fatalf("observer next = %q", p.data)
 	}
-	l.advanceFor(o, p.end)
-	if p, _ = l.nextFor(o, never); !p.eof {
+	l.advanceAt(o, p.end)
+	if p, _ = l.nextAt(o, never); !p.eof {
 		t.Errorf("observer after close = %+v, want eof", p)
 	}
 	l.unobserve(o)
