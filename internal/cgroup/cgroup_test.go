@@ -350,8 +350,7 @@ func testParent(t *testing.T, h *Hierarchy) string {
 func startIn(t *testing.T, g *Group, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(args[0], args[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{}
-	after, release, err := g.Place(cmd.SysProcAttr)
+	after, release, err := g.Place(cmd)
 	if err != nil {
 		t.Fatalf("Place = %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -65,30 +66,34 @@ func (g *Group) dir(c Controller) string {
 	return filepath.Join(root, g.name)
 }
 
-// Place prepares attr so that a process started with it runs in the
-// group. The caller starts the process, then calls release (whether the
-// start succeeded or not), and after a successful start calls after with
-// the new pid; if after fails the process is not (entirely) in the group
-// and the caller should kill it.
+// Place prepares cmd so that the process it starts runs in the group.
+// The caller starts cmd, then calls release (whether the start succeeded
+// or not), and after a successful start calls after with the new pid; if
+// after fails the process runs nothing of its program and the caller
+// should kill and reap it.
 //
 // On v2 the process is created inside the group (clone3 with
-// CLONE_INTO_CGROUP, through attr.UseCgroupFD and attr.CgroupFD, which
+// CLONE_INTO_CGROUP, through SysProcAttr.UseCgroupFD and CgroupFD, which
 // stay set until release closes the directory), so it never runs outside
 // it; after does nothing.
 //
 // On v1 no such call exists: the process starts in the caller's groups
-// and after moves it into every controller's group. Until then it runs
-// without the group's limits, whatever it forks before the move stays
-// outside the group, and memory it touches before the move stays charged
-// to the caller's memory group. Call after right after the start, before
-// the process is told to do real work.
-func (g *Group) Place(attr *syscall.SysProcAttr) (after func(pid int) error, release func(), err error) {
-	if attr == nil {
-		return nil, nil, fmt.Errorf("place in cgroup %s: nil SysProcAttr: %w", g.name, errkind.InvalidArgument)
+// and after moves it into every controller's group. So that it does
+// nothing outside the group, cmd is rewritten to start a gate (this
+// binary, see gate.go) that execs cmd's program only once after has moved
+// it, and exits if the caller dies or gives up first. Place keeps cmd's
+// ExtraFiles at their descriptor numbers and its SysProcAttr.
+func (g *Group) Place(cmd *exec.Cmd) (after func(pid int) error, release func(), err error) {
+	if cmd == nil {
+		return nil, nil, fmt.Errorf("place in cgroup %s: nil command: %w", g.name, errkind.InvalidArgument)
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	if g.h.version == 1 {
-		return g.Add, func() {}, nil
+		return g.gate(cmd)
 	}
+	attr := cmd.SysProcAttr
 	dir := g.unified()
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"syscall"
+	"os/exec"
 	"time"
 
 	"space/internal/errkind"
@@ -80,11 +80,13 @@ type Spec struct {
 }
 
 // Placer places a process in a control group (cgroup.Group implements
-// it). Place prepares attr before the process starts; after must then be
-// called with the new pid (it does what could not be done atomically), and
-// release once the process has started or failed to.
+// it). Place prepares cmd before it starts (it may set SysProcAttr fields
+// and wrap the program, keeping ExtraFiles' descriptor numbers); after
+// must then be called with the new pid (it does what could not be done
+// atomically, and until then the program does not run), and release once
+// the process has started or failed to.
 type Placer interface {
-	Place(attr *syscall.SysProcAttr) (after func(pid int) error, release func(), err error)
+	Place(cmd *exec.Cmd) (after func(pid int) error, release func(), err error)
 }
 
 // Disk is one raw disk image.

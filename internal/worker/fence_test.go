@@ -584,3 +584,30 @@ func TestLeaseFencesEgress(t *testing.T) {
 		t.Errorf("resolve with no lease = %v, want ErrNoLease", err)
 	}
 }
+
+// TestCloseRemovesEmptyCgroup: a worker that closes with a sandbox keeps
+// its control group (the VM runs on in it); one that closes with none
+// leaves no group behind.
+func TestCloseRemovesEmptyCgroup(t *testing.T) {
+	h := newFakeHost(t)
+	if h.cg == nil {
+		testenv.Unavailable(t, testenv.TierNetns, "no control groups on this host")
+	}
+	w := h.start(t)
+	id := sandboxID(0)
+	if _, err := w.Create(t.Context(), CreateRequest{ID: id, Team: "team", Spec: fakeSpec}); err != nil {
+		t.Fatalf("Create = %v", err)
+	}
+	w.Close()
+	if _, err := h.cg.Open(w.cgroupParent()); err != nil {
+		t.Fatalf("after Close with a sandbox, Open(%s) = %v; want the group kept", w.cgroupParent(), err)
+	}
+	w = h.start(t)
+	if err := w.Delete(t.Context(), id); err != nil {
+		t.Fatalf("Delete = %v", err)
+	}
+	w.Close()
+	if _, err := h.cg.Open(w.cgroupParent()); !errors.Is(err, errkind.NotFound) {
+		t.Errorf("after Close with no sandbox, Open(%s) = %v; want NotFound", w.cgroupParent(), err)
+	}
+}

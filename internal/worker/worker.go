@@ -380,7 +380,27 @@ func (w *Worker) Close() error {
 		errs = append(errs, s.detach())
 		s.op.Unlock()
 	}
+	if len(all) == 0 {
+		w.removeEmptyCgroupParent()
+	}
 	return errors.Join(errs...)
+}
+
+// removeEmptyCgroupParent removes this worker's parent control group when
+// nothing runs in it, so that a worker that ends with no sandbox leaves no
+// group behind. A VMM still in it keeps it (Remove refuses a populated
+// group), and a group left is harmless: the next start reuses it.
+func (w *Worker) removeEmptyCgroupParent() {
+	if w.cfg.Cgroups == nil {
+		return
+	}
+	g, err := w.cfg.Cgroups.Open(w.cgroupParent())
+	if err != nil {
+		return
+	}
+	if err := g.Remove(); err != nil {
+		w.log.Info("control group kept", "cgroup", g.Name(), "reason", err)
+	}
 }
 
 // sbx is one sandbox on this worker.

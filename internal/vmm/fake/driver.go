@@ -322,7 +322,7 @@ func (d *Driver) start(ctx context.Context, spec vmm.Spec, st state) (_ *VM, err
 	cmd.SysProcAttr.Setpgid = true
 	placed := func(int) error { return nil }
 	if spec.Placer != nil {
-		after, release, err := spec.Placer.Place(cmd.SysProcAttr)
+		after, release, err := spec.Placer.Place(cmd)
 		if err != nil {
 			removeSockets()
 			return nil, fmt.Errorf("boot: cgroup: %w", err)

@@ -47,7 +47,7 @@ func (p *process) signal(sig syscall.Signal) error {
 func startProcess(cmd *exec.Cmd, placer vmm.Placer) (*process, error) {
 	placed := func(int) error { return nil }
 	if placer != nil {
-		after, release, err := placer.Place(cmd.SysProcAttr)
+		after, release, err := placer.Place(cmd)
 		if err != nil {
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}

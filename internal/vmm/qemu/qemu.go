@@ -303,7 +303,7 @@ func (d *Driver) Start(ctx context.Context, spec Spec) (_ *VM, err error) {
 	cmd.WaitDelay = 5 * time.Second
 	placed := func(int) error { return nil }
 	if spec.Placer != nil {
-		after, release, err := spec.Placer.Place(cmd.SysProcAttr)
+		after, release, err := spec.Placer.Place(cmd)
 		if err != nil {
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}

@@ -1,0 +1,215 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"space/internal/testenv"
+)
+
+// gateHelperEnv makes this test binary, run as TestGateHelper, start a
+// gated program and exit without opening the gate: a caller that dies
+// mid-start.
+const gateHelperEnv = "SPACE_CGROUP_GATE_HELPER"
+
+// TestGateRefused: when after cannot move the process (its group is
+// gone), the program never runs and the gate exits with exitGateClosed.
+func TestGateRefused(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	_, g := gateGroup(t)
+	marker := filepath.Join(t.TempDir(), "ran")
+	cmd := exec.Command("/bin/sh", "-c", "touch "+marker)
+	after, release, err := g.gate(cmd)
+	if err != nil {
+		t.Fatalf("gate = %v", err)
+	}
+	err = cmd.Start()
+	release()
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if err := g.Remove(); err != nil {
+		t.Fatalf("setup: remove the group: %v", err)
+	}
+	if err := after(cmd.Process.Pid); err == nil {
+		t.Errorf("after(%d) into a removed group = nil, want an error", cmd.Process.Pid)
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitGateClosed {
+		t.Errorf("gated program exited %v, want status %d", err, exitGateClosed)
+	}
+	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused program ran: stat %s = %v", marker, err)
+	}
+}
+
+// TestGateOpened: the program runs once after has moved it, as the same
+// process, with the caller's extra descriptors at their numbers and the
+// gate's descriptor closed.
+func TestGateOpened(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	_, g := gateGroup(t)
+	f, err := os.CreateTemp(t.TempDir(), "extra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fmt.Fprint(f, "fd3")
+	f.Seek(0, 0)
+	out := filepath.Join(t.TempDir(), "out")
+	// fd 3 is the caller's; fd 4 was the gate's and must be closed.
+	cmd := exec.Command("/bin/sh", "-c", "{ cat <&3; echo; cat /proc/self/cgroup; if [ -e /proc/self/fd/4 ]; then echo gate-fd-open; fi; } >"+out)
+	cmd.ExtraFiles = []*os.File{f}
+	after, release, err := g.Place(cmd)
+	if err != nil {
+		t.Fatalf("Place = %v", err)
+	}
+	err = cmd.Start()
+	release()
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if err := after(cmd.Process.Pid); err != nil {
+		t.Fatalf("after = %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("gated program: %v", err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	if lines[0] != "fd3" {
+		t.Errorf("fd 3 read %q, want the caller's file", lines[0])
+	}
+	if !strings.Contains(string(b), g.Name()) {
+		t.Errorf("the program ran outside %s:\n%s", g.Name(), b)
+	}
+	if strings.Contains(string(b), "gate-fd-open") {
+		t.Errorf("the gate's descriptor 4 reached the program:\n%s", b)
+	}
+}
+
+// TestGateCallerDies: a caller that exits after starting a gated program,
+// before after, leaves nothing running: the gate sees its pipe close and
+// exits without running the program.
+func TestGateCallerDies(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	_, g := gateGroup(t)
+	marker := filepath.Join(t.TempDir(), "ran")
+	helper := exec.Command(os.Args[0], "-test.run=^TestGateHelper$")
+	helper.Env = append(os.Environ(), gateHelperEnv+"="+g.Name()+" "+marker)
+	b, err := helper.Output()
+	if err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.Fields(string(b))[0])
+	if err != nil {
+		t.Fatalf("helper said %q", b)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("gated pid %d still runs 10 s after its caller died", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the program ran though its caller died before placing it: stat %s = %v", marker, err)
+	}
+}
+
+// TestGateHelper is the caller that dies, run by TestGateCallerDies.
+func TestGateHelper(t *testing.T) {
+	v := os.Getenv(gateHelperEnv)
+	if v == "" {
+		t.Skip("helper process of TestGateCallerDies, not a test of its own")
+	}
+	name, marker, _ := strings.Cut(v, " ")
+	h, err := Detect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := h.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/sh", "-c", "sleep 0.2; touch "+marker)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // not killed with us
+	if _, _, err := g.gate(cmd); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(cmd.Process.Pid)
+	os.Exit(0) // without after, release or Wait
+}
+
+// gateGroup returns the host's hierarchy and a fresh group in it.
+func gateGroup(t *testing.T) (*Hierarchy, *Group) {
+	t.Helper()
+	h, err := Detect()
+	if err != nil {
+		testenv.Unavailable(t, testenv.TierNetns, "detect cgroups: "+err.Error())
+	}
+	g, err := h.Create(testParent(t, h)+"/gated", Limits{})
+	if err != nil {
+		t.Fatalf("setup: create group: %v", err)
+	}
+	return h, g
+}
+
+// BenchmarkGate: what starting through the gate costs over a plain start
+// into the same group (v1: the gate is this binary, started and exec'd
+// once more).
+//
+//	SPACE_TEST_TIERS=netns go test -run '^$' -bench Gate ./internal/cgroup
+func BenchmarkGate(b *testing.B) {
+	testenv.RequireRoot(b, testenv.TierNetns)
+	h, err := Detect()
+	if err != nil {
+		testenv.Unavailable(b, testenv.TierNetns, "detect cgroups: "+err.Error())
+	}
+	name := fmt.Sprintf("space-bench-%d", os.Getpid())
+	g, err := h.Create(name, Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Remove()
+	run := func(b *testing.B, place func(*exec.Cmd) (func(int) error, func(), error)) {
+		for b.Loop() {
+			cmd := exec.Command("/bin/true")
+			after, release, err := place(cmd)
+			if err != nil {
+				b.Fatal(err)
+			}
+			err = cmd.Start()
+			release()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := after(cmd.Process.Pid); err != nil {
+				b.Fatal(err)
+			}
+			if err := cmd.Wait(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("gated", func(b *testing.B) { run(b, g.gate) })
+	b.Run("moved-after-start", func(b *testing.B) {
+		run(b, func(*exec.Cmd) (func(int) error, func(), error) { return g.Add, func() {}, nil })
+	})
+}
