@@ -54,7 +54,7 @@ func TestGateRefused(t *testing.T) {
 
 // TestGateOpened: the program runs once after has moved it, as the same
 // process, with the caller's extra descriptors at their numbers and the
-// gate's descriptor closed.
+// gate's descriptors closed; after returns once the program itself runs.
 func TestGateOpened(t *testing.T) {
 	testenv.RequireRoot(t, testenv.TierNetns)
 	_, g := gateGroup(t)
@@ -66,8 +66,8 @@ func TestGateOpened(t *testing.T) {
 	fmt.Fprint(f, "fd3")
 	f.Seek(0, 0)
 	out := filepath.Join(t.TempDir(), "out")
-	// fd 3 is the caller's; fd 4 was the gate's and must be closed.
-	cmd := exec.Command("/bin/sh", "-c", "{ cat <&3; echo; cat /proc/self/cgroup; if [ -e /proc/self/fd/4 ]; then echo gate-fd-open; fi; } >"+out)
+	// fd 3 is the caller's; fds 4 and 5 were the gate's and must be closed.
+	cmd := exec.Command("/bin/sh", "-c", "{ cat <&3; echo; cat /proc/self/cgroup; for fd in 4 5; do if [ -e /proc/self/fd/$fd ]; then echo gate-fd-open $fd; fi; done; } >"+out)
 	cmd.ExtraFiles = []*os.File{f}
 	after, release, err := g.Place(cmd)
 	if err != nil {
@@ -80,6 +80,10 @@ func TestGateOpened(t *testing.T) {
 	}
 	if err := after(cmd.Process.Pid); err != nil {
 		t.Fatalf("after = %v", err)
+	}
+	self, _ := os.Executable()
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", cmd.Process.Pid)); err == nil && exe == self {
+		t.Errorf("after returned while pid %d still runs the gate, not the program", cmd.Process.Pid)
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("gated program: %v", err)
@@ -96,7 +100,36 @@ func TestGateOpened(t *testing.T) {
 		t.Errorf("the program ran outside %s:\n%s", g.Name(), b)
 	}
 	if strings.Contains(string(b), "gate-fd-open") {
-		t.Errorf("the gate's descriptor 4 reached the program:\n%s", b)
+		t.Errorf("a gate descriptor reached the program:\n%s", b)
+	}
+}
+
+// TestGateExecFails: a program that cannot be executed makes after fail
+// with the exec's error, as a plain start would.
+func TestGateExecFails(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	_, g := gateGroup(t)
+	notExec := filepath.Join(t.TempDir(), "not-executable")
+	if err := os.WriteFile(notExec, []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(notExec)
+	after, release, err := g.Place(cmd)
+	if err != nil {
+		t.Fatalf("Place = %v", err)
+	}
+	err = cmd.Start()
+	release()
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	err = after(cmd.Process.Pid)
+	if err == nil || !strings.Contains(err.Error(), "exec "+notExec) {
+		t.Errorf("after for a program that cannot run = %v, want the exec error", err)
+	}
+	var ee *exec.ExitError
+	if err := cmd.Wait(); !errors.As(err, &ee) || ee.ExitCode() != 127 {
+		t.Errorf("gate exited %v, want status 127", err)
 	}
 }
 
