@@ -15,7 +15,7 @@ import (
 	"space/internal/testenv"
 )
 
-// gateHelperEnv makes this test binary, run as TestGateHelper, start a
+// gateHelperEnv makes this test binary (see TestMain) start a
 // gated program and exit without opening the gate: a caller that dies
 // mid-start.
 const gateHelperEnv = "SPACE_CGROUP_GATE_HELPER"
@@ -140,7 +140,7 @@ func TestGateCallerDies(t *testing.T) {
 	testenv.RequireRoot(t, testenv.TierNetns)
 	_, g := gateGroup(t)
 	marker := filepath.Join(t.TempDir(), "ran")
-	helper := exec.Command(os.Args[0], "-test.run=^TestGateHelper$")
+	helper := exec.Command(os.Args[0])
 	helper.Env = append(os.Environ(), gateHelperEnv+"="+g.Name()+" "+marker)
 	b, err := helper.Output()
 	if err != nil {
@@ -163,31 +163,41 @@ func TestGateCallerDies(t *testing.T) {
 	}
 }
 
-// TestGateHelper is the caller that dies, run by TestGateCallerDies.
-func TestGateHelper(t *testing.T) {
-	v := os.Getenv(gateHelperEnv)
-	if v == "" {
-		t.Skip("helper process of TestGateCallerDies, not a test of its own")
+// TestMain runs this test binary as the caller that dies when
+// TestGateCallerDies asks for it.
+func TestMain(m *testing.M) {
+	if v := os.Getenv(gateHelperEnv); v != "" {
+		os.Exit(gateHelperMain(v))
 	}
+	os.Exit(m.Run())
+}
+
+// gateHelperMain starts a gated program in the group named in v and exits
+// without opening the gate, printing the gated pid.
+func gateHelperMain(v string) int {
 	name, marker, _ := strings.Cut(v, " ")
 	h, err := Detect()
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	g, err := h.Open(name)
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	cmd := exec.Command("/bin/sh", "-c", "sleep 0.2; touch "+marker)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // not killed with us
 	if _, _, err := g.gate(cmd); err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	fmt.Println(cmd.Process.Pid)
-	os.Exit(0) // without after, release or Wait
+	return 0 // without after, release or Wait
 }
 
 // gateGroup returns the host's hierarchy and a fresh group in it.
