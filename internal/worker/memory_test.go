@@ -57,3 +57,17 @@ func TestAdmissionKeepsHostReserve(t *testing.T) {
 		t.Errorf("after a refused admission the worker has %d sandboxes, want 0", st.Sandboxes)
 	}
 }
+
+// TestVMMLimits: a VMM's group lets it use its vCPUs and the CPU time its
+// own threads need beside them, and its guest memory plus the VMM's heap.
+func TestVMMLimits(t *testing.T) {
+	for _, vcpus := range []int{1, 2, 8} {
+		l := limits(Spec{VCPUs: vcpus, MemoryMiB: 512})
+		if want := float64(vcpus) + vmmOverheadCPUs; l.CPUs != want {
+			t.Errorf("%d vCPUs: CPU limit %v, want %v", vcpus, l.CPUs, want)
+		}
+		if want := int64(512+vmmOverheadMiB) << 20; l.MemoryBytes != want {
+			t.Errorf("%d vCPUs: memory limit %d, want %d", vcpus, l.MemoryBytes, want)
+		}
+	}
+}
