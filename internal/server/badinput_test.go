@@ -79,6 +79,8 @@ func TestBadInputs(t *testing.T) {
 		{"file bad mode", "PUT", sbPath + "/files?path=/tmp/x&mode=999", "x", 400, api.CodeInvalidArgument, "mode"},
 		{"process bad id", "GET", sbPath + "/processes/abc", "", 404, api.CodeNotFound, ""},
 		{"process unknown", "GET", sbPath + "/processes/99999", "", 404, api.CodeNotFound, ""},
+		{"output bad share", "GET", sbPath + "/processes/1/output?share=maybe", "", 400, api.CodeInvalidArgument, ""},
+		{"attach bad share", "GET", sbPath + "/processes/1/attach?share=1", "", 400, api.CodeInvalidArgument, ""},
 		{"signal out of range", "POST", sbPath + "/processes/1/signal", `{"signal":99}`, 400, api.CodeInvalidArgument, "signal"},
 		{"list bad state", "GET", "/v1/sandboxes?state=dancing", "", 400, api.CodeInvalidArgument, "state"},
 		{"unknown route", "GET", "/v1/nothing", "", 404, api.CodeNotFound, ""},

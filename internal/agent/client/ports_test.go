@@ -133,6 +133,16 @@ func TestPortOpenOldAgent(t *testing.T) {
 // call as an agent that knows no op would: invalid_argument, unknown op.
 func oldAgent(t *testing.T) *client.Client {
 	t.Helper()
+	return scriptedAgent(t, func(st net.Conn, req proto.Request) {
+		proto.WriteJSON(st, proto.TypeError, proto.Error{
+			Code: errkind.InvalidArgument.String(), Message: fmt.Sprintf("unknown op %q", req.Op)})
+	})
+}
+
+// scriptedAgent returns a client connected to a fake agent that hands the
+// first frame of every call to answer, then closes the call's stream.
+func scriptedAgent(t *testing.T, answer func(st net.Conn, req proto.Request)) *client.Client {
+	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatalf("setup: socketpair: %v", err)
@@ -167,8 +177,7 @@ func oldAgent(t *testing.T) *client.Client {
 			}
 			var req proto.Request
 			if f, err := proto.NewReader(st, 0).Next(); err == nil && proto.DecodeJSON(f, 0, &req) == nil {
-				proto.WriteJSON(st, proto.TypeError, proto.Error{
-					Code: errkind.InvalidArgument.String(), Message: fmt.Sprintf("unknown op %q", req.Op)})
+				answer(st, req)
 			}
 			st.Close()
 		}
