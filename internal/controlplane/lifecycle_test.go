@@ -18,6 +18,7 @@ import (
 	"space/internal/sandbox"
 	"space/internal/store"
 	"space/internal/store/sqlite"
+	"space/internal/testenv"
 	"space/internal/worker"
 )
 
@@ -463,4 +464,32 @@ func TestSetTimeout(t *testing.T) {
 	if code != 200 || json.Unmarshal(body, &got) != nil || got.ExpiresAt == nil || got.ExpiresAt.Before(time.Now().Add(59*time.Minute)) {
 		t.Errorf("resume = %d %s, want an idle time of the new hour", code, body)
 	}
+}
+
+// TestShortTimeoutReapedOnTime: a sandbox goes at its expiry, not at the
+// reaper's next regular round: created with a 1 s timeout, or given one,
+// it is deleted within a few seconds although rounds are a minute apart.
+func TestShortTimeoutReapedOnTime(t *testing.T) {
+	s, st, do := configuredServer(t, &failsNthCreate{}, Config{ReapInterval: time.Minute})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testenv.Eventually(t, 10*time.Second, s.Leading)
+
+	code, body := do("POST", "/v1/sandboxes", `{"timeout_seconds":1}`)
+	var short api.Sandbox
+	if code != 201 || json.Unmarshal(body, &short) != nil {
+		t.Fatalf("setup: create = %d %s", code, body)
+	}
+	later := mustCreate(t, do)
+	if code, body := do("POST", "/v1/sandboxes/"+later.ID+"/timeout", `{"timeout_seconds":1}`); code != 200 {
+		t.Fatalf("setup: timeout = %d %s", code, body)
+	}
+	kept := mustCreate(t, do)
+	start := time.Now()
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return slices.Equal(ids(t, st), []string{kept.ID})
+	})
+	t.Logf("both gone %v after their 1 s timeouts were set", time.Since(start).Round(10*time.Millisecond))
 }

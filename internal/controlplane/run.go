@@ -253,8 +253,8 @@ func (s *Server) Run(ctx context.Context) error {
 // lead does the leader's background work until ctx ends: reaping,
 // reconciling, and automatic checkpoints (checkpoints.go).
 func (s *Server) lead(ctx context.Context) {
-	reap := time.NewTicker(s.cfg.ReapInterval)
-	defer reap.Stop()
+	reap := newReapTimer(s.cfg.ReapInterval, s.now)
+	defer reap.t.Stop()
 	rec := time.NewTicker(s.cfg.ReconcileInterval)
 	defer rec.Stop()
 	round := func() {
@@ -274,8 +274,10 @@ func (s *Server) lead(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-reap.C:
-			s.reapExpired(ctx)
+		case <-reap.t.C:
+			reap.at(s.reapExpired(ctx))
+		case <-s.expiries.wake:
+			reap.sooner(s.expiries.take())
 		case <-rec.C:
 			round()
 		case <-watch.C:
@@ -315,26 +317,41 @@ func (s *Server) releaseEarlierLeadership(ctx context.Context) {
 }
 
 // reapExpired deletes every sandbox whose TTL has passed, and suspends
-// those that suspend on an idle timeout.
-func (s *Server) reapExpired(ctx context.Context) {
-	expired, err := s.cfg.Store.ExpiredSandboxes(ctx, s.now())
+// those that suspend on an idle timeout. It returns when the next round
+// is due for what it saw: the soonest expiry within one ReapInterval, a
+// second from now for an expired sandbox it had to skip, or zero for
+// none (a round one interval from now).
+func (s *Server) reapExpired(ctx context.Context) (next time.Time) {
+	now := s.now()
+	soon := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	due, err := s.cfg.Store.ExpiredSandboxes(ctx, now.Add(s.cfg.ReapInterval))
 	if err != nil {
 		s.log.Error("list expired sandboxes", "err", err)
-		return
+		return time.Time{}
 	}
 	busy, err := s.claims.all(ctx)
 	if err != nil {
 		s.log.Error("list claims", "err", err)
-		return
+		return time.Time{}
 	}
-	for _, sb := range expired {
+	for _, sb := range due {
+		if sb.Expires.After(now) {
+			soon(sb.Expires)
+			continue
+		}
 		if sb.State == sandbox.Creating || busy.busy(sb.ID) {
-			continue // an operation is under way: the next round looks again
+			soon(now.Add(retrySkipped)) // an operation is under way: look again soon
+			continue
 		}
 		if err := s.settle(ctx, sb.ID, s.expire(sb)); err != nil {
 			s.log.Error("expired sandbox", "sandbox_id", sb.ID, "err", err)
 		}
 	}
+	return next
 }
 
 // expire returns what reapExpired does, under its claim, with a sandbox
@@ -400,6 +417,8 @@ func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time
 		}
 		if _, err := s.writes(ctx).UpdateSandbox(ctx, sb); err != nil && !errors.Is(err, store.ErrVersionConflict) {
 			s.log.Error("extend idle sandbox", "sandbox_id", sb.ID, "err", err)
+		} else if err == nil {
+			s.expiries.note(sb.Expires)
 		}
 		return
 	}

@@ -343,6 +343,7 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		}
 		return store.Sandbox{}, err
 	}
+	s.expiries.note(rec.Expires)
 	s.crash("api.create.recorded")
 	values, err := s.secretValues(ctx, team, sp.Secrets)
 	if err != nil {

@@ -85,7 +85,9 @@ type Config struct {
 	Limits Limits
 	// Quota is each team's quota; zero value = DefaultQuota.
 	Quota Quota
-	// ReapInterval is how often expired sandboxes are looked for; 0 = 5s.
+	// ReapInterval is how often, at the latest, expired sandboxes are
+	// looked for; 0 = 5s. A sandbox whose expiry falls within the next
+	// interval, or was set on this replica, goes at its expiry.
 	ReapInterval time.Duration
 	// ReconcileInterval is how often every worker's sandboxes are
 	// compared with the store (a VM that died is marked failed); 0 = 30s.
@@ -174,6 +176,8 @@ type Server struct {
 	remotes *Remotes
 	// claims are this replica's claims on records (see claims.go).
 	claims *claims
+	// expiries tell the leader loop of expiries set here (expiries.go).
+	expiries *expiryHints
 	// elector decides which replica does the background work (Run).
 	elector leader.Elector
 
@@ -270,6 +274,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: replica id %q: want printable ASCII without spaces or slashes: %w", cfg.ReplicaID, errkind.InvalidArgument)
 	}
 	s.claims = newClaims(cfg.Store, cfg.ReplicaID, s.log)
+	s.expiries = newExpiryHints()
 	var e leader.Elector
 	var err error
 	if cfg.Elector != nil {

@@ -71,6 +71,7 @@ func (s *Server) handleSetTimeout(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
+	s.expiries.note(sb.Expires)
 	s.writeView(w, http.StatusOK, sb)
 }
 
@@ -176,6 +177,7 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 		httpapi.WriteError(w, err)
 		return
 	}
+	s.expiries.note(sb.Expires)
 	s.crash("api.resume.creating-saved")
 	// The worker seals the grants' values anew: the snapshot has the
 	// grants (and the policy) as stored, not the values.
