@@ -350,17 +350,9 @@ func testParent(t *testing.T, h *Hierarchy) string {
 func startIn(t *testing.T, g *Group, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(args[0], args[1:]...)
-	after, release, err := g.Place(cmd)
-	if err != nil {
-		t.Fatalf("Place = %v", err)
-	}
+	after := startPlaced(t, g.Place, cmd)
 	if g.h.version == 2 && !cmd.SysProcAttr.UseCgroupFD {
 		t.Errorf("Place on v2 did not set UseCgroupFD")
-	}
-	err = cmd.Start()
-	release()
-	if err != nil {
-		t.Fatalf("setup: start %s: %v", args[0], err)
 	}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {

@@ -27,22 +27,14 @@ func TestGateRefused(t *testing.T) {
 	_, g := gateGroup(t)
 	marker := filepath.Join(t.TempDir(), "ran")
 	cmd := exec.Command("/bin/sh", "-c", "touch "+marker)
-	after, release, err := g.gate(cmd)
-	if err != nil {
-		t.Fatalf("gate = %v", err)
-	}
-	err = cmd.Start()
-	release()
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
+	after := startPlaced(t, g.gate, cmd)
 	if err := g.Remove(); err != nil {
 		t.Fatalf("setup: remove the group: %v", err)
 	}
 	if err := after(cmd.Process.Pid); err == nil {
 		t.Errorf("after(%d) into a removed group = nil, want an error", cmd.Process.Pid)
 	}
-	err = cmd.Wait()
+	err := cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != exitGateClosed {
 		t.Errorf("gated program exited %v, want status %d", err, exitGateClosed)
@@ -69,15 +61,7 @@ func TestGateOpened(t *testing.T) {
 	// fd 3 is the caller's; fds 4 and 5 were the gate's and must be closed.
 	cmd := exec.Command("/bin/sh", "-c", "{ cat <&3; echo; cat /proc/self/cgroup; for fd in 4 5; do if [ -e /proc/self/fd/$fd ]; then echo gate-fd-open $fd; fi; done; } >"+out)
 	cmd.ExtraFiles = []*os.File{f}
-	after, release, err := g.Place(cmd)
-	if err != nil {
-		t.Fatalf("Place = %v", err)
-	}
-	err = cmd.Start()
-	release()
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
+	after := startPlaced(t, g.Place, cmd)
 	if err := after(cmd.Process.Pid); err != nil {
 		t.Fatalf("after = %v", err)
 	}
@@ -114,16 +98,8 @@ func TestGateExecFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(notExec)
-	after, release, err := g.Place(cmd)
-	if err != nil {
-		t.Fatalf("Place = %v", err)
-	}
-	err = cmd.Start()
-	release()
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
-	err = after(cmd.Process.Pid)
+	after := startPlaced(t, g.Place, cmd)
+	err := after(cmd.Process.Pid)
 	if err == nil || !strings.Contains(err.Error(), "exec "+notExec) {
 		t.Errorf("after for a program that cannot run = %v, want the exec error", err)
 	}
@@ -198,6 +174,22 @@ func gateHelperMain(v string) int {
 	}
 	fmt.Println(cmd.Process.Pid)
 	return 0 // without after, release or Wait
+}
+
+// startPlaced starts cmd placed by place and returns the after to call
+// with its pid.
+func startPlaced(t *testing.T, place func(*exec.Cmd) (func(int) error, func(), error), cmd *exec.Cmd) func(int) error {
+	t.Helper()
+	after, release, err := place(cmd)
+	if err != nil {
+		t.Fatalf("place = %v", err)
+	}
+	err = cmd.Start()
+	release()
+	if err != nil {
+		t.Fatalf("start %s: %v", cmd.Args, err)
+	}
+	return after
 }
 
 // gateGroup returns the host's hierarchy and a fresh group in it.
