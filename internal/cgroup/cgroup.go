@@ -252,19 +252,23 @@ func (h *Hierarchy) mkdir(name string) (created bool, err error) {
 			switch {
 			case err == nil:
 				created = true
-				if root == h.cpuset {
-					if err := inheritCpuset(parent, dir); err != nil {
-						return created, err
-					}
-				}
-				continue
 			case !errors.Is(err, fs.ErrExist):
 				return created, err
+			default:
+				if fi, err := os.Stat(dir); err != nil {
+					return created, err
+				} else if !fi.IsDir() {
+					return created, fmt.Errorf("%s exists and is not a group: %w", dir, errkind.InvalidArgument)
+				}
 			}
-			if fi, err := os.Stat(dir); err != nil {
-				return created, err
-			} else if !fi.IsDir() {
-				return created, fmt.Errorf("%s exists and is not a group: %w", dir, errkind.InvalidArgument)
+			// Also when the group exists: a concurrent Create may have
+			// made it and not yet filled its sets, and a child made
+			// under it meanwhile would copy them empty (joining it then
+			// fails with ENOSPC).
+			if root == h.cpuset {
+				if err := inheritCpuset(parent, dir); err != nil {
+					return created, err
+				}
 			}
 		}
 	}

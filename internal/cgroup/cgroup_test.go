@@ -457,3 +457,36 @@ func checkProcCgroup(t *testing.T, h *Hierarchy, pid int, name string) {
 		}
 	}
 }
+
+// TestCreateUnderUnfilledParent: a Create that finds its parent group made
+// by a concurrent Create which has not yet filled the parent's v1 cpuset
+// (CPUs and memory nodes empty) still makes a group a process can join.
+// Seen in CI as "write .../cpuset/.../cgroup.procs: no space left on
+// device" when 200 creates raced on a fresh worker.
+func TestCreateUnderUnfilledParent(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	h, err := Detect()
+	if err != nil {
+		testenv.Unavailable(t, testenv.TierNetns, "detect cgroups: "+err.Error())
+	}
+	parent := testParent(t, h)
+	if h.cpuset != "" {
+		// The other Create's state: the parent is there, its sets empty.
+		dir := filepath.Join(h.cpuset, parent)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatalf("setup: %v", err)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, "cpuset.cpus")); strings.TrimSpace(string(b)) != "" {
+			t.Logf("this kernel filled the new group's cpuset itself (clone_children): %q", b)
+		}
+	}
+	g, err := h.Create(parent+"/child", Limits{})
+	if err != nil {
+		t.Fatalf("Create = %v", err)
+	}
+	cmd := startIn(t, g, "sleep", "60")
+	if got, err := g.Procs(); err != nil || !cmp.Equal(got, []int{cmd.Process.Pid}) {
+		t.Errorf("Procs = %v, %v; want [%d]", got, err, cmd.Process.Pid)
+	}
+	killAndReap(t, g, cmd)
+}
