@@ -52,6 +52,13 @@ func Run(t *testing.T, c *client.Client, opts Options) {
 	t.Run("StdoutStderrSeparate", func(t *testing.T) { testSeparate(t, c) })
 	t.Run("Stdout50MiB", func(t *testing.T) { testBigStdout(t, c, opts) })
 	t.Run("Stdin10MiB", func(t *testing.T) { testStdin(t, c) })
+	if c.RingStdin() {
+		// Inline input has no flow control but the stream's window: a
+		// process that never reads it holds up the stream, signals
+		// included. Through the ring the host keeps only a few
+		// references in flight and the stream stays free.
+		t.Run("StdinNotRead", func(t *testing.T) { testStdinNotRead(t, c) })
+	}
 	t.Run("Timeout", func(t *testing.T) { testTimeout(t, c) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, c) })
 	t.Run("ClientDisconnect", func(t *testing.T) { testDisconnect(t, c) })
@@ -189,6 +196,37 @@ func testStdin(t *testing.T, c *client.Client) {
 	if !bytes.Equal(out.Bytes(), in) {
 		t.Errorf("stdin round trip: got %d bytes back, want the %d sent, byte-exact", out.Len(), len(in))
 	}
+}
+
+// testStdinNotRead: a process that never reads the input it is sent still
+// takes signals, and is killed when its host goes away, although the
+// agent cannot write that input anywhere.
+func testStdinNotRead(t *testing.T, c *client.Client) {
+	big := func() io.Reader { return bytes.NewReader(make([]byte, 32<<20)) }
+	p, err := c.Start(ctx(t, time.Minute), proto.ExecRequest{Argv: []string{"sleep", "600"}}, client.IO{Stdin: big()})
+	if err != nil {
+		t.Fatalf("Start = %v", err)
+	}
+	time.Sleep(500 * time.Millisecond) // the input piles up meanwhile
+	if err := p.Signal(15); err != nil {
+		t.Fatalf("Signal = %v", err)
+	}
+	if exit, err := p.Wait(); err != nil || exit.Signal != 15 {
+		t.Errorf("Wait after SIGTERM = %+v, %v; want killed by signal 15", exit, err)
+	}
+
+	cctx, cancel := context.WithCancel(ctx(t, time.Minute))
+	p, err = c.Start(cctx, proto.ExecRequest{Argv: []string{"sleep", "600"}}, client.IO{Stdin: big()})
+	if err != nil {
+		t.Fatalf("Start = %v", err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	p.Wait()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		exit, err := c.Exec(ctx(t, time.Minute), proto.ExecRequest{Shell: "test -e /proc/" + strconv.Itoa(p.PID)}, client.IO{})
+		return err == nil && exit.Code == 1
+	})
 }
 
 func testTimeout(t *testing.T, c *client.Client) {

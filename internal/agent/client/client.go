@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -37,6 +38,7 @@ type Client struct {
 	ring         *ring.Session // or nil: bulk bytes go inline
 	ringStream   *stream       // the OpRing call, carrying releases; nil without a ring
 	ringUnmap    func()        // lets go of the ring's mapping; nil without a ring
+	stdinRefs    atomic.Bool   // the agent takes stdin through the ring (proto.RingFeatures)
 }
 
 // Dial runs the handshake on conn and starts the session. conn is owned by

@@ -335,11 +335,17 @@ func (p *Process) readOutput(stdout, stderr io.Writer) {
 
 func (p *Process) copyStdin(r io.Reader) {
 	defer close(p.stdinDone)
-	buf := make([]byte, proto.DataChunk)
+	var refs chan struct{} // one token per stdin slot in flight
+	bufSize := proto.DataChunk
+	if p.c.ring != nil && p.c.stdinRefs.Load() {
+		refs, bufSize = make(chan struct{}, stdinRefsInFlight), ring.SlotSize
+	}
+	buf := make([]byte, bufSize)
 	for {
+		// One read, not a fill: input typed at a terminal goes at once.
 		n, err := r.Read(buf)
 		if n > 0 {
-			if p.s.write(proto.TypeStdin, buf[:n]) != nil {
+			if p.sendStdin(buf[:n], refs) != nil {
 				return
 			}
 		}
@@ -349,6 +355,45 @@ func (p *Process) copyStdin(r io.Reader) {
 			return
 		}
 	}
+}
+
+// stdinRefsInFlight bounds the ring slots one process's input holds: a
+// process that stops reading its stdin keeps at most these from the
+// transfers that share the ring.
+const stdinRefsInFlight = 2
+
+// stdinKeepFree is how many free slots stdin leaves to other transfers:
+// with fewer free, its bytes go inline.
+const stdinKeepFree = 2
+
+// sendStdin sends b as the process's input: through a ring slot when refs
+// is not nil, b is worth a slot and one is free, inline otherwise. Waiting
+// for a token of refs is the back-pressure a full stream window gives
+// inline bytes.
+func (p *Process) sendStdin(b []byte, refs chan struct{}) error {
+	if refs != nil && len(b) >= ring.MinPayload {
+		select {
+		case refs <- struct{}{}:
+		case <-p.done:
+			return ErrClosed // the process ended: its input has nowhere to go
+		}
+		rs := p.c.ring
+		if slot, ok := rs.TryAcquire(stdinKeepFree); ok {
+			if err := rs.Region().CopyIn(slot, b); err != nil {
+				rs.Abandon(slot)
+				<-refs
+				return err
+			}
+			rs.Sent(slot, func() { <-refs })
+			err := p.s.write(proto.TypeDataRef, ring.Ref{Type: byte(proto.TypeStdin), Slot: uint32(slot), Len: uint32(len(b))}.Append(nil))
+			if err != nil {
+				rs.Unsent(slot)
+			}
+			return err
+		}
+		<-refs
+	}
+	return p.WriteStdin(b)
 }
 
 // endErr explains why the stream ended before the exit. For a process of

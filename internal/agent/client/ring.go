@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -100,6 +101,14 @@ func (c *Client) readReleases(rs *ring.Session, s *stream, release func()) {
 		if err != nil {
 			return
 		}
+		if f.Type == proto.TypeResult {
+			// Leniently: a later agent says more than this host knows.
+			var feat proto.RingFeatures
+			if json.Unmarshal(f.Payload, &feat) == nil && feat.StdinRefs {
+				c.stdinRefs.Store(true)
+			}
+			continue
+		}
 		if f.Type != proto.TypeRelease {
 			continue
 		}
@@ -114,6 +123,10 @@ func (c *Client) readReleases(rs *ring.Session, s *stream, release func()) {
 
 // Ring reports whether bulk bytes move through a ring on this connection.
 func (c *Client) Ring() bool { return c.ring != nil }
+
+// RingStdin reports whether process input moves through the ring too: the
+// agent said it takes it, shortly after the ring was attached.
+func (c *Client) RingStdin() bool { return c.ring != nil && c.stdinRefs.Load() }
 
 // copyRef writes to w the bytes a reference frame names, checking they are
 // of type want, then gives the slot back to the guest. It returns how many

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -144,6 +145,85 @@ func TestAgentInProcessRing(t *testing.T) {
 		}
 	})
 
+	t.Run("StdinThroughRing", func(t *testing.T) {
+		testenv.Eventually(t, 10*time.Second, c.RingStdin)
+		// Random input in reads of every size around the thresholds comes
+		// back byte-exact.
+		in := make([]byte, 12<<20)
+		rand.Read(in)
+		var out bytes.Buffer
+		src := &sizedReader{r: bytes.NewReader(in), sizes: []int{1, ring.MinPayload - 1, ring.MinPayload, ring.SlotSize, ring.SlotSize - 1, 100 << 10}}
+		exit, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"cat"}}, client.IO{Stdin: src, Stdout: &out})
+		if err != nil || exit.Code != 0 {
+			t.Fatalf("cat = %+v, %v", exit, err)
+		}
+		if !bytes.Equal(out.Bytes(), in) {
+			t.Errorf("stdin through the ring: %d bytes back, want the %d sent, byte-exact", out.Len(), len(in))
+		}
+		if host.FreeSlots() != host.Slots() {
+			t.Errorf("after the exec %d of %d host slots are free", host.FreeSlots(), host.Slots())
+		}
+	})
+
+	t.Run("StdinNotReadHoldsFewSlots", func(t *testing.T) {
+		// A process that never reads its input holds at most two slots:
+		// a file goes through the ring meanwhile, and once the process is
+		// killed every slot is back.
+		testenv.Eventually(t, 10*time.Second, c.RingStdin)
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		p, err := c.Start(pctx, proto.ExecRequest{Argv: []string{"sleep", "60"}}, client.IO{Stdin: bytes.NewReader(make([]byte, 64<<20))})
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool { return host.FreeSlots() == host.Slots()-2 })
+		data := make([]byte, 6*ring.SlotSize)
+		rand.Read(data)
+		if _, err := c.WriteFile(ctx, proto.WriteArgs{Path: dir + "/beside"}, bytes.NewReader(data)); err != nil {
+			t.Fatalf("WriteFile beside a stuck stdin: %v", err)
+		}
+		if free := host.FreeSlots(); free != host.Slots()-2 {
+			t.Errorf("stuck stdin holds %d slots, want 2", host.Slots()-free)
+		}
+		cancel()
+		p.Wait()
+		testenv.Eventually(t, 10*time.Second, func() bool { return host.FreeSlots() == host.Slots() })
+	})
+
+	t.Run("StdinRefsAfterTakeover", func(t *testing.T) {
+		// Another host takes the process over while the first still sends
+		// input through the ring: the agent gives back every slot the first
+		// one sent, and the second's input reaches the process.
+		testenv.Eventually(t, 10*time.Second, c.RingStdin)
+		p1, info, err := c.StartAttached(ctx, proto.ProcStart{ExecRequest: proto.ExecRequest{Shell: "sleep 2; wc -c"}}, client.IO{Stdin: bytes.NewReader(make([]byte, 32<<20))})
+		if err != nil {
+			t.Fatalf("StartAttached: %v", err)
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool { return host.FreeSlots() < host.Slots() })
+		var out bytes.Buffer
+		p2, _, err := c.Attach(ctx, info.ID, client.IO{Stdout: &out})
+		if err != nil {
+			t.Fatalf("Attach: %v", err)
+		}
+		if _, err := p1.Wait(); !errors.Is(err, client.ErrDetached) {
+			t.Errorf("first attachment's Wait = %v, want ErrDetached", err)
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool { return host.FreeSlots() == host.Slots() })
+		if err := p2.WriteStdin(bytes.Repeat([]byte("y"), 100<<10)); err != nil {
+			t.Fatalf("WriteStdin: %v", err)
+		}
+		p2.CloseStdin()
+		if exit, err := p2.Wait(); err != nil || exit.Code != 0 {
+			t.Fatalf("second attachment: %+v, %v", exit, err)
+		}
+		// wc counts what the process read: some of the first host's
+		// bytes (at most what fit in the pipe and the slots it was given)
+		// and all of the second's.
+		if n, err := strconv.Atoi(strings.TrimSpace(out.String())); err != nil || n < 100<<10 {
+			t.Errorf("process read %q bytes, want at least the second host's %d", out.String(), 100<<10)
+		}
+	})
+
 	t.Run("AbandonedTransfersFreeSlots", func(t *testing.T) {
 		// A reader that fails mid-file, a cancelled exec and a writer whose
 		// target cannot be made: afterwards every slot is free again on both
@@ -200,6 +280,19 @@ func TestRingTokenMismatch(t *testing.T) {
 	if c.Ring() {
 		t.Errorf("client has a ring although the two sides map different memory")
 	}
+}
+
+// sizedReader hands out r in reads of the given sizes, in turn.
+type sizedReader struct {
+	r     io.Reader
+	sizes []int
+	i     int
+}
+
+func (s *sizedReader) Read(p []byte) (int, error) {
+	n := min(len(p), s.sizes[s.i%len(s.sizes)])
+	s.i++
+	return s.r.Read(p[:n])
 }
 
 type failAfter struct{ n int }

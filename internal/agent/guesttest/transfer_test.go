@@ -76,6 +76,20 @@ func BenchmarkTransfer(b *testing.B) {
 		b.ReportMetric(stdoutBusy, "exec-stdout-vmm-busy")
 
 		data := bytes.Repeat([]byte{0x5a}, size)
+		if c.Ring() && !c.RingStdin() {
+			b.Logf("the agent takes no input through the ring: stdin goes inline")
+		}
+		stdin, stdinBusy := timed(size, func() {
+			var out bytes.Buffer
+			if _, err := c.Exec(ctx, proto.ExecRequest{Shell: "wc -c"}, client.IO{Stdin: bytes.NewReader(data), Stdout: &out}); err != nil || strings.TrimSpace(out.String()) != strconv.Itoa(size) {
+				b.Fatalf("exec stdin: %q, %v", out.String(), err)
+			}
+		})
+		b.ReportMetric(stdin, "exec-stdin-MB/s")
+		b.ReportMetric(stdin/guest, "exec-stdin/guest")
+		b.ReportMetric(stdin/pipe, "exec-stdin/guest-pipe")
+		b.ReportMetric(stdinBusy, "exec-stdin-vmm-busy")
+
 		put, putBusy := timed(size, func() {
 			if _, err := c.WriteFile(ctx, proto.WriteArgs{Path: "/dev/shm/bench", NoSync: true}, bytes.NewReader(data)); err != nil {
 				b.Fatalf("write file: %v", err)

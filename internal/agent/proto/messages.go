@@ -63,9 +63,12 @@ const (
 	// (Release) -> Result {} once the agent uses the ring too. The stream
 	// then carries Release frames both ways until the session ends, and
 	// either side may send DataRef frames in place of data, stdout and
-	// stderr frames. A host that declines closes the stream. Agents
-	// without a ring answer failed_precondition; agents older than the
-	// op, invalid_argument.
+	// stderr frames. Right after that Result the agent sends a Result
+	// RingFeatures on the stream: what else it takes through the ring.
+	// Agents from before it send none, and hosts from before it skip it
+	// (they skip every frame there but releases). A host that declines
+	// closes the stream. Agents without a ring answer
+	// failed_precondition; agents older than the op, invalid_argument.
 	OpRing Op = "ring"
 
 	// OpTarRead sends a directory as a tar stream. args PathArgs ->
@@ -92,6 +95,17 @@ type RingOffer struct {
 	Chunks []uint64 `json:"chunks"` // guest-physical address of each ring.ChunkSize piece, in order
 	Slot   int      `json:"slot"`   // the agent's slot holding Token
 	Token  string   `json:"token"`  // hex
+}
+
+// RingFeatures is what an agent takes through its ring beyond data
+// frames (OpRing). A host reads it leniently: later agents add members.
+type RingFeatures struct {
+	// StdinRefs: the host may send a DataRef of Stdin bytes on an exec or
+	// attachment stream, wherever it may send a Stdin frame. The agent
+	// releases each one once the bytes are in the process's input (or
+	// dropped: the attachment ended, or stdin was closed), and keeps
+	// reading the stream to release them until the host closes its side.
+	StdinRefs bool `json:"stdin_refs,omitempty"`
 }
 
 // Port probe timeouts (PortProbe.TimeoutMS).

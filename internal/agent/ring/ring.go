@@ -159,10 +159,33 @@ func (s *Session) Acquire(ctx context.Context) (int, []byte, error) {
 	if s.isEnded() {
 		return 0, nil, errEnded
 	}
+	slot, mem := r.take()
+	return slot, mem, nil
+}
+
+// TryAcquire is Acquire without the wait, for senders that have another
+// way to go: it takes a free slot only while more than keep slots are
+// free, leaving those to transfers that need the ring, and reports false
+// otherwise or once the session ended. Fill the slot with CopyIn.
+func (s *Session) TryAcquire(keep int) (int, bool) {
+	r := s.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.free) <= max(keep, 0) || s.isEnded() {
+		return 0, false
+	}
+	slot, _ := r.take()
+	return slot, true
+}
+
+// take removes a slot from the free list, which must not be empty.
+//
+// +checklocks:r.mu
+func (r *Region) take() (int, []byte) {
 	slot := r.free[len(r.free)-1]
 	r.free = r.free[:len(r.free)-1]
 	off := r.tx + slot*SlotSize
-	return slot, r.mem[off : off+SlotSize : off+SlotSize], nil
+	return slot, r.mem[off : off+SlotSize : off+SlotSize]
 }
 
 // errEnded is returned by Acquire once the session ended.

@@ -1,10 +1,10 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -103,10 +103,11 @@ func (s *Server) serveShared(ctx context.Context, p *process, a *attachment, o *
 	c := a.c
 	stop := context.AfterFunc(ctx, func() { s.hostGone(p, a) })
 	defer stop()
-	ctlDone := make(chan struct{})
 	go func() {
-		defer close(ctlDone)
-		s.readControl(p, a)
+		in := make(chan stdinItem, stdinQueue)
+		go s.writeInput(p, a, in)
+		s.readControl(p, a, in)
+		close(in)
 		s.hostGone(p, a) // a no-op when the attachment ended otherwise
 	}()
 	err := first()
@@ -118,10 +119,10 @@ func (s *Server) serveShared(ctx context.Context, p *process, a *attachment, o *
 	if a.reason() == endTakenOver {
 		err = c.fail(fmt.Errorf("process %d: %w", p.id, errTakenOver))
 	}
-	// The attachment is over: end the control reader without waiting for
-	// the host to close its side.
-	c.st.SetReadDeadline(time.Now())
-	<-ctlDone
+	// The attachment is over. The control reader goes on, without
+	// applying anything, until the host closes its side: stdin frames the
+	// host sent meanwhile may name ring slots, and each must be given back.
+	// The call returns without waiting for it.
 	return err
 }
 
@@ -184,22 +185,51 @@ func (s *Server) hostGone(p *process, a *attachment) {
 	s.log.Debug("process detached", "id", p.id, "killed", kill)
 }
 
+// stdinItem is input for a process, in the order the host sent it: the
+// bytes of a stdin frame, or of a ring slot to give back once written
+// (slot >= 0), or the input's end.
+type stdinItem struct {
+	data []byte
+	slot int
+	eof  bool
+}
+
+// stdinQueue is how many input frames an attachment holds between the
+// stream and the process. The control reader goes on reading (signals,
+// resizes, the host closing the stream) while a write waits on a process
+// that does not read; only a full queue stops it. The host keeps at most
+// a few ring references of input in flight, so those alone never fill it.
+const stdinQueue = 8
+
 // readControl applies the host's frames to the process until the stream
-// ends or the attachment does.
-func (s *Server) readControl(p *process, a *attachment) {
+// ends, queueing input on in. Once the attachment ended (the exit was
+// sent, or another host took over) it applies nothing and only gives back
+// the ring slots that stdin references name.
+func (s *Server) readControl(p *process, a *attachment, in chan<- stdinItem) {
 	for {
 		f, err := a.c.r.Next()
 		if err != nil {
 			return
 		}
 		if a.reason() != live {
-			return // taken over: frames for the process come from the new host
+			if f.Type == proto.TypeDataRef {
+				if slot, _, err := a.c.sess.view(f, proto.TypeStdin); err == nil {
+					a.c.sess.release(slot)
+				}
+			}
+			continue
 		}
 		switch f.Type {
 		case proto.TypeStdin:
-			p.writeStdin(f.Payload)
+			in <- stdinItem{data: bytes.Clone(f.Payload), slot: -1}
+		case proto.TypeDataRef:
+			// A reference that does not check out is ignored, as any
+			// misplaced frame is.
+			if slot, data, err := a.c.sess.view(f, proto.TypeStdin); err == nil {
+				in <- stdinItem{data: data, slot: slot}
+			}
 		case proto.TypeStdinEOF:
-			p.closeStdin()
+			in <- stdinItem{eof: true, slot: -1}
 		case proto.TypeSignal:
 			var sig proto.Signal
 			if proto.DecodeJSON(f, 0, &sig) == nil && sig.Signal > 0 && sig.Signal < 65 {
@@ -212,6 +242,35 @@ func (s *Server) readControl(p *process, a *attachment) {
 			}
 		default:
 			// Unknown or misplaced frames are ignored: the call goes on.
+		}
+	}
+}
+
+// writeInput writes the queued input to the process until in closes,
+// giving back each ring slot once its bytes are written. Once a ended,
+// queued input is dropped (its slots given back), and a write under way
+// gives up.
+func (s *Server) writeInput(p *process, a *attachment, in <-chan stdinItem) {
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-a.stop:
+			p.abortStdin(a)
+		case <-done:
+		}
+	}()
+	for it := range in {
+		switch {
+		case it.eof:
+			if a.reason() == live {
+				p.closeStdinFor(a)
+			}
+		case len(it.data) > 0:
+			p.writeStdinFor(a, it.data)
+		}
+		if it.slot >= 0 {
+			a.c.sess.release(it.slot) // fails only as the session ends, which frees every slot
 		}
 	}
 }

@@ -105,7 +105,8 @@ func (s *Server) startProcess(ps proto.ProcStart, a *attachment) (*process, erro
 	p := &process{
 		argv: req.Argv, shell: req.Shell, cwd: cmd.Dir, tag: ps.Tag, started: time.Now(),
 		killOnDetach: ps.KillOnDetach, stdin: stdin, isPTY: req.PTY != nil, unlisted: req.Unlisted,
-		out: newOutputLog(proto.ProcOutputLimit, proto.ProcOutputLimit/64),
+		stdinTurn: make(chan struct{}, 1),
+		out:       newOutputLog(proto.ProcOutputLimit, proto.ProcOutputLimit/64),
 	}
 	if a != nil {
 		p.attach(a) // before the process can write: nothing is dropped

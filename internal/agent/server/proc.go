@@ -80,6 +80,9 @@ type process struct {
 	att *attachment // or nil when detached
 	// +checklocks:mu
 	stdinClosed bool
+	// +checklocks:mu
+	stdinWriter *attachment   // whose write to stdin is under way, or nil
+	stdinTurn   chan struct{} // +checklocksignore: holds a token while a write to stdin is under way; immutable
 }
 
 // kill signals the process group, unless the leader was already reaped.
@@ -161,24 +164,68 @@ func (p *process) info() proto.ProcInfo {
 	return i
 }
 
-func (p *process) writeStdin(b []byte) {
+// writeStdin writes b to the process's input, waiting as long as the
+// process takes to read it. proc.input writes this way.
+func (p *process) writeStdin(b []byte) { p.writeStdinFor(nil, b) }
+
+// writeStdinFor writes b to the process's input for attachment a, or for
+// no attachment with a nil. A write for an attachment gives up, with part
+// of b or none written, once the attachment ends: a process that does
+// not read its input then holds nothing of an attachment that is gone (a
+// ring slot, above all).
+func (p *process) writeStdinFor(a *attachment, b []byte) {
+	if p.stdin == nil {
+		return
+	}
+	var stop <-chan struct{}
+	if a != nil {
+		stop = a.stop
+	}
+	select {
+	case p.stdinTurn <- struct{}{}: // one write at a time, whole
+	case <-stop:
+		return
+	}
+	defer func() { <-p.stdinTurn }()
 	p.mu.Lock()
-	closed := p.stdinClosed
+	if p.stdinClosed || (a != nil && a.reason() != live) {
+		p.mu.Unlock()
+		return
+	}
+	p.stdinWriter = a
+	// Under mu: an abort for a (abortStdin) comes after this, never
+	// before it and then undone.
+	p.stdin.SetWriteDeadline(time.Time{})
 	p.mu.Unlock()
-	if p.stdin != nil && !closed {
-		// An error means the process closed its end (or it exited): the
-		// bytes have nowhere to go.
-		p.stdin.Write(b)
+	// An error means the process closed its end (or it exited), or the
+	// attachment ended: the bytes have nowhere to go.
+	p.stdin.Write(b)
+	p.mu.Lock()
+	p.stdinWriter = nil
+	p.mu.Unlock()
+}
+
+// abortStdin ends a write to the process's input made for a, which ended.
+// A terminal or pipe the poller cannot time out keeps the write waiting.
+func (p *process) abortStdin(a *attachment) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if a != nil && p.stdinWriter == a {
+		p.stdin.SetWriteDeadline(time.Now())
 	}
 }
 
 // closeStdin closes the process's stdin, or sends ^D to its terminal.
-func (p *process) closeStdin() {
+func (p *process) closeStdin() { p.closeStdinFor(nil) }
+
+// closeStdinFor is closeStdin for attachment a (nil: for none); on a
+// terminal, the ^D is a write as writeStdinFor makes it.
+func (p *process) closeStdinFor(a *attachment) {
 	if p.stdin == nil {
 		return
 	}
 	if p.isPTY {
-		p.writeStdin([]byte{4})
+		p.writeStdinFor(a, []byte{4})
 		return
 	}
 	p.mu.Lock()

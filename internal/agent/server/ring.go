@@ -124,6 +124,9 @@ func (s *Server) ringAttach(c *call) error {
 			if err := c.result(proto.Empty{}); err != nil {
 				return err
 			}
+			if err := c.result(proto.RingFeatures{StdinRefs: true}); err != nil {
+				return err
+			}
 		}
 	}
 }
