@@ -36,6 +36,15 @@ func ParseMemAvailable(meminfo []byte) (int64, error) {
 	return n, err
 }
 
+// ParseMemFree returns MemFree in bytes from the contents of /proc/meminfo.
+func ParseMemFree(meminfo []byte) (int64, error) {
+	n, ok, err := parseKB(meminfo, "MemFree")
+	if err == nil && !ok {
+		err = fmt.Errorf("no MemFree in meminfo")
+	}
+	return n, err
+}
+
 // parseKB returns the value of the first "key: N kB" line in bytes.
 func parseKB(b []byte, key string) (n int64, ok bool, err error) {
 	prefix := []byte(key + ":")

@@ -88,6 +88,7 @@ func (w *Worker) memoryLoop() {
 		for _, s := range w.all() {
 			s.measureMemory()
 		}
+		w.reclaimIdle()
 	}
 }
 

@@ -92,6 +92,11 @@ type Config struct {
 	// MemoryReserveMiB is what the host must have available
 	// (MemAvailable) for a sandbox to be admitted; 0 = 10% of its RAM.
 	MemoryReserveMiB int64
+	// ReclaimIdleAfter is how long a running sandbox goes without
+	// data-plane requests before its guest gives the memory it only
+	// caches back to the host (reclaim.go), once per idle spell; 0 = 2
+	// minutes, negative = never.
+	ReclaimIdleAfter time.Duration
 	// BootTimeout bounds a boot until the agent answers; 0 = 2 minutes.
 	BootTimeout time.Duration
 	// CrashAt names a crash point (see CrashPoints) at which the process
@@ -231,6 +236,9 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 2 * time.Minute
+	}
+	if cfg.ReclaimIdleAfter == 0 {
+		cfg.ReclaimIdleAfter = defaultReclaimIdleAfter
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -437,6 +445,10 @@ type sbx struct {
 	lastExec *workerproto.ExecRecord // see Info.LastExec
 	// +checklocks:mu
 	pss int64 // bytes the VMM process held when last measured; 0 = not yet (memory.go)
+	// +checklocks:mu
+	reclaimed time.Time // when the guest last gave cached memory back (reclaim.go)
+	// +checklocks:mu
+	noReclaim *client.Client // an agent that cannot reclaim (built before the op)
 }
 
 // execEnded records an attached command that ran from started until now.

@@ -213,6 +213,19 @@ func protocolErr(op proto.Op, format string, a ...any) error {
 }
 
 // simple makes a call whose reply is one result (or error) frame.
+// ReclaimMemory has the guest give the memory it only caches back to the
+// host (proto.OpMemoryReclaim). An agent older than the op gives an
+// errkind.FailedPrecondition error saying so.
+func (c *Client) ReclaimMemory(ctx context.Context) (proto.Reclaimed, error) {
+	var r proto.Reclaimed
+	err := c.simple(ctx, proto.OpMemoryReclaim, proto.Empty{}, &r)
+	if errors.Is(err, errkind.InvalidArgument) {
+		// The arguments are empty: the agent did not know the op.
+		err = fmt.Errorf("agent %q cannot reclaim memory (built before it): %v: %w", c.agentVersion, err, errkind.FailedPrecondition)
+	}
+	return r, err
+}
+
 func (c *Client) simple(ctx context.Context, op proto.Op, args, result any) error {
 	return c.simpleMax(ctx, op, args, proto.MaxControl, result)
 }

@@ -2,8 +2,10 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"space/internal/agent/agenttest"
 	"space/internal/agent/client"
 	"space/internal/agent/server"
+	"space/internal/errkind"
 )
 
 // agent is an agent server in the test process; connect gives it a new
@@ -97,4 +100,19 @@ func TestAgentInProcess(t *testing.T) {
 			return a.connect(ctx)
 		},
 	})
+}
+
+// TestReclaimMemoryRefused: an agent without access to a guest kernel
+// (this one runs on the host) and an agent older than the op both refuse
+// a reclaim with a failed precondition, and nothing is dropped.
+func TestReclaimMemoryRefused(t *testing.T) {
+	_, c := inProcess(t)
+	if _, err := c.ReclaimMemory(t.Context()); !errors.Is(err, errkind.FailedPrecondition) {
+		t.Errorf("ReclaimMemory on an agent without system access = %v, want FailedPrecondition", err)
+	}
+	old := oldAgent(t)
+	_, err := old.ReclaimMemory(t.Context())
+	if !errors.Is(err, errkind.FailedPrecondition) || !strings.Contains(err.Error(), "built before it") {
+		t.Errorf("ReclaimMemory on an old agent = %v, want FailedPrecondition saying it predates the op", err)
+	}
 }

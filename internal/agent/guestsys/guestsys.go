@@ -20,6 +20,7 @@ import (
 
 	"space/internal/agent/proto"
 	"space/internal/errkind"
+	"space/internal/proc"
 )
 
 // System implements server.System for the guest the agent runs in.
@@ -33,6 +34,36 @@ type System struct {
 // New returns the guest's System. beforePowerOff may be nil.
 func New(log *slog.Logger, beforePowerOff func()) *System {
 	return &System{log: log, beforePowerOff: beforePowerOff}
+}
+
+// ReclaimMemory drops the guest's clean caches (page cache, dentries and
+// inodes) and compacts free memory into whole blocks, which the balloon
+// device's free page reporting then hands back to the host. Dirty pages
+// and the memory of processes stay.
+func (s *System) ReclaimMemory() (proto.Reclaimed, error) {
+	var r proto.Reclaimed
+	var err error
+	if r.FreeBefore, err = memFree(); err != nil {
+		return r, err
+	}
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+		return r, fmt.Errorf("drop caches: %w", err)
+	}
+	// A kernel without compaction has no file: the drop alone still frees
+	// what it frees, in smaller pieces.
+	if err := os.WriteFile("/proc/sys/vm/compact_memory", []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return r, fmt.Errorf("compact memory: %w", err)
+	}
+	r.FreeAfter, err = memFree()
+	return r, err
+}
+
+func memFree() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	return proc.ParseMemFree(b)
 }
 
 // SetClock sets the wall clock.

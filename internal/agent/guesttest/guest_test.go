@@ -86,6 +86,19 @@ func TestRealVM(t *testing.T) {
 			}})
 	})
 
+	t.Run("MemoryReclaim", func(t *testing.T) {
+		// A file read fills the page cache; the reclaim frees it.
+		agenttest.Output(t, c, "head -c 64M /dev/urandom > /root/cached && sync && cat /root/cached > /dev/null")
+		r, err := c.ReclaimMemory(t.Context())
+		if err != nil {
+			t.Fatalf("ReclaimMemory = %v", err)
+		}
+		if freed := (r.FreeAfter - r.FreeBefore) >> 20; freed < 48 {
+			t.Errorf("reclaim freed %d MiB (free %d -> %d MiB), want most of the 64 MiB file", freed, r.FreeBefore>>20, r.FreeAfter>>20)
+		}
+		agenttest.Output(t, c, "test $(wc -c < /root/cached) = 67108864 && rm /root/cached")
+	})
+
 	t.Run("WritableLayerHoldsChanges", func(t *testing.T) {
 		agenttest.Output(t, c, "echo changed > /etc/space-test && sync")
 		// The change lives in the upper layer; the template stays read-only.

@@ -89,6 +89,21 @@ const (
 	OpFileWatch Op = "file.watch"
 )
 
+// OpMemoryReclaim has the guest give memory it only caches back to the
+// host: the agent drops the guest's clean caches and compacts its free
+// memory, and the balloon device's free page reporting returns the freed
+// blocks. Nothing the guest's processes hold is touched; dropped files are
+// read again from disk when used. args {} -> Result Reclaimed. Agents
+// without access to the guest's kernel answer failed_precondition; agents
+// older than the op, invalid_argument ("unknown op").
+const OpMemoryReclaim Op = "memory.reclaim"
+
+// Reclaimed is the guest's free memory around an OpMemoryReclaim.
+type Reclaimed struct {
+	FreeBefore int64 `json:"free_before"` // bytes (MemFree)
+	FreeAfter  int64 `json:"free_after"`
+}
+
 // RingOffer is the agent's reply to OpRing.
 type RingOffer struct {
 	Size   int64    `json:"size"`   // bytes, both halves

@@ -47,6 +47,12 @@ type System interface {
 	PowerOff(reboot bool) error
 }
 
+// Reclaimer is a System that can give the guest's cached memory back to
+// the host (proto.OpMemoryReclaim).
+type Reclaimer interface {
+	ReclaimMemory() (proto.Reclaimed, error)
+}
+
 // Config configures a Server.
 type Config struct {
 	// Version is reported in the handshake and in health replies.
@@ -362,6 +368,17 @@ func (s *Server) dispatch(ctx context.Context, c *call, req proto.Request) error
 			return c.fail(err)
 		}
 		return reply(c, proto.Empty{}, s.procInput(a))
+	case proto.OpMemoryReclaim:
+		var a proto.Empty
+		if err := decodeArgs(req, &a); err != nil {
+			return c.fail(err)
+		}
+		r, ok := s.cfg.System.(Reclaimer)
+		if !ok {
+			return c.fail(fmt.Errorf("memory.reclaim: %w", errNoSystem))
+		}
+		got, err := r.ReclaimMemory()
+		return reply(c, got, err)
 	case proto.OpFileRead:
 		var a proto.ReadArgs
 		if err := decodeArgs(req, &a); err != nil {
