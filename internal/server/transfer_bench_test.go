@@ -103,6 +103,16 @@ func BenchmarkTransferHTTP(b *testing.B) {
 		})
 		b.ReportMetric(ndjson, "exec-stdout-ndjson-MB/s")
 		data := make([]byte, size)
+		stdin := mbps(func() {
+			var out bytes.Buffer
+			exit, err := c.ExecStream(ctx, sb.ID, api.Exec{Shell: "wc -c"}, client.StreamIO{Stdin: bytes.NewReader(data), Stdout: &out})
+			if err != nil || exit.Code != 0 || strings.TrimSpace(out.String()) != strconv.Itoa(size) {
+				b.Fatalf("exec stdin: %q, %+v, %v", out.String(), exit, err)
+			}
+		})
+		b.ReportMetric(stdin, "exec-stdin-MB/s")
+		b.ReportMetric(stdin/pipe, "exec-stdin/guest-pipe")
+		b.ReportMetric(stdin/head, "exec-stdin/guest-head")
 		put := mbps(func() {
 			if _, err := c.WriteFile(ctx, sb.ID, "/dev/shm/bench", bytes.NewReader(data), client.WriteOptions{}); err != nil {
 				b.Fatalf("WriteFile = %v", err)

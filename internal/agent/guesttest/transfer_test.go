@@ -2,11 +2,13 @@ package guesttest
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,6 +127,12 @@ func BenchmarkTransfer(b *testing.B) {
 		slices.Sort(rtts)
 		b.ReportMetric(float64(rtts[len(rtts)/2].Microseconds())/1000, "exec-true-p50-ms")
 		b.ReportMetric(float64(rtts[len(rtts)*9/10].Microseconds())/1000, "exec-true-p90-ms")
+		// A terminal's echo, idle and while a download from the same
+		// guest runs (TestPTYDuringBulkTransfer checks they interleave).
+		idleEcho, busyEcho := ptyEchoes(b, c)
+		b.ReportMetric(float64(idleEcho.Microseconds())/1000, "pty-echo-idle-p50-ms")
+		b.ReportMetric(float64(busyEcho.Microseconds())/1000, "pty-echo-download-p50-ms")
+		b.ReportMetric(float64(busyEcho)/float64(idleEcho), "pty-echo-download/idle")
 		var health []time.Duration
 		for range 30 {
 			t0 := time.Now()
@@ -136,6 +144,49 @@ func BenchmarkTransfer(b *testing.B) {
 		slices.Sort(health)
 		b.ReportMetric(float64(health[len(health)/2].Microseconds())/1000, "health-p50-ms")
 	}
+}
+
+// ptyEchoes returns the median echo of a guest terminal, idle and during
+// a download of a large file from the same guest.
+func ptyEchoes(b *testing.B, c *client.Client) (idle, download time.Duration) {
+	ctx := b.Context()
+	agenttest.Output(b, c, "truncate -s 2G /root/sparse")
+	defer agenttest.Output(b, c, "rm -f /root/sparse")
+	term := openTerminal(b, c)
+	defer func() { term.p.Signal(9); term.p.Wait() }()
+	median := func(first int) time.Duration {
+		var lat []time.Duration
+		for i := range 10 {
+			d, err := term.echo(ctx, first+i)
+			if err != nil {
+				b.Fatalf("echo: %v", err)
+			}
+			lat = append(lat, d)
+		}
+		slices.Sort(lat)
+		return lat[len(lat)/2]
+	}
+	median(0) // the shell is up
+	idle = median(100)
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var read atomic.Int64
+	go func() {
+		defer close(done)
+		c.ReadFile(dctx, "/root/sparse", slowDiscard{&read})
+	}()
+	for read.Load() < 8<<20 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	download = median(200)
+	select {
+	case <-done:
+		b.Logf("the download ended before the echoes: not measured during it")
+	default:
+	}
+	cancel()
+	<-done
+	return idle, download
 }
 
 // ddRate parses the rate of dd's last line ("... copied, 0.61 s, 110 MB/s")

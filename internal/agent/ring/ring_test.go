@@ -166,3 +166,34 @@ func TestSharedOpen(t *testing.T) {
 		}
 	}
 }
+
+// TestTryAcquire: a slot only while more than keep are free, never waiting,
+// and none once the session ended.
+func TestTryAcquire(t *testing.T) {
+	r, err := New(make([]byte, 8*SlotSize), Host) // 4 slots a half
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := r.Begin()
+	var got []int
+	for {
+		slot, ok := s.TryAcquire(2)
+		if !ok {
+			break
+		}
+		got = append(got, slot)
+	}
+	if len(got) != 2 || r.FreeSlots() != 2 {
+		t.Fatalf("TryAcquire(keep 2) took %d slots, left %d free; want 2 and 2", len(got), r.FreeSlots())
+	}
+	if _, ok := s.TryAcquire(0); !ok {
+		t.Errorf("TryAcquire(keep 0) with 2 free = false")
+	}
+	for _, slot := range got {
+		s.Abandon(slot)
+	}
+	s.End()
+	if _, ok := s.TryAcquire(0); ok {
+		t.Errorf("TryAcquire after End = true")
+	}
+}
