@@ -471,14 +471,16 @@ func wsFail(ctx context.Context, c *websocket.Conn, err error) {
 type wsSession struct {
 	ctx     context.Context
 	c       *websocket.Conn
-	stdinR  *io.PipeReader
-	stdinW  *io.PipeWriter
+	stdin   *inputPipe
 	started chan struct{} // closed once the started (or error) event is out
 }
 
+// wsStdinBuffer is how much of a client's stdin a session holds ahead of
+// the process: enough for a few ring slots' worth of its messages.
+const wsStdinBuffer = 1 << 20
+
 func newWSSession(ctx context.Context, c *websocket.Conn) *wsSession {
-	pr, pw := io.Pipe()
-	return &wsSession{ctx: ctx, c: c, stdinR: pr, stdinW: pw, started: make(chan struct{})}
+	return &wsSession{ctx: ctx, c: c, stdin: newInputPipe(wsStdinBuffer), started: make(chan struct{})}
 }
 
 // wsWriter sends output as binary messages prefixed by the stream byte.
@@ -499,7 +501,7 @@ func (ww wsWriter) Write(p []byte) (int, error) {
 }
 
 func (s *wsSession) io() client.IO {
-	return client.IO{Stdin: s.stdinR, Stdout: wsWriter{s, api.StreamStdout}, Stderr: wsWriter{s, api.StreamStderr}}
+	return client.IO{Stdin: s.stdin, Stdout: wsWriter{s, api.StreamStdout}, Stderr: wsWriter{s, api.StreamStderr}}
 }
 
 func (s *wsSession) sendEvent(ev api.Event) error {
@@ -512,7 +514,7 @@ func (s *wsSession) sendEvent(ev api.Event) error {
 
 // follow serves the session until the process exits or the client leaves.
 func (s *wsSession) follow(p *client.Process, info proto.ProcInfo, err error) {
-	defer s.stdinW.Close()
+	defer s.stdin.Close()
 	if err != nil {
 		close(s.started)
 		wsFail(s.ctx, s.c, err)
@@ -536,7 +538,7 @@ func (s *wsSession) follow(p *client.Process, info proto.ProcInfo, err error) {
 		s.sendEvent(api.Event{Type: api.EventExit, Exit: exitView(exit)})
 	}
 	s.c.Close(websocket.StatusNormalClosure, "")
-	s.stdinW.Close()
+	s.stdin.Close()
 	<-readDone
 }
 
@@ -546,7 +548,7 @@ func (s *wsSession) readClient(p *client.Process) {
 	for {
 		typ, msg, err := s.c.Read(s.ctx)
 		if err != nil {
-			s.stdinW.CloseWithError(err)
+			s.stdin.CloseWithError(err)
 			p.Detach()
 			return
 		}
@@ -554,7 +556,7 @@ func (s *wsSession) readClient(p *client.Process) {
 			if len(msg) < 1 || msg[0] != api.StreamStdin {
 				continue
 			}
-			if _, err := s.stdinW.Write(msg[1:]); err != nil {
+			if _, err := s.stdin.Write(msg[1:]); err != nil {
 				continue // stdin closed: drop
 			}
 			continue
@@ -565,7 +567,7 @@ func (s *wsSession) readClient(p *client.Process) {
 		}
 		switch ctl.Type {
 		case api.ControlStdinEOF:
-			s.stdinW.Close()
+			s.stdin.Close()
 		case api.ControlResize:
 			if ctl.Rows > 0 && ctl.Cols > 0 {
 				p.Resize(ctl.Rows, ctl.Cols)
