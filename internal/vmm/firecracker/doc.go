@@ -27,8 +27,9 @@
 // Lifecycle. Boot starts Firecracker in its own process group without a
 // parent-death signal (VMs outlive a restart of the caller), in the NIC's
 // network namespace (Firecracker opens the tap itself), waits for the API
-// socket, configures logger, machine, boot source, drives, vsock, network
-// and entropy device, and starts the instance. Detach lets go of a VM
+// socket, configures logger, machine, boot source, drives, vsock, network,
+// entropy device (1.4+) and a balloon for its free page reporting (1.14+,
+// never inflated), and starts the instance. Detach lets go of a VM
 // without stopping it; Recover re-attaches from its [vmm.Handle]: pid plus
 // start time identify the process, a pidfd tells when it exits. Stop sends
 // SIGTERM (Firecracker installs no handler for it, so it ends at once,

@@ -310,6 +310,15 @@ func (v *VM) configure(ctx context.Context, kernel, initrd string) error {
 			return err
 		}
 	}
+	// A balloon that is never inflated, for its free page reporting: the
+	// memory the guest frees goes back to the host (the worker's idle
+	// reclaim relies on it), as with QEMU's virtio-balloon.
+	l.Balloon = v.ver.AtLeast(1, 14)
+	if l.Balloon {
+		if err := api.PutBalloon(ctx, fcapi.Balloon{DeflateOnOOM: true, FreePageReporting: true}); err != nil {
+			return err
+		}
+	}
 	return api.Action(ctx, fcapi.InstanceStart)
 }
 

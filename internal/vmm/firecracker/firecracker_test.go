@@ -126,6 +126,7 @@ func TestBootAgainstFakeFirecracker(t *testing.T) {
 		{Method: "PUT", Path: "/vsock", Body: `{"guest_cid":3,"uds_path":"vsock.sock"}`},
 		{Method: "PUT", Path: "/network-interfaces/eth0", Body: `{"iface_id":"eth0","host_dev_name":"tap0","guest_mac":"02:fc:00:00:00:01"}`},
 		{Method: "PUT", Path: "/entropy", Body: `{}`},
+		{Method: "PUT", Path: "/balloon", Body: `{"amount_mib":0,"deflate_on_oom":true,"free_page_reporting":true}`},
 		{Method: "PUT", Path: "/actions", Body: `{"action_type":"InstanceStart"}`},
 	}
 	if diff := cmp.Diff(want, fc.Requests(t)); diff != "" {

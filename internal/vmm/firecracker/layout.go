@@ -50,6 +50,7 @@ type Layout struct {
 	NIC           *NICLayout   `json:"nic,omitempty"`
 	Vsock         VsockLayout  `json:"vsock"`
 	Entropy       bool         `json:"entropy"`
+	Balloon       bool         `json:"balloon,omitempty"` // with free page reporting, never inflated
 }
 
 // DiskLayout is one drive.
