@@ -602,6 +602,9 @@ func TestCloseRemovesEmptyCgroup(t *testing.T) {
 	if _, err := h.cg.Open(w.cgroupParent()); err != nil {
 		t.Fatalf("after Close with a sandbox, Open(%s) = %v; want the group kept", w.cgroupParent(), err)
 	}
+	if _, err := os.Stat(w.cfg.RunRoot); err != nil {
+		t.Fatalf("after Close with a sandbox, its run root: %v; want it kept", err)
+	}
 	w = h.start(t)
 	if err := w.Delete(t.Context(), id); err != nil {
 		t.Fatalf("Delete = %v", err)
@@ -609,5 +612,8 @@ func TestCloseRemovesEmptyCgroup(t *testing.T) {
 	w.Close()
 	if _, err := h.cg.Open(w.cgroupParent()); !errors.Is(err, errkind.NotFound) {
 		t.Errorf("after Close with no sandbox, Open(%s) = %v; want NotFound", w.cgroupParent(), err)
+	}
+	if _, err := os.Stat(w.cfg.RunRoot); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after Close with no sandbox, its run root: %v; want it gone", err)
 	}
 }

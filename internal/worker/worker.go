@@ -390,6 +390,9 @@ func (w *Worker) Close() error {
 	}
 	if len(all) == 0 {
 		w.removeEmptyCgroupParent()
+		// Only if empty: a worker that ends with no sandbox leaves no run
+		// root behind either (Start makes it again).
+		os.Remove(w.cfg.RunRoot)
 	}
 	return errors.Join(errs...)
 }
