@@ -28,19 +28,17 @@ func ParsePss(rollup []byte) (pss int64, ok bool, err error) {
 
 // ParseMemAvailable returns MemAvailable in bytes from the contents of
 // /proc/meminfo.
-func ParseMemAvailable(meminfo []byte) (int64, error) {
-	n, ok, err := parseKB(meminfo, "MemAvailable")
-	if err == nil && !ok {
-		err = fmt.Errorf("no MemAvailable in meminfo")
-	}
-	return n, err
-}
+func ParseMemAvailable(meminfo []byte) (int64, error) { return meminfoField(meminfo, "MemAvailable") }
 
 // ParseMemFree returns MemFree in bytes from the contents of /proc/meminfo.
-func ParseMemFree(meminfo []byte) (int64, error) {
-	n, ok, err := parseKB(meminfo, "MemFree")
+func ParseMemFree(meminfo []byte) (int64, error) { return meminfoField(meminfo, "MemFree") }
+
+// meminfoField returns the field key of /proc/meminfo in bytes; a missing
+// one is an error.
+func meminfoField(meminfo []byte, key string) (int64, error) {
+	n, ok, err := parseKB(meminfo, key)
 	if err == nil && !ok {
-		err = fmt.Errorf("no MemFree in meminfo")
+		err = fmt.Errorf("no %s in meminfo", key)
 	}
 	return n, err
 }

@@ -54,6 +54,12 @@ func TestParsePssAndMemAvailable(t *testing.T) {
 	if _, err := ParseMemAvailable([]byte("MemTotal: 1 kB\n")); err == nil {
 		t.Error("ParseMemAvailable(no line) = nil error")
 	}
+	if n, err := ParseMemFree([]byte("MemTotal: 4 kB\nMemFree: 3 kB\n")); err != nil || n != 3<<10 {
+		t.Errorf("ParseMemFree = %d, %v; want 3072", n, err)
+	}
+	if _, err := ParseMemFree([]byte("MemTotal: 1 kB\n")); err == nil {
+		t.Error("ParseMemFree(no line) = nil error")
+	}
 }
 
 func TestParseCPUTime(t *testing.T) {

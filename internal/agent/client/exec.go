@@ -336,11 +336,15 @@ func (p *Process) readOutput(stdout, stderr io.Writer) {
 func (p *Process) copyStdin(r io.Reader) {
 	defer close(p.stdinDone)
 	var refs chan struct{} // one token per stdin slot in flight
-	bufSize := proto.DataChunk
-	if p.c.ring != nil && p.c.stdinRefs.Load() {
-		refs, bufSize = make(chan struct{}, stdinRefsInFlight), ring.SlotSize
+	var buf []byte
+	if p.c.RingStdin() {
+		refs = make(chan struct{}, stdinRefsInFlight)
+		bufp := slotBufs.Get().(*[]byte)
+		defer slotBufs.Put(bufp)
+		buf = *bufp
+	} else {
+		buf = make([]byte, proto.DataChunk)
 	}
-	buf := make([]byte, bufSize)
 	for {
 		// One read, not a fill: input typed at a terminal goes at once.
 		n, err := r.Read(buf)
@@ -377,19 +381,8 @@ func (p *Process) sendStdin(b []byte, refs chan struct{}) error {
 		case <-p.done:
 			return ErrClosed // the process ended: its input has nowhere to go
 		}
-		rs := p.c.ring
-		if slot, ok := rs.TryAcquire(stdinKeepFree); ok {
-			if err := rs.Region().CopyIn(slot, b); err != nil {
-				rs.Abandon(slot)
-				<-refs
-				return err
-			}
-			rs.Sent(slot, func() { <-refs })
-			err := p.s.write(proto.TypeDataRef, ring.Ref{Type: byte(proto.TypeStdin), Slot: uint32(slot), Len: uint32(len(b))}.Append(nil))
-			if err != nil {
-				rs.Unsent(slot)
-			}
-			return err
+		if slot, ok := p.c.ring.TryAcquire(stdinKeepFree); ok {
+			return p.c.sendRef(p.s, proto.TypeStdin, slot, b, func() { <-refs })
 		}
 		<-refs
 	}

@@ -207,14 +207,7 @@ func (c *Client) sendFrom(ctx context.Context, op proto.Op, s *stream, r io.Read
 			if slot, _, err = rs.Acquire(ctx); err != nil {
 				return err
 			}
-			if err = rs.Region().CopyIn(slot, buf[:n]); err != nil {
-				rs.Abandon(slot)
-				return err
-			}
-			rs.Sent(slot, nil)
-			if err = s.write(proto.TypeDataRef, ring.Ref{Type: byte(proto.TypeData), Slot: uint32(slot), Len: uint32(n)}.Append(nil)); err != nil {
-				rs.Unsent(slot)
-			}
+			err = c.sendRef(s, proto.TypeData, slot, buf[:n], nil)
 		}
 		if err != nil {
 			return err
@@ -226,6 +219,27 @@ func (c *Client) sendFrom(ctx context.Context, op proto.Op, s *stream, r io.Read
 			return fmt.Errorf("%s: read source: %w", op, rerr)
 		}
 	}
+}
+
+// sendRef fills slot, which the caller acquired, with b and sends it on s
+// as a reference to bytes of type t; onRelease (if not nil) runs once the
+// slot is free again. On error the slot is free again, and onRelease has
+// run.
+func (c *Client) sendRef(s *stream, t proto.Type, slot int, b []byte, onRelease func()) error {
+	rs := c.ring
+	if err := rs.Region().CopyIn(slot, b); err != nil {
+		rs.Abandon(slot)
+		if onRelease != nil {
+			onRelease()
+		}
+		return err
+	}
+	rs.Sent(slot, onRelease)
+	err := s.write(proto.TypeDataRef, ring.Ref{Type: byte(t), Slot: uint32(slot), Len: uint32(len(b))}.Append(nil))
+	if err != nil {
+		rs.Unsent(slot)
+	}
+	return err
 }
 
 // drain reads what is left of a call the caller gave up on, giving back

@@ -2,13 +2,11 @@ package guesttest
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,44 +147,23 @@ func BenchmarkTransfer(b *testing.B) {
 // ptyEchoes returns the median echo of a guest terminal, idle and during
 // a download of a large file from the same guest.
 func ptyEchoes(b *testing.B, c *client.Client) (idle, download time.Duration) {
-	ctx := b.Context()
-	agenttest.Output(b, c, "truncate -s 2G /root/sparse")
-	defer agenttest.Output(b, c, "rm -f /root/sparse")
 	term := openTerminal(b, c)
 	defer func() { term.p.Signal(9); term.p.Wait() }()
-	median := func(first int) time.Duration {
-		var lat []time.Duration
-		for i := range 10 {
-			d, err := term.echo(ctx, first+i)
-			if err != nil {
-				b.Fatalf("echo: %v", err)
-			}
-			lat = append(lat, d)
+	var lat []time.Duration
+	for i := range 11 { // the first waits for the shell
+		d, err := term.echo(b.Context(), i)
+		if err != nil {
+			b.Fatalf("echo: %v", err)
 		}
-		slices.Sort(lat)
-		return lat[len(lat)/2]
+		lat = append(lat, d)
 	}
-	median(0) // the shell is up
-	idle = median(100)
-	dctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	var read atomic.Int64
-	go func() {
-		defer close(done)
-		c.ReadFile(dctx, "/root/sparse", slowDiscard{&read})
-	}()
-	for read.Load() < 8<<20 {
-		time.Sleep(10 * time.Millisecond)
-	}
-	download = median(200)
-	select {
-	case <-done:
+	lat = lat[1:]
+	slices.Sort(lat)
+	busy, _, ended := echoesDuringDownload(b, c, term, 100)
+	if ended {
 		b.Logf("the download ended before the echoes: not measured during it")
-	default:
 	}
-	cancel()
-	<-done
-	return idle, download
+	return lat[len(lat)/2], busy[len(busy)/2]
 }
 
 // ddRate parses the rate of dd's last line ("... copied, 0.61 s, 110 MB/s")

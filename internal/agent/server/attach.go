@@ -104,10 +104,7 @@ func (s *Server) serveShared(ctx context.Context, p *process, a *attachment, o *
 	stop := context.AfterFunc(ctx, func() { s.hostGone(p, a) })
 	defer stop()
 	go func() {
-		in := make(chan stdinItem, stdinQueue)
-		go s.writeInput(p, a, in)
-		s.readControl(p, a, in)
-		close(in)
+		s.readControl(p, a)
 		s.hostGone(p, a) // a no-op when the attachment ended otherwise
 	}()
 	err := first()
@@ -202,10 +199,24 @@ type stdinItem struct {
 const stdinQueue = 8
 
 // readControl applies the host's frames to the process until the stream
-// ends, queueing input on in. Once the attachment ended (the exit was
-// sent, or another host took over) it applies nothing and only gives back
-// the ring slots that stdin references name.
-func (s *Server) readControl(p *process, a *attachment, in chan<- stdinItem) {
+// ends, queueing input for writeInput, which starts with the first input
+// (most calls send none). Once the attachment ended (the exit was sent, or
+// another host took over) it applies nothing and only gives back the ring
+// slots that stdin references name.
+func (s *Server) readControl(p *process, a *attachment) {
+	var in chan stdinItem
+	defer func() {
+		if in != nil {
+			close(in)
+		}
+	}()
+	queue := func(it stdinItem) {
+		if in == nil {
+			in = make(chan stdinItem, stdinQueue)
+			go s.writeInput(p, a, in)
+		}
+		in <- it
+	}
 	for {
 		f, err := a.c.r.Next()
 		if err != nil {
@@ -221,15 +232,15 @@ func (s *Server) readControl(p *process, a *attachment, in chan<- stdinItem) {
 		}
 		switch f.Type {
 		case proto.TypeStdin:
-			in <- stdinItem{data: bytes.Clone(f.Payload), slot: -1}
+			queue(stdinItem{data: bytes.Clone(f.Payload), slot: -1})
 		case proto.TypeDataRef:
 			// A reference that does not check out is ignored, as any
 			// misplaced frame is.
 			if slot, data, err := a.c.sess.view(f, proto.TypeStdin); err == nil {
-				in <- stdinItem{data: data, slot: slot}
+				queue(stdinItem{data: data, slot: slot})
 			}
 		case proto.TypeStdinEOF:
-			in <- stdinItem{eof: true, slot: -1}
+			queue(stdinItem{eof: true, slot: -1})
 		case proto.TypeSignal:
 			var sig proto.Signal
 			if proto.DecodeJSON(f, 0, &sig) == nil && sig.Signal > 0 && sig.Signal < 65 {
