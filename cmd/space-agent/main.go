@@ -96,8 +96,13 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err == nil {
 		rg, err = ring.New(mem, ring.Guest)
 	}
+	var pages server.Pinner
 	if err != nil {
 		log.Warn("no ring for bulk bytes", "err", err)
+	} else if fp, err := ring.OpenFilePages(); err != nil {
+		log.Warn("file reads are copied into the ring", "err", err)
+	} else {
+		pages = fp
 	}
 	srv, err := server.New(server.Config{
 		Version:    version,
@@ -106,6 +111,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		System:     guestsys.New(log, guestinit.SyncDisks),
 		Ring:       rg,
 		RingChunks: chunks,
+		Pages:      pages,
 	})
 	if err != nil {
 		return err

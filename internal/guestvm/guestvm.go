@@ -178,7 +178,8 @@ func Connect(ctx context.Context, vm vmm.VM) (*client.Client, error) {
 		for _, r := range m.Ranges {
 			gm.Ranges = append(gm.Ranges, ring.MemRange{GPA: r.GPA, Offset: r.Offset, Size: r.Size})
 		}
-		opts = append(opts, client.WithRing(func(chunks []uint64) (*ring.Region, func(), error) { return rings.Open(gm, chunks) }))
+		opts = append(opts, client.WithRing(func(chunks []uint64) (*ring.Region, func(), error) { return rings.Open(gm, chunks) }),
+			client.WithGuestMemory(gm))
 	}
 	switch ep.Kind {
 	case "unix":

@@ -44,6 +44,10 @@ type Options struct {
 	// then fail with errkind.PermissionDenied, and the rest of
 	// EnvCwdUser runs as the agent's own user.
 	Unprivileged bool
+	// PageReads is set when the agent must offer file reads in place
+	// (proto.RingFeatures.PageRefs): a guest agent whose host maps its
+	// memory. Without it those scenarios run only where it offers them.
+	PageReads bool
 }
 
 // Run runs every scenario against c.
@@ -68,6 +72,9 @@ func Run(t *testing.T, c *client.Client, opts Options) {
 	t.Run("PTY", func(t *testing.T) { testPTY(t, c) })
 	t.Run("Files", func(t *testing.T) { testFiles(t, c, opts) })
 	t.Run("FileRanges", func(t *testing.T) { testRanges(t, c, opts) })
+	if opts.PageReads || c.PageReads() {
+		t.Run("FileReadInPlace", func(t *testing.T) { testReadInPlace(t, c, opts) })
+	}
 	t.Run("AppendInPlace", func(t *testing.T) { testAppend(t, c, opts) })
 	t.Run("Tar", func(t *testing.T) { testTar(t, c, opts) })
 	t.Run("FileMeta", func(t *testing.T) { testFileMeta(t, c, opts) })

@@ -35,10 +35,12 @@ var ErrClosed = fmt.Errorf("agent connection closed: %w", errkind.Unavailable)
 type Client struct {
 	sess         *yamux.Session
 	agentVersion string
-	ring         *ring.Session // or nil: bulk bytes go inline
-	ringStream   *stream       // the OpRing call, carrying releases; nil without a ring
-	ringUnmap    func()        // lets go of the ring's mapping; nil without a ring
-	stdinRefs    atomic.Bool   // the agent takes stdin through the ring (proto.RingFeatures)
+	ring         *ring.Session    // or nil: bulk bytes go inline
+	ringStream   *stream          // the OpRing call, carrying releases; nil without a ring
+	ringUnmap    func()           // lets go of the ring's mapping; nil without a ring
+	stdinRefs    atomic.Bool      // the agent takes stdin through the ring (proto.RingFeatures)
+	pageRefs     atomic.Bool      // the agent sends file reads as page references (proto.RingFeatures)
+	memory       *ring.MemoryFile // the VM's RAM, for page references; nil without
 }
 
 // Dial runs the handshake on conn and starts the session. conn is owned by
@@ -59,6 +61,10 @@ func Dial(ctx context.Context, conn io.ReadWriteCloser, opts ...Option) (*Client
 			c.Close()
 			return nil, err
 		}
+	}
+	if o.memory != nil && c.ring != nil {
+		// Without it file reads are copied through the ring.
+		c.memory, _ = ring.OpenMemory(*o.memory)
 	}
 	return c, nil
 }
@@ -138,6 +144,9 @@ func (c *Client) Close() error {
 	err := c.sess.Close()
 	if c.ringUnmap != nil {
 		c.ringUnmap() // waits for a copy under way; later ones fail
+	}
+	if c.memory != nil {
+		c.memory.Close() // a read under way finishes first; later ones fail
 	}
 	return err
 }

@@ -30,6 +30,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (proto.
 // older than ranges refuse an Offset or Length (invalid_argument).
 func (c *Client) ReadFileRange(ctx context.Context, a proto.ReadArgs, w io.Writer) (proto.FileInfo, error) {
 	var info proto.FileInfo
+	a.Pages = c.PageReads()
 	got, err := c.readStream(ctx, proto.OpFileRead, a, &info, w, func() (int64, error) {
 		if info.Size < 0 {
 			return 0, protocolErr(proto.OpFileRead, "negative size")
@@ -99,6 +100,15 @@ func (c *Client) readStream(ctx context.Context, op proto.Op, args, res any, w i
 			got += int64(len(f.Payload))
 		case proto.TypeDataRef:
 			n, err := c.copyRef(op, f, proto.TypeData, w, max-got)
+			if err != nil {
+				return got, err
+			}
+			got += int64(n)
+		case proto.TypePagesRef:
+			if ra, ok := args.(proto.ReadArgs); !ok || !ra.Pages {
+				return got, protocolErr(op, "pages reference not asked for")
+			}
+			n, err := c.copyPages(ctx, op, s, f, w, max-got)
 			if err != nil {
 				return got, err
 			}

@@ -18,7 +18,8 @@ import (
 type Option func(*options)
 
 type options struct {
-	ring RingOpener
+	ring   RingOpener
+	memory *ring.GuestMemory
 }
 
 // RingOpener maps the ring an agent offers: the guest-physical addresses
@@ -30,6 +31,12 @@ type RingOpener func(chunks []uint64) (r *ring.Region, release func(), err error
 // WithRing has the client move bulk bytes through the agent's ring,
 // mapped with open, when the agent offers one; otherwise they go inline.
 func WithRing(open RingOpener) Option { return func(o *options) { o.ring = open } }
+
+// WithGuestMemory lets the client copy file reads straight from the
+// guest's page cache, reading the VM's RAM through its memory file m,
+// when the agent offers that (proto.RingFeatures.PageRefs). It takes
+// effect only with a ring (WithRing).
+func WithGuestMemory(m ring.GuestMemory) Option { return func(o *options) { o.memory = &m } }
 
 // attachRing attaches the session to the agent's ring (proto.OpRing). A
 // guest without one, an agent without the op, or an offer that does not
@@ -104,8 +111,9 @@ func (c *Client) readReleases(rs *ring.Session, s *stream, release func()) {
 		if f.Type == proto.TypeResult {
 			// Leniently: a later agent says more than this host knows.
 			var feat proto.RingFeatures
-			if json.Unmarshal(f.Payload, &feat) == nil && feat.StdinRefs {
-				c.stdinRefs.Store(true)
+			if json.Unmarshal(f.Payload, &feat) == nil {
+				c.stdinRefs.Store(feat.StdinRefs)
+				c.pageRefs.Store(feat.PageRefs)
 			}
 			continue
 		}
@@ -127,6 +135,49 @@ func (c *Client) Ring() bool { return c.ring != nil }
 // RingStdin reports whether process input moves through the ring too: the
 // agent said it takes it, shortly after the ring was attached.
 func (c *Client) RingStdin() bool { return c.ring != nil && c.stdinRefs.Load() }
+
+// PageReads reports whether file reads may come as page references,
+// which the client copies from the VM's memory: the agent offers them and
+// the client can read that memory (WithGuestMemory).
+func (c *Client) PageReads() bool { return c.memory != nil && c.pageRefs.Load() }
+
+// copyPages writes to w the bytes a pages reference names, copied from
+// the guest's memory, then gives the piece back to the agent on s. It
+// returns how many bytes it wrote.
+func (c *Client) copyPages(ctx context.Context, op proto.Op, s *stream, f proto.Frame, w io.Writer, limit int64) (int, error) {
+	ref, err := ring.ParsePagesRef(f.Payload)
+	if err != nil {
+		return 0, protocolErr(op, "%v", err)
+	}
+	if proto.Type(ref.Type) != proto.TypeData {
+		return 0, protocolErr(op, "pages reference to %s bytes", proto.Type(ref.Type))
+	}
+	if int64(ref.Len) > limit {
+		return 0, protocolErr(op, "pages reference of %d bytes, more than the %d allowed", ref.Len, limit)
+	}
+	buf := pageBufs.Get().(*[]byte)
+	defer pageBufs.Put(buf)
+	b, at := (*buf)[:ref.Len], 0
+	for _, e := range ref.Extents {
+		if err := c.memory.ReadGuest(b[at:at+int(e.Len)], e.GPA); err != nil {
+			if c.sess.IsClosed() {
+				return 0, fmt.Errorf("%s: %w", op, ErrClosed)
+			}
+			return 0, protocolErr(op, "%v", err)
+		}
+		at += int(e.Len)
+	}
+	// Release before writing, as with a slot: the agent unpins at once,
+	// and a slow writer never holds the guest's pages. A release that
+	// fails means the agent may have unpinned already: b is not sent on.
+	if err := s.write(proto.TypeRelease, ring.AppendRelease(nil, int(ref.ID))); err != nil {
+		return 0, c.callErr(ctx, op, err)
+	}
+	if _, err := w.Write(b); err != nil {
+		return 0, fmt.Errorf("%s: write: %w", op, err)
+	}
+	return len(b), nil
+}
 
 // copyRef writes to w the bytes a reference frame names, checking they are
 // of type want, then gives the slot back to the guest. It returns how many
@@ -283,6 +334,9 @@ func fill(r io.Reader, buf []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// pageBufs are the host's private buffers of a pages reference's size.
+var pageBufs = sync.Pool{New: func() any { b := make([]byte, ring.MaxPiece); return &b }}
 
 // slotBufs are the host's private buffers of a slot's size.
 var slotBufs = sync.Pool{New: func() any { b := make([]byte, ring.SlotSize); return &b }}

@@ -74,7 +74,7 @@ func TestRealVM(t *testing.T) {
 	})
 
 	t.Run("Conformance", func(t *testing.T) {
-		agenttest.Run(t, c, agenttest.Options{Scratch: "/root", PID1: true,
+		agenttest.Run(t, c, agenttest.Options{Scratch: "/root", PID1: true, PageReads: c.Ring(),
 			Reconnect: func(ctx context.Context, old *client.Client) (*client.Client, error) {
 				old.Close()
 				nc, err := guestvm.Connect(ctx, vm.VMM)

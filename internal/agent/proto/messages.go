@@ -121,6 +121,10 @@ type RingFeatures struct {
 	// dropped: the attachment ended, or stdin was closed), and keeps
 	// reading the stream to release them until the host closes its side.
 	StdinRefs bool `json:"stdin_refs,omitempty"`
+	// PageRefs: the agent can send a file's bytes as PagesRef frames
+	// (ReadArgs.Pages), which the host copies from the VM's memory file
+	// and releases on the call's stream.
+	PageRefs bool `json:"page_refs,omitempty"`
 }
 
 // Port probe timeouts (PortProbe.TimeoutMS).
@@ -297,6 +301,10 @@ type ReadArgs struct {
 	Path   string `json:"path"`
 	Offset int64  `json:"offset,omitempty"` // first byte
 	Length int64  `json:"length,omitempty"` // bytes at most; 0 = to the end
+	// Pages: the agent may send PagesRef frames in place of data, and the
+	// host copies those from guest memory. Set only for an agent that
+	// offered it (RingFeatures.PageRefs): older agents refuse the member.
+	Pages bool `json:"pages,omitempty"`
 }
 
 // WriteArgs describes a file write. The write replaces the file atomically:

@@ -61,6 +61,11 @@ const (
 	// TypeRelease gives ring slots back to their sender (ring.AppendRelease);
 	// either direction, on the OpRing stream only.
 	TypeRelease Type = 15
+	// TypePagesRef stands for data bytes that lie in the guest's page
+	// cache (ring.PagesRef): the host copies them from guest memory and
+	// gives the piece back with a Release of its ID on the same stream.
+	// Only in a file.read the host asked for it (ReadArgs.Pages).
+	TypePagesRef Type = 16
 )
 
 var typeNames = map[Type]string{
@@ -68,6 +73,7 @@ var typeNames = map[Type]string{
 	TypeEnd: "end", TypeStdin: "stdin", TypeStdinEOF: "stdin_eof", TypeStdout: "stdout",
 	TypeStderr: "stderr", TypeSignal: "signal", TypeResize: "resize", TypeStarted: "started",
 	TypeExit: "exit", TypeDataRef: "data_ref", TypeRelease: "release",
+	TypePagesRef: "pages_ref",
 }
 
 func (t Type) String() string {

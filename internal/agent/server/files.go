@@ -107,13 +107,24 @@ func (s *Server) readFile(ctx context.Context, c *call, a proto.ReadArgs) error 
 	if err := c.result(fileInfo(filepath.Base(p), fi)); err != nil {
 		return err
 	}
-	var r io.Reader = f
-	if a.Offset > 0 || a.Length > 0 {
-		n := a.Length
-		if n == 0 {
-			n = math.MaxInt64 - a.Offset
+	off, n := a.Offset, a.Length
+	if n == 0 {
+		n = math.MaxInt64 - off
+	}
+	if a.Pages && s.cfg.Pages != nil && c.sess.ringSession() != nil && min(fi.Size()-off, n) >= minPagesRead {
+		next, err := s.sendPages(c, f, off, off+n)
+		switch {
+		case errors.Is(err, errHostGone):
+			return err
+		case err != nil:
+			return c.fail(err)
 		}
-		r = io.NewSectionReader(f, a.Offset, n)
+		n -= next - off
+		off = next
+	}
+	var r io.Reader = f
+	if off > 0 || a.Length > 0 {
+		r = io.NewSectionReader(f, off, n)
 	}
 	return c.sendStream(ctx, r)
 }

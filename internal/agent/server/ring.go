@@ -124,7 +124,7 @@ func (s *Server) ringAttach(c *call) error {
 			if err := c.result(proto.Empty{}); err != nil {
 				return err
 			}
-			if err := c.result(proto.RingFeatures{StdinRefs: true}); err != nil {
+			if err := c.result(proto.RingFeatures{StdinRefs: true, PageRefs: s.cfg.Pages != nil}); err != nil {
 				return err
 			}
 		}

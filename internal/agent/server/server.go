@@ -78,6 +78,10 @@ type Config struct {
 	// addresses.
 	Ring       *ring.Region
 	RingChunks []uint64
+	// Pages pins files' page cache so that the host copies file reads
+	// from guest memory in place (ring.FilePages), or nil: reads are
+	// copied into the ring. It is offered only with a Ring.
+	Pages Pinner
 	// WatchQueue is how many events a file watch holds while its host
 	// reads too slowly, before it drops them and reports an overflow.
 	// 0 = proto.WatchQueue.
