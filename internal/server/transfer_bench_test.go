@@ -35,7 +35,7 @@ func BenchmarkTransferHTTP(b *testing.B) {
 	if sb, err = c.CreateSandbox(ctx, api.CreateSandbox{}); err != nil {
 		b.Fatalf("CreateSandbox = %v", err)
 	}
-	const size = 64 << 20
+	const size = 100 << 20
 	shell := func(cmd string) string {
 		var out, errOut bytes.Buffer
 		if exit, err := c.Exec(ctx, sb.ID, api.Exec{Shell: cmd}, &out, &errOut); err != nil || exit.Code != 0 {
@@ -130,6 +130,7 @@ func BenchmarkTransferHTTP(b *testing.B) {
 		b.ReportMetric(get, "file-get-MB/s")
 		b.ReportMetric(get/read, "file-get/guest-file-read")
 		b.ReportMetric(get/head, "file-get/guest-head")
+		b.ReportMetric(get/zero, "file-get/guest-zero")
 		shell("rm -f /dev/shm/bench")
 		var rtts []time.Duration
 		for range 30 {

@@ -30,7 +30,15 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (proto.
 // older than ranges refuse an Offset or Length (invalid_argument).
 func (c *Client) ReadFileRange(ctx context.Context, a proto.ReadArgs, w io.Writer) (proto.FileInfo, error) {
 	var info proto.FileInfo
-	a.Pages = c.PageReads()
+	a.Pages = false
+	if c.PageReads() {
+		select {
+		case pageReads <- struct{}{}:
+			a.Pages = true
+			defer func() { <-pageReads }()
+		default: // many reads at once: this one goes through the ring
+		}
+	}
 	got, err := c.readStream(ctx, proto.OpFileRead, a, &info, w, func() (int64, error) {
 		if info.Size < 0 {
 			return 0, protocolErr(proto.OpFileRead, "negative size")

@@ -335,6 +335,11 @@ func fill(r io.Reader, buf []byte) (int, error) {
 	return n, nil
 }
 
+// pageReads bounds the reads in place under way in this process: each
+// holds a buffer of a whole piece (pageBufs), eight times a slot, so many
+// downloads at once would otherwise cost the host that much more memory.
+var pageReads = make(chan struct{}, 16)
+
 // pageBufs are the host's private buffers of a pages reference's size.
 var pageBufs = sync.Pool{New: func() any { b := make([]byte, ring.MaxPiece); return &b }}
 

@@ -30,7 +30,7 @@ func BenchmarkTransfer(b *testing.B) {
 		b.Logf("the agent connection has no ring: bulk bytes go inline")
 	}
 	ctx := b.Context()
-	const size = 64 << 20
+	const size = 100 << 20
 	cpu := func() time.Duration {
 		inf, err := vm.VMM.Info()
 		if err != nil {
@@ -109,6 +109,7 @@ func BenchmarkTransfer(b *testing.B) {
 		b.ReportMetric(get/guest, "file-get/guest")
 		b.ReportMetric(getBusy, "file-get-vmm-busy")
 		agenttest.Output(b, c, "rm -f /dev/shm/bench")
+		bigFiles(b, c, guest, timed)
 
 		spawn := agenttest.Output(b, c, "s=$(date +%s%N); for i in 1 2 3 4 5 6 7 8 9 10; do /bin/true; done; e=$(date +%s%N); echo $(( (e-s)/10000 ))")
 		if v, err := strconv.ParseFloat(strings.TrimSpace(spawn), 64); err == nil {
@@ -143,6 +144,40 @@ func BenchmarkTransfer(b *testing.B) {
 		b.ReportMetric(float64(health[len(health)/2].Microseconds())/1000, "health-p50-ms")
 	}
 }
+
+// bigFiles reports file put and get of 1 GiB, which a 512 MiB guest
+// keeps on its disk: put until the bytes are in the page cache (no sync),
+// get while most of them must come back from the disk.
+func bigFiles(b *testing.B, c *client.Client, guest float64, timed func(int64, func()) (float64, float64)) {
+	const big = 1 << 30
+	const path = "/root/bench-1g"
+	free, err := strconv.ParseInt(strings.TrimSpace(agenttest.Output(b, c, "df -B1 --output=avail /root | tail -1")), 10, 64)
+	if err != nil || free < big+big/4 {
+		b.Logf("1 GiB files not measured: %d bytes free on the guest's disk (%v)", free, err)
+		return
+	}
+	defer agenttest.Output(b, c, "rm -f "+path)
+	put, _ := timed(big, func() {
+		if _, err := c.WriteFile(b.Context(), proto.WriteArgs{Path: path, NoSync: true}, io.LimitReader(zeros{}, big)); err != nil {
+			b.Fatalf("write 1 GiB: %v", err)
+		}
+	})
+	b.ReportMetric(put, "file-put-1GiB-MB/s")
+	b.ReportMetric(put/guest, "file-put-1GiB/guest")
+	get, _ := timed(big, func() {
+		var n countWriter
+		if _, err := c.ReadFile(b.Context(), path, &n); err != nil || n != big {
+			b.Fatalf("read 1 GiB: %d bytes, %v", n, err)
+		}
+	})
+	b.ReportMetric(get, "file-get-1GiB-MB/s")
+	b.ReportMetric(get/guest, "file-get-1GiB/guest")
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 
 // ptyEchoes returns the median echo of a guest terminal, idle and during
 // a download of a large file from the same guest.
