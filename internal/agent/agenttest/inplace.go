@@ -1,9 +1,11 @@
 package agenttest
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -40,6 +42,33 @@ func testReadInPlace(t *testing.T, c *client.Client, opts Options) {
 		if err != nil || !bytes.Equal(got.Bytes(), want) {
 			t.Errorf("ReadFileRange(%d, %d) = %v, %d bytes: want the file's %d bytes", tt.off, tt.length, err, got.Len(), len(want))
 		}
+	}
+
+	// A directory: its large file goes in place inside the archive.
+	dir := opts.Scratch + "/inplace-dir"
+	Output(t, c, fmt.Sprintf("rm -rf %[1]s && mkdir %[1]s && cp %[2]s %[1]s/big && echo small > %[1]s/small", dir, p))
+	var archive bytes.Buffer
+	if _, err := c.TarRead(ctx(t, time.Minute), dir, &archive); err != nil {
+		t.Fatalf("TarRead = %v", err)
+	}
+	files := map[string][]byte{}
+	tr := tar.NewReader(&archive)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("TarRead's archive: %v", err)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatalf("TarRead's archive: %s: %v", hdr.Name, err)
+		}
+		files[hdr.Name] = b
+	}
+	if !bytes.Equal(files["big"], data) || string(files["small"]) != "small\n" || len(files) != 2 {
+		t.Errorf("TarRead: %d entries, big %d bytes (equal %v), small %q", len(files), len(files["big"]), bytes.Equal(files["big"], data), files["small"])
 	}
 
 	// The host holds its first piece in a writer that waits; meanwhile

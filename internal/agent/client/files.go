@@ -30,16 +30,10 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (proto.
 // older than ranges refuse an Offset or Length (invalid_argument).
 func (c *Client) ReadFileRange(ctx context.Context, a proto.ReadArgs, w io.Writer) (proto.FileInfo, error) {
 	var info proto.FileInfo
-	a.Pages = false
-	if c.PageReads() {
-		select {
-		case pageReads <- struct{}{}:
-			a.Pages = true
-			defer func() { <-pageReads }()
-		default: // many reads at once: this one goes through the ring
-		}
-	}
-	got, err := c.readStream(ctx, proto.OpFileRead, a, &info, w, func() (int64, error) {
+	var done func()
+	a.Pages, done = c.pagesRead()
+	defer done()
+	got, err := c.readStream(ctx, proto.OpFileRead, a, a.Pages, &info, w, func() (int64, error) {
 		if info.Size < 0 {
 			return 0, protocolErr(proto.OpFileRead, "negative size")
 		}
@@ -59,15 +53,33 @@ func (c *Client) ReadFileRange(ctx context.Context, a proto.ReadArgs, w io.Write
 // It returns the archive's size.
 func (c *Client) TarRead(ctx context.Context, path string, w io.Writer) (int64, error) {
 	var v struct{}
-	return c.readStream(ctx, proto.OpTarRead, proto.PathArgs{Path: path}, &v, w, func() (int64, error) {
+	a := proto.PathArgs{Path: path}
+	var done func()
+	a.Pages, done = c.pagesRead()
+	defer done()
+	return c.readStream(ctx, proto.OpTarRead, a, a.Pages, &v, w, func() (int64, error) {
 		return math.MaxInt64, nil
 	})
 }
 
+// pagesRead reports whether a read may take its bytes in place, and
+// what to call once it is over: at most len(pageReads) do at once.
+func (c *Client) pagesRead() (bool, func()) {
+	if c.PageReads() {
+		select {
+		case pageReads <- struct{}{}:
+			return true, func() { <-pageReads }
+		default: // many reads at once: this one goes through the ring
+		}
+	}
+	return false, func() {}
+}
+
 // readStream calls op, decodes its result into res, then copies its data
 // frames into w until the end frame, at most limit() bytes (limit is
-// asked once res is known). It returns the bytes written.
-func (c *Client) readStream(ctx context.Context, op proto.Op, args, res any, w io.Writer, limit func() (int64, error)) (int64, error) {
+// asked once res is known); with pages it takes pages references too. It
+// returns the bytes written.
+func (c *Client) readStream(ctx context.Context, op proto.Op, args any, pages bool, res any, w io.Writer, limit func() (int64, error)) (int64, error) {
 	s, release, err := c.open(ctx, op, args)
 	if err != nil {
 		return 0, err
@@ -113,7 +125,7 @@ func (c *Client) readStream(ctx context.Context, op proto.Op, args, res any, w i
 			}
 			got += int64(n)
 		case proto.TypePagesRef:
-			if ra, ok := args.(proto.ReadArgs); !ok || !ra.Pages {
+			if !pages {
 				return got, protocolErr(op, "pages reference not asked for")
 			}
 			n, err := c.copyPages(ctx, op, s, f, w, max-got)

@@ -16,6 +16,7 @@ import (
 	"space/internal/agent/proto"
 	"space/internal/agent/ring"
 	"space/internal/agent/server"
+	"space/internal/agent/tarball"
 )
 
 // fakePinner stands in for ring.FilePages, which needs a guest: the host
@@ -194,6 +195,29 @@ func TestAgentInProcessPagesFakePinner(t *testing.T) {
 			}
 			pin.settled(t)
 		}
+	})
+
+	t.Run("Tar", func(t *testing.T) {
+		pin.set(0, false)
+		tree := t.TempDir()
+		for i, n := range []int{10, 3<<20 + 5, 700, 1 << 20, 2 << 20} {
+			data := make([]byte, n)
+			rand.Read(data)
+			if err := os.WriteFile(fmt.Sprintf("%s/f%d", tree, i), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var want, got bytes.Buffer
+		if _, err := tarball.Pack(ctx, tree, &want); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.TarRead(ctx, tree, &got); err != nil || !bytes.Equal(got.Bytes(), want.Bytes()) {
+			t.Errorf("TarRead = %v, %d bytes: not the archive Pack makes (%d bytes)", err, got.Len(), want.Len())
+		}
+		if _, pins := pin.counts(); pins != 4+1+2 {
+			t.Errorf("%d pins, want 7: the three files of 1 MiB or more go in place, in pieces of 1 MiB", pins)
+		}
+		pin.settled(t)
 	})
 
 	t.Run("PinFailsThenCopies", func(t *testing.T) {

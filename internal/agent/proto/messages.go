@@ -293,6 +293,9 @@ type PathArgs struct {
 	// bytes were in flight, have ended: the size is then where a resumed
 	// upload goes on. Agents older than in-place writes refuse it.
 	Settle bool `json:"settle,omitempty"`
+	// Pages, for OpTarRead: as ReadArgs.Pages, for the content of the
+	// archive's larger files.
+	Pages bool `json:"pages,omitempty"`
 }
 
 // ReadArgs names a file and the part of it to read. Offset and Length

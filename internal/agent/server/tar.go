@@ -1,11 +1,11 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 
@@ -31,20 +31,87 @@ func (s *Server) tarRead(ctx context.Context, c *call, a proto.PathArgs) error {
 	if err := c.result(proto.Empty{}); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	pr, pw := io.Pipe()
-	go func() {
-		// Whole slots through the pipe: tar writes headers of 512 bytes.
-		bw := bufio.NewWriterSize(pw, ring.SlotSize)
-		_, err := tarball.Pack(ctx, p, bw)
-		if err == nil {
-			err = bw.Flush()
+	ts := &tarSender{s: s, c: c, ctx: ctx, buf: make([]byte, 0, ring.SlotSize),
+		pages: a.Pages && s.cfg.Pages != nil && c.sess.ringSession() != nil}
+	_, err = tarball.Pack(ctx, p, ts)
+	if err == nil {
+		err = ts.flush()
+	}
+	switch {
+	case errors.Is(err, errHostGone):
+		return err
+	case err != nil:
+		return c.fail(err)
+	}
+	return c.send(proto.TypeEnd, nil)
+}
+
+// tarSender sends the archive Pack writes as data, in slot-sized pieces,
+// and the content of large files in place where the host asked for that
+// (tarball.FileSender).
+type tarSender struct {
+	s     *Server
+	c     *call
+	ctx   context.Context
+	buf   []byte // what is not sent yet; a slot's worth at most
+	pages bool
+}
+
+func (t *tarSender) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := copy(t.buf[len(t.buf):cap(t.buf)], p)
+		t.buf, p = t.buf[:len(t.buf)+k], p[k:]
+		if len(t.buf) == cap(t.buf) {
+			if err := t.flush(); err != nil {
+				return n - len(p), err
+			}
 		}
-		pw.CloseWithError(err)
-	}()
-	defer pr.Close() // stops Pack if the host went away
-	return c.sendStream(ctx, pr)
+	}
+	return n, nil
+}
+
+func (t *tarSender) flush() error {
+	if len(t.buf) == 0 {
+		return nil
+	}
+	err := t.c.sendOutput(t.ctx, proto.TypeData, t.buf)
+	t.buf = t.buf[:0]
+	return err
+}
+
+// SendFile sends n bytes of f: in place while it can, the rest read
+// straight into the buffer.
+func (t *tarSender) SendFile(f *os.File, n int64) (int64, error) {
+	if err := t.flush(); err != nil {
+		return 0, err
+	}
+	var sent int64
+	if t.pages {
+		next, err := t.s.sendPages(t.c, f, 0, n)
+		if err != nil {
+			return next, err
+		}
+		sent = next
+	}
+	for sent < n {
+		if len(t.buf) == cap(t.buf) {
+			if err := t.flush(); err != nil {
+				return sent, err
+			}
+		}
+		room := t.buf[len(t.buf):min(cap(t.buf), len(t.buf)+int(min(n-sent, math.MaxInt32)))]
+		k, err := f.ReadAt(room, sent)
+		t.buf = t.buf[:len(t.buf)+k]
+		sent += int64(k)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return sent, err
+		}
+	}
+	return sent, nil
 }
 
 // tarWrite unpacks the host's tar stream into a staging directory beside

@@ -10,6 +10,7 @@ package tarball
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -49,12 +50,16 @@ type Stats struct {
 // while it is read is cut or zero-padded to the size its header announced.
 // Pack returns an error wrapping [errkind.FailedPrecondition] when dir is not
 // a directory, and ctx's error when ctx ends between entries.
+//
+// A w that is a FileSender sends the content of regular files of at least
+// MinSend bytes itself; the archive is the same.
 func Pack(ctx context.Context, dir string, w io.Writer) (Stats, error) {
 	root, err := packRoot(dir)
 	if err != nil {
 		return Stats{}, err
 	}
-	p := &packer{tw: tar.NewWriter(w), root: root, links: make(map[fileID]string)}
+	p := &packer{w: w, tw: tar.NewWriter(w), root: root, links: make(map[fileID]string)}
+	p.sender, _ = w.(FileSender)
 	err = filepath.WalkDir(root, func(name string, _ fs.DirEntry, err error) error {
 		return p.visit(ctx, name, err)
 	})
@@ -85,9 +90,25 @@ type fileID struct {
 	dev, ino uint64
 }
 
+// FileSender is a Pack destination that sends the content of a regular
+// file itself, in order after what was written to it, rather than Pack
+// copying it through Write (the agent sends a file from the guest's page
+// cache in place).
+type FileSender interface {
+	io.Writer
+	// SendFile sends the first n bytes of f and returns how many it
+	// sent: fewer only when f ended first.
+	SendFile(f *os.File, n int64) (int64, error)
+}
+
+// MinSend is the least content Pack hands to a FileSender.
+const MinSend = 1 << 20
+
 // packer holds the state of one Pack call.
 type packer struct {
-	tw    *tar.Writer
+	w      io.Writer
+	sender FileSender // w, if it sends files itself; or nil
+	tw     *tar.Writer
 	root  string            // the walked directory, symlinks resolved
 	links map[fileID]string // entry name of each multiply linked file already sent
 	stats Stats
@@ -203,10 +224,12 @@ func (p *packer) file(name string, hdr *tar.Header, st *unix.Stat_t) error {
 	} else if !fi.Mode().IsRegular() {
 		return fmt.Errorf("pack %s: no longer a regular file", name)
 	}
-	if err := p.write(hdr); err != nil {
-		return err
+	if p.sender != nil && hdr.Size >= MinSend {
+		err = p.send(f, hdr)
+	} else if err = p.write(hdr); err == nil {
+		err = p.copyData(f, hdr)
 	}
-	if err := p.copyData(f, hdr); err != nil {
+	if err != nil {
 		return err
 	}
 	if st.Nlink > 1 {
@@ -228,6 +251,39 @@ func (p *packer) copyData(f *os.File, hdr *tar.Header) error {
 	}
 	return nil
 }
+
+// send writes a regular file's entry with its content sent by p.sender:
+// the same bytes tar.Writer would write (the header blocks, hdr.Size
+// bytes, padding to a block), with zeros for what the file lost since its
+// header was made. p.tw is left between entries, as after an entry it
+// wrote.
+func (p *packer) send(f *os.File, hdr *tar.Header) error {
+	// The previous entry's padding, then this header, made by a writer of
+	// its own so p.tw expects no content.
+	if err := p.tw.Flush(); err != nil {
+		return fmt.Errorf("write entry %s: %w", hdr.Name, err)
+	}
+	var head bytes.Buffer
+	if err := tar.NewWriter(&head).WriteHeader(hdr); err != nil {
+		return fmt.Errorf("write entry %s: %w", hdr.Name, err)
+	}
+	p.stats.Entries++
+	if _, err := p.w.Write(head.Bytes()); err != nil {
+		return fmt.Errorf("write entry %s: %w", hdr.Name, err)
+	}
+	n, err := p.sender.SendFile(f, hdr.Size)
+	if err == nil {
+		pad := (blockSize - hdr.Size%blockSize) % blockSize
+		_, err = io.CopyN(p.w, zeroReader{}, hdr.Size-n+pad)
+	}
+	if err != nil {
+		return fmt.Errorf("write entry %s: %w", hdr.Name, err)
+	}
+	return nil
+}
+
+// blockSize is tar's block.
+const blockSize = 512
 
 // zeroReader is an endless reader of zero bytes.
 type zeroReader struct{}

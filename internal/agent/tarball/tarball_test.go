@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -579,6 +580,70 @@ func assertMissing(t *testing.T, paths ...string) {
 	for _, p := range paths {
 		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("Lstat(%s) = %v, want it not to exist", p, err)
+		}
+	}
+}
+
+// sender is a FileSender that copies the file itself, sending at most
+// limit bytes of each (a file that shrank under it).
+type sender struct {
+	bytes.Buffer
+	limit int64
+	files int
+}
+
+func (s *sender) SendFile(f *os.File, n int64) (int64, error) {
+	s.files++
+	return io.Copy(&s.Buffer, io.LimitReader(f, min(n, s.limit)))
+}
+
+// TestPackFileSender: a destination that sends big files itself gets the
+// archive Pack writes otherwise, byte for byte, and a file it finds
+// shorter than its header said is padded with zeros as Pack pads it.
+func TestPackFileSender(t *testing.T) {
+	src := t.TempDir()
+	buildTree(t, src)
+	long := filepath.Join(src, strings.Repeat("n", 150)) // a PAX name record
+	if err := os.WriteFile(long, bytes.Repeat([]byte{7}, MinSend+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	setMTimes(t, src)
+	var plain bytes.Buffer
+	if _, err := Pack(t.Context(), src, &plain); err != nil {
+		t.Fatalf("Pack = %v", err)
+	}
+	s := &sender{limit: 1 << 62}
+	st, err := Pack(t.Context(), src, s)
+	if err != nil {
+		t.Fatalf("Pack to a FileSender = %v", err)
+	}
+	if s.files != 2 || !bytes.Equal(s.Bytes(), plain.Bytes()) {
+		t.Errorf("Pack to a FileSender: %d files sent, archive of %d bytes equal to the plain one's %d: %v", s.files, s.Len(), plain.Len(), bytes.Equal(s.Bytes(), plain.Bytes()))
+	}
+	if st.Entries == 0 || st.Bytes < 2*MinSend {
+		t.Errorf("Pack to a FileSender: stats %+v", st)
+	}
+
+	// The files shrank to 1000 bytes after their headers were made.
+	short := &sender{limit: 1000}
+	if _, err := Pack(t.Context(), src, short); err != nil {
+		t.Fatalf("Pack to a FileSender of short files = %v", err)
+	}
+	tr := tar.NewReader(&short.Buffer)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("reading the archive of short files: %v", err)
+		}
+		if hdr.Size < MinSend {
+			continue
+		}
+		body, err := io.ReadAll(tr)
+		if err != nil || int64(len(body)) != hdr.Size || bytes.ContainsFunc(body[1000:], func(r rune) bool { return r != 0 }) {
+			t.Errorf("entry %s of a file cut short: %v, %d of %d bytes, or not zeros after the cut", hdr.Name, err, len(body), hdr.Size)
 		}
 	}
 }
