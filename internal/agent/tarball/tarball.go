@@ -109,9 +109,9 @@ type packer struct {
 	w      io.Writer
 	sender FileSender // w, if it sends files itself; or nil
 	tw     *tar.Writer
-	root  string            // the walked directory, symlinks resolved
-	links map[fileID]string // entry name of each multiply linked file already sent
-	stats Stats
+	root   string            // the walked directory, symlinks resolved
+	links  map[fileID]string // entry name of each multiply linked file already sent
+	stats  Stats
 }
 
 // visit writes the entry for one walked path.
