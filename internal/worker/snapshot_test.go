@@ -98,7 +98,11 @@ func shell(t testing.TB, w *Worker, id, cmd string) string {
 	t.Helper()
 	a, err := w.agentFor(t.Context(), id)
 	if err != nil {
-		t.Fatalf("agent of %s: %v", id, err)
+		why := ""
+		if s, gerr := w.get(id); gerr == nil {
+			why = s.info().Error // why it failed, with the guest's console
+		}
+		t.Fatalf("agent of %s: %v; %s", id, err, why)
 	}
 	return agenttest.Output(t, a, cmd)
 }

@@ -164,6 +164,14 @@ func bigFiles(b *testing.B, c *client.Client, guest float64, timed func(int64, f
 	})
 	b.ReportMetric(put, "file-put-1GiB-MB/s")
 	b.ReportMetric(put/guest, "file-put-1GiB/guest")
+	// The guest's own read of it, from its disk as the get below.
+	const dropCaches = "sync && echo 3 > /proc/sys/vm/drop_caches"
+	disk, err := ddRate(agenttest.Output(b, c, fmt.Sprintf("%s && dd if=%s of=/dev/null bs=1M 2>&1 | tail -1", dropCaches, path)))
+	if err != nil {
+		b.Fatalf("guest disk read: %v", err)
+	}
+	b.ReportMetric(disk, "guest-disk-read-MB/s")
+	agenttest.Output(b, c, dropCaches)
 	get, _ := timed(big, func() {
 		var n countWriter
 		if _, err := c.ReadFile(b.Context(), path, &n); err != nil || n != big {
@@ -172,6 +180,7 @@ func bigFiles(b *testing.B, c *client.Client, guest float64, timed func(int64, f
 	})
 	b.ReportMetric(get, "file-get-1GiB-MB/s")
 	b.ReportMetric(get/guest, "file-get-1GiB/guest")
+	b.ReportMetric(get/disk, "file-get-1GiB/guest-disk-read")
 }
 
 // zeros reads as endless zero bytes.
