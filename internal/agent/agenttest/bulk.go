@@ -118,21 +118,7 @@ func testTar(t *testing.T, c *client.Client, opts Options) {
 	if _, err := c.TarRead(ctx(t, time.Minute), src, &archive); err != nil {
 		t.Fatalf("TarRead = %v", err)
 	}
-	got := map[string][]byte{}
-	tr := tar.NewReader(bytes.NewReader(archive.Bytes()))
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("the agent's archive: %v", err)
-		}
-		if h.Typeflag == tar.TypeReg {
-			b, _ := io.ReadAll(tr)
-			got[h.Name] = b
-		}
-	}
+	got := tarFiles(t, archive.Bytes())
 	for name, b := range files {
 		if !bytes.Equal(got[name], b) {
 			t.Errorf("archive entry %s: %d bytes, want %d exact", name, len(got[name]), len(b))
@@ -190,4 +176,28 @@ func tarOf(t *testing.T, names ...string) []byte {
 		t.Fatal(err)
 	}
 	return b.Bytes()
+}
+
+// tarFiles returns the regular files of an archive the agent sent, by
+// name.
+func tarFiles(t *testing.T, archive []byte) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	tr := tar.NewReader(bytes.NewReader(archive))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return files
+		}
+		if err != nil {
+			t.Fatalf("the agent's archive: %v", err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatalf("the agent's archive: %s: %v", h.Name, err)
+			}
+			files[h.Name] = b
+		}
+	}
 }

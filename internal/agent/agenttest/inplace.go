@@ -1,11 +1,9 @@
 package agenttest
 
 import (
-	"archive/tar"
 	"bytes"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"testing"
 	"time"
 
@@ -51,22 +49,7 @@ func testReadInPlace(t *testing.T, c *client.Client, opts Options) {
 	if _, err := c.TarRead(ctx(t, time.Minute), dir, &archive); err != nil {
 		t.Fatalf("TarRead = %v", err)
 	}
-	files := map[string][]byte{}
-	tr := tar.NewReader(&archive)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("TarRead's archive: %v", err)
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatalf("TarRead's archive: %s: %v", hdr.Name, err)
-		}
-		files[hdr.Name] = b
-	}
+	files := tarFiles(t, archive.Bytes())
 	if !bytes.Equal(files["big"], data) || string(files["small"]) != "small\n" || len(files) != 2 {
 		t.Errorf("TarRead: %d entries, big %d bytes (equal %v), small %q", len(files), len(files["big"]), bytes.Equal(files["big"], data), files["small"])
 	}
