@@ -121,9 +121,10 @@ type RingFeatures struct {
 	// dropped: the attachment ended, or stdin was closed), and keeps
 	// reading the stream to release them until the host closes its side.
 	StdinRefs bool `json:"stdin_refs,omitempty"`
-	// PageRefs: the agent can send a file's bytes as PagesRef frames
-	// (ReadArgs.Pages), which the host copies from the VM's memory file
-	// and releases on the call's stream.
+	// PageRefs: the agent can send the bytes of files it reads as
+	// PagesRef frames (ReadArgs.Pages, and PathArgs.Pages of a tar.read),
+	// which the host copies from the VM's memory file and releases on
+	// the call's stream.
 	PageRefs bool `json:"page_refs,omitempty"`
 }
 

@@ -64,7 +64,8 @@ const (
 	// TypePagesRef stands for data bytes that lie in the guest's page
 	// cache (ring.PagesRef): the host copies them from guest memory and
 	// gives the piece back with a Release of its ID on the same stream.
-	// Only in a file.read the host asked for it (ReadArgs.Pages).
+	// Only in a file.read or tar.read the host asked for it
+	// (ReadArgs.Pages, PathArgs.Pages).
 	TypePagesRef Type = 16
 )
 
