@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"space/internal/errkind"
+	"space/internal/testenv"
 )
 
 func TestPagesRefRoundTrip(t *testing.T) {
@@ -104,9 +105,7 @@ func TestMemoryFileReadGuest(t *testing.T) {
 // back; a guest's host copying real bytes is
 // TestRealVM/Conformance/FileReadInPlace.
 func TestPinFilePages(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("pinning needs root: pagemap shows frame numbers only to CAP_SYS_ADMIN")
-	}
+	testenv.RequireRoot(t, testenv.TierNetns) // pagemap shows frame numbers only to CAP_SYS_ADMIN
 	p, err := OpenFilePages()
 	if err != nil {
 		t.Fatal(err)

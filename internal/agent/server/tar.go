@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 
@@ -100,7 +99,10 @@ func (t *tarSender) SendFile(f *os.File, n int64) (int64, error) {
 				return sent, err
 			}
 		}
-		room := t.buf[len(t.buf):min(cap(t.buf), len(t.buf)+int(min(n-sent, math.MaxInt32)))]
+		room := t.buf[len(t.buf):cap(t.buf)]
+		if rest := n - sent; rest < int64(len(room)) {
+			room = room[:rest]
+		}
 		k, err := f.ReadAt(room, sent)
 		t.buf = t.buf[:len(t.buf)+k]
 		sent += int64(k)
