@@ -127,11 +127,22 @@ func TestAccessTokens(t *testing.T) {
 			t.Errorf("POST %s with a forged token = %d %s, want 401", path, w.Code, w.Body)
 		}
 	}
-	// The health check needs no token, and says an unknown sandbox is gone.
-	r := httptest.NewRequest("GET", "/health", nil)
-	r.Header.Set("E2b-Sandbox-Id", "a")
-	w := httptest.NewRecorder()
-	s.ServeHTTP(w, r)
+	// The health check needs the token too (E2B's SDKs send it), and then
+	// says an unknown sandbox is gone.
+	health := func(token string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("GET", "/health", nil)
+		r.Header.Set("E2b-Sandbox-Id", "a")
+		if token != "" {
+			r.Header.Set("X-Access-Token", token)
+		}
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, r)
+		return w
+	}
+	if w := health(""); w.Code != http.StatusUnauthorized {
+		t.Errorf("GET /health without a token = %d %s, want 401", w.Code, w.Body)
+	}
+	w := health(s.accessToken("sbx_a"))
 	var gone struct {
 		SandboxID, Message string
 		Code               int
@@ -313,19 +324,19 @@ func TestCreateRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cr.Template != "default" || cr.TimeoutSeconds != 10 || cr.OnTimeout != "suspend" || cr.Env["X"] != "1" ||
-		cr.Labels["a"] != "b" || cr.Labels[labelPrivate] != "true" ||
+		cr.Labels["a"] != "b" || cr.Labels[labelPublic] != "" ||
 		fmt.Sprint(cr.Network.Allow) != "[0.0.0.0/0 pypi.org]" {
 		t.Errorf("createRequest = %+v (network %+v)", cr, cr.Network)
 	}
 	cr, _ = s.createRequest(newSandbox{TemplateID: "mine", AllowInternetAccess: &f})
-	if cr.Template != "mine" || cr.TimeoutSeconds != defaultTimeout || len(cr.Network.Allow) != 0 {
+	if cr.Template != "mine" || cr.TimeoutSeconds != defaultTimeout || len(cr.Network.Allow) != 0 || cr.Labels[labelPublic] != "true" {
 		t.Errorf("createRequest(no internet) = %+v", cr)
 	}
 	for name, req := range map[string]newSandbox{
 		"mcp":          {MCP: json.RawMessage(`{"x":{}}`)},
 		"volumes":      {VolumeMounts: json.RawMessage(`[{"name":"v","path":"/v"}]`)},
 		"denyOut":      {Network: &networkConfig{DenyOut: []string{"10.0.0.0/8"}}},
-		"reserved key": {Metadata: map[string]string{labelPrivate: "false"}},
+		"reserved key": {Metadata: map[string]string{labelPublic: "true"}},
 		"zero timeout": {Timeout: new(int64)},
 		"disk-only":    {AutoPauseMemory: &f},
 		"masked host":  {Network: &networkConfig{MaskRequestHost: new(string)}},
@@ -358,6 +369,7 @@ func TestAPIKeyRequired(t *testing.T) {
 // its stdin channel, and nothing else.
 type fakePlane struct {
 	srv    *httptest.Server
+	labels map[string]string // of sbx_abc
 	events chan api.FileEvent
 	stdin  chan string
 }
@@ -395,6 +407,14 @@ func newFakePlane(t *testing.T) *fakePlane {
 			}
 		}
 	})
+	mux.HandleFunc("GET /v1/sandboxes/sbx_abc/ports/8000/http/{path...}", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer sdp1_token" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("Space-Port", "8000")
+		fmt.Fprintf(w, "page %s", r.PathValue("path"))
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
@@ -409,8 +429,64 @@ func (f *fakePlane) SandboxByID(_ context.Context, id string) (api.Sandbox, erro
 	if id != "sbx_abc" {
 		return api.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errkind.NotFound)
 	}
-	return api.Sandbox{ID: id, State: "running",
+	return api.Sandbox{ID: id, State: "running", Labels: f.labels,
 		DataPlane: &api.DataPlane{URL: f.srv.URL, Token: "sdp1_token", ExpiresAt: time.Now().Add(time.Hour)}}, nil
+}
+
+// TestPortAccess checks who reaches a sandbox's port through the facade:
+// anyone only when its ports were made public, otherwise only a caller
+// with its traffic or access token; never with another sandbox's tokens.
+func TestPortAccess(t *testing.T) {
+	plane := newFakePlane(t)
+	s, err := New(Config{API: plane.srv.URL, Sandboxes: plane, Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(headers map[string]string) (int, string) {
+		r := httptest.NewRequest("GET", "/index.html", nil)
+		r.Header.Set("E2b-Sandbox-Id", "abc")
+		r.Header.Set("E2b-Sandbox-Port", "8000")
+		for k, v := range headers {
+			r.Header.Set(k, v)
+		}
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, r)
+		return w.Code, w.Body.String()
+	}
+	for _, tc := range []struct {
+		name    string
+		labels  map[string]string
+		headers map[string]string
+		want    int
+	}{
+		{"made elsewhere, no credentials", nil, nil, http.StatusForbidden},
+		{"made elsewhere, private label false", map[string]string{labelPublic: "false"}, nil, http.StatusForbidden},
+		{"made elsewhere, a forged traffic token", nil, map[string]string{trafficTokenHeader: "spe2bt_00"}, http.StatusForbidden},
+		{"made elsewhere, another sandbox's traffic token", nil, map[string]string{trafficTokenHeader: s.trafficToken("sbx_abd")}, http.StatusForbidden},
+		{"made elsewhere, another sandbox's access token", nil, map[string]string{"X-Access-Token": s.accessToken("sbx_abd")}, http.StatusForbidden},
+		{"made elsewhere, a SPACE key as bearer", nil, map[string]string{"Authorization": "Bearer sdp1_token"}, http.StatusForbidden},
+		{"its traffic token", nil, map[string]string{trafficTokenHeader: s.trafficToken("sbx_abc")}, http.StatusOK},
+		{"its access token", nil, map[string]string{"X-Access-Token": s.accessToken("sbx_abc")}, http.StatusOK},
+		{"public", map[string]string{labelPublic: "true"}, nil, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plane.labels = tc.labels
+			code, body := get(tc.headers)
+			if code != tc.want {
+				t.Fatalf("GET port 8000 = %d %s, want %d", code, body, tc.want)
+			}
+			if code == http.StatusOK && body != "page index.html" {
+				t.Errorf("GET port 8000 = %q, want the page", body)
+			}
+		})
+	}
+	// The create reply hands out the traffic token only where it is needed.
+	if v := s.sandboxView(api.Sandbox{ID: "sbx_abc"}); v.TrafficAccessToken == nil || *v.TrafficAccessToken != s.trafficToken("sbx_abc") {
+		t.Errorf("sandboxView(private) traffic token = %v", v.TrafficAccessToken)
+	}
+	if v := s.sandboxView(api.Sandbox{ID: "sbx_abc", Labels: map[string]string{labelPublic: "true"}}); v.TrafficAccessToken != nil {
+		t.Errorf("sandboxView(public) traffic token = %v, want none", *v.TrafficAccessToken)
+	}
 }
 
 // TestWatchers drives the polling watchers (CreateWatcher,

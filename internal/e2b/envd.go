@@ -60,10 +60,12 @@ func envdHandlerFunc(h envdHandler) http.HandlerFunc {
 	}
 }
 
-// serveEnvd serves an envd request for E2B sandbox id: /health to anyone,
-// /files with a signature or the access token, everything else with the
-// access token. A sandbox that does not exist or does not run is
-// answered 502, as E2B's proxy does.
+// serveEnvd serves an envd request for E2B sandbox id: /files with a
+// signature or the access token, everything else (/health too, which
+// E2B's envd answers to anyone: the SDKs send the token on it as on every
+// envd call) with the access token. A sandbox that does not exist or does
+// not run is answered 502 once the caller has shown the token, as E2B's
+// proxy does.
 func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, e2bID string) {
 	id, ok := spaceID(e2bID)
 	if !ok {
@@ -72,7 +74,6 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, e2bID string)
 	}
 	isFiles := r.URL.Path == "/files" && (r.Method == http.MethodGet || r.Method == http.MethodPost)
 	switch {
-	case r.URL.Path == "/health" && r.Method == http.MethodGet:
 	case s.validToken(id, r.Header.Get("X-Access-Token")):
 	case isFiles && r.URL.Query().Get("signature") != "":
 		if err := s.checkSignature(r, id); err != nil {

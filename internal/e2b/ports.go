@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"space/api"
 	"space/internal/errkind"
 )
 
@@ -22,10 +23,11 @@ const trafficTokenHeader = "E2b-Traffic-Access-Token"
 // servePort proxies a request for port of E2B sandbox e2bID (from its
 // host PORT-ID.DOMAIN or the E2b-Sandbox-Port header) to the server in
 // the guest, through SPACE's exposed-port route and the sandbox's
-// gateway. Ports are public, as in E2B, unless the sandbox was created
-// with allowPublicTraffic false: then the traffic token (or the envd
-// access token) is required. Like E2B's proxy it answers 502 with a JSON
-// body when the sandbox does not run or nothing listens on the port.
+// gateway. A port is open to anyone who names the sandbox only when the
+// sandbox's ports are public (publicPorts); otherwise the request needs
+// the sandbox's traffic token or its envd access token, which only its
+// team can learn. Like E2B's proxy it answers 502 with a JSON body when
+// the sandbox does not run or nothing listens on the port.
 func (s *Server) servePort(w http.ResponseWriter, r *http.Request, e2bID string, port int) {
 	id, ok := spaceID(e2bID)
 	if !ok || port == 0 {
@@ -40,7 +42,7 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, e2bID string,
 		sandboxGone(w, e2bID)
 		return
 	}
-	if sb.Labels[labelPrivate] == "true" {
+	if !publicPorts(sb) {
 		tok := r.Header.Get(trafficTokenHeader)
 		if subtle.ConstantTimeCompare([]byte(tok), []byte(s.trafficToken(id))) != 1 && !s.validToken(id, r.Header.Get("X-Access-Token")) {
 			writeJSON(w, http.StatusForbidden, struct {
@@ -103,3 +105,9 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, e2bID string,
 	}
 	rp.ServeHTTP(w, r)
 }
+
+// publicPorts reports whether sb's ports are open on the facade without a
+// token: only when it was made so (labelPublic), never by default, so a
+// sandbox created through SPACE's own API keeps its ports private here as
+// on SPACE's port route.
+func publicPorts(sb api.Sandbox) bool { return sb.Labels[labelPublic] == "true" }

@@ -151,7 +151,11 @@ func e2bTemplate(space string) string {
 // not shown as its metadata.
 const (
 	labelPrefix     = "e2b.space/"
-	labelPrivate    = labelPrefix + "private-traffic" // "true": ports need the traffic token
+	// labelPublic "true" opens the sandbox's ports on the facade to anyone
+	// who names the sandbox: set by a facade create unless it asked for
+	// allowPublicTraffic false, or by the owner through SPACE's API.
+	// Without it a port needs the traffic or the access token.
+	labelPublic = labelPrefix + "public-traffic"
 	labelAutoResume = labelPrefix + "auto-resume"
 )
 
@@ -254,7 +258,7 @@ func (s *Server) createRequest(req newSandbox) (api.CreateSandbox, error) {
 	if req.AutoResume != nil && req.AutoResume.Enabled {
 		labels[labelAutoResume] = "true"
 	}
-	n, private, err := networkOf(req.AllowInternetAccess, req.Network)
+	n, public, err := networkOf(req.AllowInternetAccess, req.Network)
 	if err != nil {
 		return api.CreateSandbox{}, err
 	}
@@ -266,8 +270,8 @@ func (s *Server) createRequest(req newSandbox) (api.CreateSandbox, error) {
 		}
 		cr.Env, cr.Network = nil, nil
 	}
-	if private {
-		labels[labelPrivate] = "true"
+	if public {
+		labels[labelPublic] = "true"
 	}
 	if len(labels) > 0 {
 		cr.Labels = labels
@@ -279,15 +283,17 @@ func (s *Server) createRequest(req newSandbox) (api.CreateSandbox, error) {
 // allows everything unless told otherwise; SPACE's gateway allows by
 // rule, and "all IPv4 addresses" (0.0.0.0/0) is what it can say of
 // everything: names are reached through rules that name them (allowOut).
-func networkOf(internet *bool, n *networkConfig) (*api.Network, bool, error) {
+// public tells whether the sandbox's ports are open to anyone (E2B's
+// default) rather than behind the traffic token.
+func networkOf(internet *bool, n *networkConfig) (_ *api.Network, public bool, _ error) {
 	allowAll := internet == nil || *internet
 	var allow []string
-	private := false
+	public = true
 	if n != nil {
 		if n.MaskRequestHost != nil {
 			return nil, false, badRequest("network.maskRequestHost is not supported by SPACE")
 		}
-		private = n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic
+		public = n.AllowPublicTraffic == nil || *n.AllowPublicTraffic
 		for _, d := range n.DenyOut {
 			if d != "0.0.0.0/0" {
 				return nil, false, badRequest("network.denyOut %q: SPACE's gateway allows by rule; deny everything (0.0.0.0/0) and allow what is needed with allowOut", d)
@@ -299,7 +305,7 @@ func networkOf(internet *bool, n *networkConfig) (*api.Network, bool, error) {
 	if allowAll {
 		allow = append([]string{"0.0.0.0/0"}, allow...)
 	}
-	return &api.Network{Allow: allow}, private, nil
+	return &api.Network{Allow: allow}, public, nil
 }
 
 // sandboxView is E2B's Sandbox (the reply of a create or connect).
@@ -322,7 +328,7 @@ func (s *Server) sandboxView(sb api.Sandbox) sandboxView {
 		SandboxID: e2bID(sb.ID), TemplateID: e2bTemplate(sb.Template), Alias: e2bTemplate(sb.Template),
 		ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: s.accessToken(sb.ID),
 	}
-	if sb.Labels[labelPrivate] == "true" {
+	if !publicPorts(sb) {
 		t := s.trafficToken(sb.ID)
 		v.TrafficAccessToken = &t
 	}
@@ -401,7 +407,7 @@ func (s *Server) detailOf(sb api.Sandbox) sandboxDetail {
 		if !all {
 			d.Network.DenyOut = []string{"0.0.0.0/0"}
 		}
-		if sb.Labels[labelPrivate] == "true" {
+		if !publicPorts(sb) {
 			f := false
 			d.Network.AllowPublicTraffic = &f
 		}

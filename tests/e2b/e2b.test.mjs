@@ -388,3 +388,44 @@ test('a killed sandbox: 502 from its envd, not found from the API', async () => 
   await assert.rejects(gone.commands.run('true'))
   await assert.rejects(Sandbox.getInfo(gone.sandboxId), (e) => e instanceof NotFoundError || /not found/i.test(e.message))
 })
+
+test('the listener is no door: a sandbox made with SPACE\'s API keeps its ports and envd private', async () => {
+  // Made through SPACE's own API, never through the facade.
+  const res = await fetch(`${process.env.SPACE_API_URL}/v1/sandboxes`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${process.env.SPACE_API_KEY}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ labels: META, timeout_seconds: 600 }),
+  })
+  assert.equal(res.status, 201, await res.clone().text())
+  const id = (await res.json()).id.replace(/^sbx_/, '')
+  try {
+    // Its team reaches it through the SDK, which sends the access token.
+    const own = await Sandbox.connect(id)
+    await own.files.write('/tmp/www/index.html', 'private page')
+    await own.commands.run('python3 -m http.server 8000 -d /tmp/www', { background: true })
+    const info = await (await fetch(`https://api.${process.env.E2B_DOMAIN}/sandboxes/${id}`, {
+      headers: { 'X-API-KEY': process.env.E2B_API_KEY },
+    })).json()
+    const url = `https://${own.getHost(8000)}/index.html`
+    let ok
+    for (let i = 0; i < 100; i++) {
+      ok = await fetch(url, { headers: { 'X-Access-Token': info.envdAccessToken } })
+      if (ok.status === 200) break
+      await new Promise((r) => setTimeout(r, 200))
+    }
+    assert.equal(await ok.text(), 'private page')
+    // Anyone else: no credentials, headers only, or another sandbox's token.
+    assert.equal((await fetch(url)).status, 403)
+    const viaHeaders = await fetch(`https://${process.env.E2B_DOMAIN}/index.html`, {
+      headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': '8000' },
+    })
+    assert.equal(viaHeaders.status, 403)
+    assert.equal((await fetch(url, { headers: { 'X-Access-Token': sbx.envdAccessToken ?? 'spe2b_forged' } })).status, 403)
+    for (const path of ['/health', '/files?path=/tmp/www/index.html']) {
+      const envd = await fetch(`https://49983-${id}.${process.env.E2B_DOMAIN}${path}`)
+      assert.equal(envd.status, 401, path)
+    }
+  } finally {
+    await Sandbox.kill(id)
+  }
+})
