@@ -150,12 +150,12 @@ func e2bTemplate(space string) string {
 // hidden labels carry what the facade keeps about a sandbox; they are
 // not shown as its metadata.
 const (
-	labelPrefix     = "e2b.space/"
+	labelPrefix = "e2b.space/"
 	// labelPublic "true" opens the sandbox's ports on the facade to anyone
 	// who names the sandbox: set by a facade create unless it asked for
 	// allowPublicTraffic false, or by the owner through SPACE's API.
 	// Without it a port needs the traffic or the access token.
-	labelPublic = labelPrefix + "public-traffic"
+	labelPublic     = labelPrefix + "public-traffic"
 	labelAutoResume = labelPrefix + "auto-resume"
 )
 
