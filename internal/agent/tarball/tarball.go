@@ -329,7 +329,8 @@ func (zeroReader) Read(b []byte) (int, error) {
 //
 // Every entry is created through an [os.Root] on dir, so nothing is written
 // outside dir, even through symlinks the archive creates or dir held
-// before. Symlinks are created as they are, their targets only text; a
+// before; unprivileged, an entry or hard-link target below a symlink is
+// refused even when the link stays inside dir. Symlinks are created as they are, their targets only text; a
 // regular file is created afresh (O_EXCL), never written through an
 // existing file or link. Names that are absolute, contain "..", contain NUL
 // or are too long, hard links that point outside the archive, and entry
@@ -433,6 +434,9 @@ func (u *unpacker) entry(hdr *tar.Header) error {
 	if name == "." && hdr.Typeflag != tar.TypeDir {
 		return fmt.Errorf("entry %q: the archive root must be a directory: %w", hdr.Name, errkind.InvalidArgument)
 	}
+	if err := u.noLinkAbove(name); err != nil {
+		return fmt.Errorf("entry %q: %w", hdr.Name, err)
+	}
 	if u.leftOut(hdr) {
 		u.skipped[name] = true
 		u.stats.Skipped++
@@ -457,6 +461,31 @@ func (u *unpacker) entry(hdr *tar.Header) error {
 	}
 	delete(u.skipped, name) // replaced by what is there now
 	u.stats.Entries++
+	return nil
+}
+
+// noLinkAbove returns an error wrapping [errkind.InvalidArgument] when an
+// unprivileged Unpack would reach name through a symlink, even one that
+// stays inside the directory: Pack never puts an entry below a symlink, so
+// only a crafted archive (or a link planted in dir) asks for that.
+func (u *unpacker) noLinkAbove(name string) error {
+	if u.privileged {
+		return nil
+	}
+	elems := strings.Split(name, "/")
+	for i := 1; i < len(elems); i++ {
+		p := strings.Join(elems[:i], "/")
+		fi, err := u.root.Lstat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // made fresh from here on
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("%s is a symlink: %w", p, errkind.InvalidArgument)
+		}
+	}
 	return nil
 }
 
@@ -621,6 +650,9 @@ func (u *unpacker) symlink(name string, hdr *tar.Header) error {
 func (u *unpacker) link(name string, hdr *tar.Header) error {
 	target, err := cleanName(hdr.Linkname)
 	if err != nil {
+		return fmt.Errorf("link target: %w", err)
+	}
+	if err := u.noLinkAbove(target); err != nil {
 		return fmt.Errorf("link target: %w", err)
 	}
 	if err := u.prepare(name); err != nil {

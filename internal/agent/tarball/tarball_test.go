@@ -355,18 +355,37 @@ func testUnpackContainsSymlinks(t *testing.T, opts Options) {
 	}
 }
 
-func TestUnpackFollowsSymlinksInside(t *testing.T) {
-	dst := t.TempDir()
-	a := archive(t,
-		entry{name: "real/", typ: tar.TypeDir},
-		entry{name: "s", typ: tar.TypeSymlink, linkname: "real"},
-		entry{name: "s/f", typ: tar.TypeReg, body: "inside"},
-	)
-	if _, err := Unpack(t.Context(), bytes.NewReader(a), dst, Options{}); err != nil {
-		t.Fatalf("Unpack = %v", err)
-	}
-	if b, err := os.ReadFile(filepath.Join(dst, "real/f")); err != nil || string(b) != "inside" {
-		t.Errorf("read real/f = %q, %v, want %q", b, err, "inside")
+// TestUnpackSymlinksInside: a privileged Unpack follows a symlink that
+// stays inside the directory; an unprivileged one refuses to.
+func TestUnpackSymlinksInside(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		entries []entry
+	}{
+		{name: "file", entries: []entry{{name: "s/f", typ: tar.TypeReg, body: "inside"}}},
+		{name: "dir", entries: []entry{{name: "s/d/", typ: tar.TypeDir}}},
+		{name: "hard link", entries: []entry{{name: "real/f", typ: tar.TypeReg, body: "inside"}, {name: "l", typ: tar.TypeLink, linkname: "s/f"}}},
+	} {
+		entries := append([]entry{{name: "real/", typ: tar.TypeDir}, {name: "s", typ: tar.TypeSymlink, linkname: "real"}}, tc.entries...)
+		t.Run(tc.name, func(t *testing.T) {
+			bothModes(t, func(t *testing.T, opts Options) {
+				dst := t.TempDir()
+				_, err := Unpack(t.Context(), bytes.NewReader(archive(t, entries...)), dst, opts)
+				if opts.Privileged {
+					if err != nil {
+						t.Errorf("Unpack(%+v, privileged) = %v, want nil", entries, err)
+					}
+					return
+				}
+				if !errors.Is(err, errkind.InvalidArgument) {
+					t.Errorf("Unpack(%+v) = %v, want %v", entries, err, errkind.InvalidArgument)
+				}
+				assertMissing(t, filepath.Join(dst, "real/d"), filepath.Join(dst, "l"))
+				if tc.name != "hard link" {
+					assertMissing(t, filepath.Join(dst, "real/f"))
+				}
+			})
+		})
 	}
 }
 
