@@ -329,14 +329,14 @@ func (zeroReader) Read(b []byte) (int, error) {
 //
 // Every entry is created through an [os.Root] on dir, so nothing is written
 // outside dir, even through symlinks the archive creates or dir held
-// before; unprivileged, an entry or hard-link target below a symlink is
-// refused even when the link stays inside dir. Symlinks are created as they are, their targets only text; a
+// before. Symlinks are created as they are, their targets only text; a
 // regular file is created afresh (O_EXCL), never written through an
 // existing file or link. Names that are absolute, contain "..", contain NUL
-// or are too long, hard links that point outside the archive, and entry
-// types other than directories, regular files, symlinks, hard links, fifos
-// and (when not privileged) device nodes are rejected with an error
-// wrapping [errkind.InvalidArgument]. An archive that ends early, including
+// or are too long, hard links that point outside the archive, entry types
+// other than directories, regular files, symlinks, hard links, fifos and
+// (when not privileged) device nodes, and (when not privileged) entries and
+// hard-link targets below a symlink, even one that stays inside dir, are
+// rejected with an error wrapping [errkind.InvalidArgument]. An archive that ends early, including
 // one that lacks its end-of-archive marker, gives an error wrapping
 // [io.ErrUnexpectedEOF]. Existing files and symlinks are replaced; existing
 // directories keep their contents. Modes and mtimes are restored, and
@@ -778,8 +778,8 @@ func (u *unpacker) mode(hdr *tar.Header) fs.FileMode {
 // present in both are descended into and take the staged mode and mtime,
 // and the staged owner when opts is privileged; every other staged entry
 // is renamed over target's, atomically per entry, and the emptied staging
-// directories are removed. target itself keeps its own attributes. staging and target must be on one file system.
-// Place returns an error wrapping [errkind.FailedPrecondition] for a
+// directories are removed. target itself keeps its own attributes. staging
+// and target must be on one file system. Place returns an error wrapping [errkind.FailedPrecondition] for a
 // conflict, a target that is not a directory, or a missing parent.
 func Place(staging, target string, opts Options) error {
 	fi, err := os.Lstat(staging)
