@@ -215,7 +215,7 @@ func getTree(ctx context.Context, cl *client.Client, g *globals, id, remote, loc
 		return err
 	}
 	if st.Skipped > 0 {
-		fmt.Fprintf(g.stderr, "space: left out %d fifos, device nodes and hard links to them\n", st.Skipped)
+		fmt.Fprintf(g.stderr, "space: left out %d entries that are fifos or device nodes (or hard links to them): they are never made on the host\n", st.Skipped)
 	}
 	return tarball.Place(staging, local, tarball.Options{})
 }
