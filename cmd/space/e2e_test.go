@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"space/api"
 	"space/internal/agent/guesttest"
@@ -101,4 +106,74 @@ func startRealServer(t *testing.T) map[string]string {
 		<-done
 	})
 	return map[string]string{"SPACE_DATA_DIR": dataDir}
+}
+
+// TestCLIFileGetFromGuest: a tree that guest root made to plant a root
+// shell on the host (a setuid-root copy of the shell, setgid and sticky
+// directories, a world-writable file, a fifo, a device node) comes out of
+// file get and file get -r with none of that, while executables and
+// symlinks come out as they were.
+func TestCLIFileGetFromGuest(t *testing.T) {
+	env := startRealServer(t)
+	space := func(args ...string) (string, string, int) {
+		var out, errb bytes.Buffer
+		g := newGlobals(strings.NewReader(""), &out, &errb, func(k string) string { return env[k] })
+		code := execute(t.Context(), g, args)
+		return out.String(), errb.String(), code
+	}
+	out, errOut, code := space("sandbox", "create", "--memory", "256", "-o", "json")
+	var sb api.Sandbox
+	if code != 0 || json.Unmarshal([]byte(out), &sb) != nil || sb.State != "running" {
+		t.Fatalf("sandbox create = %d %q %q", code, out, errOut)
+	}
+	defer space("sandbox", "rm", sb.ID)
+	setup := "set -e; mkdir -p /root/t/sub /root/t/sgid /root/t/tmp; cp /bin/sh /root/t/suid-sh; chmod 4755 /root/t/suid-sh; " +
+		"chmod 2775 /root/t/sgid; chmod 1777 /root/t/tmp; mkfifo /root/t/fifo; mknod /root/t/null c 1 3; " +
+		"printf '#!/bin/sh\\necho hi\\n' > /root/t/sub/run.sh; chmod 755 /root/t/sub/run.sh; chown 1234:5678 /root/t/sub/run.sh; " +
+		"ln -s sub/run.sh /root/t/run; echo x > /root/t/w; chmod 666 /root/t/w"
+	if out, errOut, code := space("exec", sb.ID, "--", "sh", "-c", setup); code != 0 {
+		t.Fatalf("setup in the guest = %d %q %q", code, out, errOut)
+	}
+
+	dir := t.TempDir()
+	if out, errOut, code := space("file", "get", "-r", sb.ID, "/root/t", filepath.Join(dir, "t")); code != 0 {
+		t.Fatalf("file get -r = %d %q %q", code, out, errOut)
+	} else if !strings.Contains(errOut, "left out 2 ") {
+		t.Errorf("file get -r stderr = %q, want a warning that the fifo and the device were left out", errOut)
+	}
+	if out, errOut, code := space("file", "get", sb.ID, "/root/t/suid-sh", filepath.Join(dir, "sh")); code != 0 {
+		t.Fatalf("file get = %d %q %q", code, out, errOut)
+	}
+	got := map[string]string{}
+	filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		st := fi.Sys().(*syscall.Stat_t)
+		got[rel] = fmt.Sprintf("%v %d:%d", fi.Mode(), st.Uid, st.Gid)
+		return nil
+	})
+	me := fmt.Sprintf(" %d:%d", os.Getuid(), os.Getgid())
+	want := map[string]string{
+		"t":            "drwx------" + me, // the staging directory's
+		"t/suid-sh":    "-rwxr-xr-x" + me,
+		"t/sgid":       "drwxr-xr-x" + me,
+		"t/tmp":        "drwxr-xr-x" + me,
+		"t/sub":        "drwxr-xr-x" + me,
+		"t/sub/run.sh": "-rwxr-xr-x" + me,
+		"t/run":        "Lrwxrwxrwx" + me,
+		"t/w":          "-rw-r--r--" + me,
+		"sh":           "-rwxr-xr-x" + me,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("files on the host after file get from the guest (-want +got):\n%s", diff)
+	}
+	if target, err := os.Readlink(filepath.Join(dir, "t/run")); err != nil || target != "sub/run.sh" {
+		t.Errorf("Readlink(t/run) = %q, %v, want %q", target, err, "sub/run.sh")
+	}
 }

@@ -150,7 +150,16 @@ broke, as long as the remote file has not changed.
 
 With -r, REMOTE is a directory: its tree goes to stdout as a tar archive,
 or is unpacked into the local directory LOCAL (created when missing),
-whose entries go in only once the whole tree arrived.`,
+whose entries go in only once the whole tree arrived.
+
+What comes out of a sandbox is treated as hostile: local files and
+directories belong to the user running this command, never to the owner
+the sandbox gave them, and keep at most the permission bits 0755 (no
+setuid, setgid or sticky bit, no group or other write). Symlinks are
+copied as links and never followed or written through; fifos and device
+nodes are left out, with a warning. A tar archive on stdout is passed on
+as the sandbox sent it: unpack it with tar --no-same-owner
+--no-same-permissions (or Python's tarfile filter "data").`,
 		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			local := "-"
@@ -190,8 +199,10 @@ func getTree(ctx context.Context, cl *client.Client, g *globals, id, remote, loc
 	defer os.RemoveAll(staging)
 	pr, pw := io.Pipe()
 	unpacked := make(chan error, 1)
+	var st tarball.Stats
 	go func() {
-		_, err := tarball.Unpack(ctx, pr, staging)
+		var err error
+		st, err = tarball.Unpack(ctx, pr, staging, tarball.Options{}) // hostile: see newFileGetCmd
 		pr.CloseWithError(err)
 		unpacked <- err
 	}()
@@ -203,11 +214,15 @@ func getTree(ctx context.Context, cl *client.Client, g *globals, id, remote, loc
 	if err != nil {
 		return err
 	}
-	return tarball.Place(staging, local)
+	if st.Skipped > 0 {
+		fmt.Fprintf(g.stderr, "space: left out %d entries that are fifos or device nodes (or hard links to them): they are never made on the host\n", st.Skipped)
+	}
+	return tarball.Place(staging, local, tarball.Options{})
 }
 
 // getFile copies remote to local (or into the directory local) so that
-// local appears only complete, with the remote file's permission bits.
+// local appears only complete, with the remote file's permission bits as
+// far as tarball.HostPerm allows.
 func getFile(ctx context.Context, cl *client.Client, id, remote, local string) error {
 	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
 		local = filepath.Join(local, path.Base(remote))
@@ -221,7 +236,7 @@ func getFile(ctx context.Context, cl *client.Client, id, remote, local string) e
 		mode = 0o644
 	}
 	if err == nil {
-		err = f.Chmod(mode)
+		err = f.Chmod(mode & tarball.HostPerm)
 	}
 	err = errors.Join(err, f.Close())
 	if err == nil {

@@ -180,8 +180,16 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	handle("GET /v1/sandboxes/{id}/files", func(w http.ResponseWriter, r *http.Request, body []byte) {
-		w.Header().Set("X-Space-File-Mode", "0600")
+		mode := "0600"
+		if strings.HasPrefix(r.URL.Query().Get("path"), "/suid/") {
+			mode = "6777" // what a guest file's mode may be
+		}
+		w.Header().Set("X-Space-File-Mode", mode)
 		io.WriteString(w, "remote "+r.URL.Query().Get("path"))
+	})
+	handle("GET /v1/sandboxes/{id}/files/tar", func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/x-tar")
+		w.Write(hostileTar)
 	})
 	handle("PUT /v1/sandboxes/{id}/files", func(w http.ResponseWriter, r *http.Request, body []byte) {
 		writeJSON(w, http.StatusOK, api.FileWritten{Path: r.URL.Query().Get("path"), Size: int64(len(body))})

@@ -148,7 +148,7 @@ func (s *Server) tarWrite(ctx context.Context, c *call, a proto.TarWriteArgs) er
 	}
 	done := make(chan unpacked, 1)
 	go func() {
-		st, err := tarball.Unpack(ctx, pr, staging)
+		st, err := tarball.Unpack(ctx, pr, staging, tarball.Options{Privileged: true}) // the sandbox owner's archive
 		if err == nil {
 			// Whatever follows the archive's end must be read too, or
 			// the sender blocks; it is ignored, as tar does.
@@ -178,7 +178,7 @@ func (s *Server) tarWrite(ctx context.Context, c *call, a proto.TarWriteArgs) er
 	case recvErr != nil:
 		return c.refuse(fmt.Errorf("untar into %s: %w", p, recvErr))
 	}
-	if err := tarball.Place(staging, p); err != nil {
+	if err := tarball.Place(staging, p, tarball.Options{Privileged: true}); err != nil {
 		os.RemoveAll(staging)
 		return c.fail(fmt.Errorf("untar into %s: %w", p, err))
 	}

@@ -6,6 +6,13 @@
 // entry, not even one reached through a symlink the archive itself created,
 // lands outside it. Place then moves the staging directory into its final
 // location, merging into an existing directory entry by entry.
+//
+// Unpack and Place trust an archive only as far as [Options] says. By
+// default an archive is hostile input, as one taken out of a sandbox is on
+// the host: it cannot set an owner, a setuid, setgid or sticky bit, group or
+// other write permission, and it cannot make a fifo or a device node. The
+// agent unpacks the sandbox owner's archive in the guest with
+// [Options.Privileged], which restores all of that.
 package tarball
 
 import (
@@ -35,10 +42,34 @@ const maxNameLen = 4096
 // modeBits are the FileMode bits that chmod sets.
 const modeBits = fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
 
+// HostPerm are the permission bits an unprivileged Unpack keeps of an
+// archive's mode: no setuid, setgid or sticky bit, and no group or other
+// write, so that nothing taken out of a sandbox runs with its owner's
+// rights or can be changed by other users of the host.
+const HostPerm fs.FileMode = 0o755
+
+// Options says how far Unpack and Place trust an archive. The zero Options
+// treat it as hostile.
+type Options struct {
+	// Privileged restores all the archive says: owners (when running as
+	// root; otherwise EPERM from chown is ignored), setuid, setgid and
+	// sticky bits, group and other write, and fifos. Only for an archive
+	// whose sender may do all of that where it is unpacked anyway: the
+	// agent unpacking the sandbox owner's archive in the guest.
+	//
+	// Without it, every file and directory is owned by the caller, keeps
+	// only the HostPerm bits of its archived mode, fifos and device nodes
+	// are skipped (counted in Stats.Skipped, with hard links to them), and
+	// Place leaves the owners of existing directories it merges into
+	// alone.
+	Privileged bool
+}
+
 // Stats counts what Pack or Unpack transferred.
 type Stats struct {
 	Entries int   // archive entries of every type
 	Bytes   int64 // regular-file content bytes
+	Skipped int   // entries an unprivileged Unpack left out (fifos, device nodes, links to them)
 }
 
 // Pack writes a PAX tar of dir's contents to w and reports what it wrote.
@@ -297,25 +328,30 @@ func (zeroReader) Read(b []byte) (int, error) {
 // reports what it extracted.
 //
 // Every entry is created through an [os.Root] on dir, so nothing is written
-// outside dir, even through symlinks the archive creates. Names that are
-// absolute, contain "..", contain NUL or are too long, hard links that point
-// outside the archive, and entry types other than directories, regular
-// files, symlinks, hard links and fifos are rejected with an error wrapping
-// [errkind.InvalidArgument]. An archive that ends early, including one that
-// lacks its end-of-archive marker, gives an error wrapping
+// outside dir, even through symlinks the archive creates or dir held
+// before. Symlinks are created as they are, their targets only text; a
+// regular file is created afresh (O_EXCL), never written through an
+// existing file or link. Names that are absolute, contain "..", contain NUL
+// or are too long, hard links that point outside the archive, entry types
+// other than directories, regular files, symlinks, hard links, fifos and
+// (when not privileged) device nodes, and (when not privileged) entries and
+// hard-link targets below a symlink, even one that stays inside dir, are
+// rejected with an error wrapping [errkind.InvalidArgument]. An archive that ends early, including
+// one that lacks its end-of-archive marker, gives an error wrapping
 // [io.ErrUnexpectedEOF]. Existing files and symlinks are replaced; existing
 // directories keep their contents. Modes and mtimes are restored, and
-// ownership too when running as root (otherwise EPERM from chown is ignored). Unpack stops reading r after the end-of-archive marker, checks ctx
-// between entries, and on error leaves what it wrote for the caller to
-// remove.
-func Unpack(ctx context.Context, r io.Reader, dir string) (Stats, error) {
+// owners and the rest only as opts allows. Unpack stops reading r after
+// the end-of-archive marker, checks ctx between entries, and on error
+// leaves what it wrote for the caller to remove.
+func Unpack(ctx context.Context, r io.Reader, dir string, opts Options) (Stats, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return Stats{}, fmt.Errorf("unpack: %w: %w", err, errkind.FailedPrecondition)
 	}
 	defer root.Close()
 	er := &endReader{r: r}
-	u := &unpacker{root: root, tr: tar.NewReader(er), er: er, asRoot: os.Geteuid() == 0}
+	u := &unpacker{root: root, tr: tar.NewReader(er), er: er, privileged: opts.Privileged,
+		asRoot: os.Geteuid() == 0, skipped: make(map[string]bool)}
 	for {
 		if err := ctx.Err(); err != nil {
 			return u.stats, err
@@ -356,12 +392,14 @@ func (e *endReader) Read(b []byte) (int, error) {
 
 // unpacker holds the state of one Unpack call.
 type unpacker struct {
-	root   *os.Root
-	tr     *tar.Reader
-	er     *endReader // tr's source
-	asRoot bool       // ownership must be restored, not just attempted
-	dirs   []*tar.Header
-	stats  Stats
+	root       *os.Root
+	tr         *tar.Reader
+	er         *endReader // tr's source
+	privileged bool       // Options.Privileged
+	asRoot     bool       // ownership must be restored, not just attempted
+	dirs       []*tar.Header
+	skipped    map[string]bool // names of the entries left out
+	stats      Stats
 }
 
 // next returns the next header, or io.EOF after a complete archive.
@@ -396,6 +434,14 @@ func (u *unpacker) entry(hdr *tar.Header) error {
 	if name == "." && hdr.Typeflag != tar.TypeDir {
 		return fmt.Errorf("entry %q: the archive root must be a directory: %w", hdr.Name, errkind.InvalidArgument)
 	}
+	if err := u.noLinkAbove(name); err != nil {
+		return fmt.Errorf("entry %q: %w", hdr.Name, err)
+	}
+	if u.leftOut(hdr) {
+		u.skipped[name] = true
+		u.stats.Skipped++
+		return nil
+	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		err = u.dir(name, hdr)
@@ -413,8 +459,50 @@ func (u *unpacker) entry(hdr *tar.Header) error {
 	if err != nil {
 		return fmt.Errorf("entry %q: %w", hdr.Name, err)
 	}
+	delete(u.skipped, name) // replaced by what is there now
 	u.stats.Entries++
 	return nil
+}
+
+// noLinkAbove returns an error wrapping [errkind.InvalidArgument] when an
+// unprivileged Unpack would reach name through a symlink, even one that
+// stays inside the directory: Pack never puts an entry below a symlink, so
+// only a crafted archive (or a link planted in dir) asks for that.
+func (u *unpacker) noLinkAbove(name string) error {
+	if u.privileged {
+		return nil
+	}
+	elems := strings.Split(name, "/")
+	for i := 1; i < len(elems); i++ {
+		p := strings.Join(elems[:i], "/")
+		fi, err := u.root.Lstat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // made fresh from here on
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("%s is a symlink: %w", p, errkind.InvalidArgument)
+		}
+	}
+	return nil
+}
+
+// leftOut reports whether an unprivileged Unpack leaves out the entry: a
+// fifo, a device node, or a hard link to one left out before.
+func (u *unpacker) leftOut(hdr *tar.Header) bool {
+	if u.privileged {
+		return false
+	}
+	switch hdr.Typeflag {
+	case tar.TypeFifo, tar.TypeChar, tar.TypeBlock:
+		return true
+	case tar.TypeLink:
+		target, err := cleanName(hdr.Linkname)
+		return err == nil && u.skipped[target]
+	}
+	return false
 }
 
 // cleanName returns the cleaned form of an entry or link name, relative to
@@ -496,7 +584,12 @@ func (u *unpacker) finishDirs() error {
 		return depth(b.Name) - depth(a.Name)
 	})
 	for _, hdr := range u.dirs {
-		if err := u.root.Chmod(hdr.Name, mode(hdr)); err != nil {
+		// A later entry may have put a symlink in the directory's place,
+		// which chmod would follow.
+		if fi, err := u.root.Lstat(hdr.Name); err != nil || !fi.IsDir() {
+			continue
+		}
+		if err := u.root.Chmod(hdr.Name, u.mode(hdr)); err != nil {
 			return fmt.Errorf("entry %q: %w", hdr.Name, err)
 		}
 		if err := u.setTimes(hdr.Name, hdr); err != nil {
@@ -559,6 +652,9 @@ func (u *unpacker) link(name string, hdr *tar.Header) error {
 	if err != nil {
 		return fmt.Errorf("link target: %w", err)
 	}
+	if err := u.noLinkAbove(target); err != nil {
+		return fmt.Errorf("link target: %w", err)
+	}
 	if err := u.prepare(name); err != nil {
 		return err
 	}
@@ -607,15 +703,19 @@ func (u *unpacker) setAttrs(name string, hdr *tar.Header) error {
 	if err := u.chown(name, hdr); err != nil {
 		return err
 	}
-	if err := u.root.Chmod(name, mode(hdr)); err != nil {
+	if err := u.root.Chmod(name, u.mode(hdr)); err != nil {
 		return err
 	}
 	return u.setTimes(name, hdr)
 }
 
-// chown sets name's owner, without following a symlink at name. A caller
-// that is not root cannot give files away, so then EPERM is ignored.
+// chown sets name's owner, without following a symlink at name, when the
+// archive is privileged. A caller that is not root cannot give files away,
+// so then EPERM is ignored.
 func (u *unpacker) chown(name string, hdr *tar.Header) error {
+	if !u.privileged {
+		return nil
+	}
 	err := u.root.Lchown(name, hdr.Uid, hdr.Gid)
 	if err != nil && !u.asRoot && errors.Is(err, unix.EPERM) {
 		return nil
@@ -658,9 +758,14 @@ func (u *unpacker) inParent(name string, fn func(dirfd int, base string) error) 
 	return fnErr
 }
 
-// mode converts a header's mode to the FileMode chmod takes.
-func mode(hdr *tar.Header) fs.FileMode {
-	return hdr.FileInfo().Mode() & modeBits
+// mode converts a header's mode to the FileMode chmod takes: all of it
+// when the archive is privileged, only HostPerm otherwise.
+func (u *unpacker) mode(hdr *tar.Header) fs.FileMode {
+	m := hdr.FileInfo().Mode() & modeBits
+	if !u.privileged {
+		m &= HostPerm
+	}
+	return m
 }
 
 // Place moves the directory staging, as filled by Unpack, to target.
@@ -670,13 +775,13 @@ func mode(hdr *tar.Header) fs.FileMode {
 // staged entry is checked against target, and a staged directory over a
 // non-directory (including a symlink) or a staged non-directory over a
 // directory fails the whole call before anything changes. Then directories
-// present in both are descended into and take the staged mode, owner and
-// mtime; every other staged entry is renamed over target's, atomically per
-// entry, and the emptied staging directories are removed. target itself
-// keeps its own attributes. staging and target must be on one file system.
-// Place returns an error wrapping [errkind.FailedPrecondition] for a
+// present in both are descended into and take the staged mode and mtime,
+// and the staged owner when opts is privileged; every other staged entry
+// is renamed over target's, atomically per entry, and the emptied staging
+// directories are removed. target itself keeps its own attributes. staging
+// and target must be on one file system. Place returns an error wrapping [errkind.FailedPrecondition] for a
 // conflict, a target that is not a directory, or a missing parent.
-func Place(staging, target string) error {
+func Place(staging, target string, opts Options) error {
 	fi, err := os.Lstat(staging)
 	if err != nil {
 		return fmt.Errorf("place: %w", err)
@@ -696,7 +801,7 @@ func Place(staging, target string) error {
 	if err := checkConflicts(staging, target); err != nil {
 		return err
 	}
-	return merge(staging, target)
+	return merge(staging, target, opts)
 }
 
 // placeNew renames staging to target, which does not exist yet.
@@ -747,7 +852,7 @@ func checkConflicts(staging, target string) error {
 
 // merge moves the entries of the staging directory src into the existing
 // directory dst, then removes src.
-func merge(src, dst string) error {
+func merge(src, dst string, opts Options) error {
 	entries, err := os.ReadDir(src)
 	if err != nil {
 		return fmt.Errorf("place: %w", err)
@@ -756,7 +861,7 @@ func merge(src, dst string) error {
 		s, d := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
 		if e.IsDir() {
 			if fi, err := os.Lstat(d); err == nil && fi.IsDir() {
-				if err := mergeDir(s, d); err != nil {
+				if err := mergeDir(s, d, opts); err != nil {
 					return err
 				}
 				continue
@@ -773,20 +878,23 @@ func merge(src, dst string) error {
 }
 
 // mergeDir merges the staged directory src into dst and gives dst src's
-// owner, mode and mtime, after its contents so that the mtime sticks.
-func mergeDir(src, dst string) error {
+// mode and mtime (and owner when privileged), after its contents so that
+// the mtime sticks.
+func mergeDir(src, dst string, opts Options) error {
 	fi, err := os.Lstat(src)
 	if err != nil {
 		return fmt.Errorf("place: %w", err)
 	}
-	if err := merge(src, dst); err != nil {
+	if err := merge(src, dst, opts); err != nil {
 		return err
 	}
-	st := fi.Sys().(*syscall.Stat_t)
-	// Only root may give files away; others keep what they can.
-	err = os.Lchown(dst, int(st.Uid), int(st.Gid))
-	if err != nil && (os.Geteuid() == 0 || !errors.Is(err, unix.EPERM)) {
-		return fmt.Errorf("place: %w", err)
+	if opts.Privileged {
+		st := fi.Sys().(*syscall.Stat_t)
+		// Only root may give files away; others keep what they can.
+		err = os.Lchown(dst, int(st.Uid), int(st.Gid))
+		if err != nil && (os.Geteuid() == 0 || !errors.Is(err, unix.EPERM)) {
+			return fmt.Errorf("place: %w", err)
+		}
 	}
 	if err := os.Chmod(dst, fi.Mode()&modeBits); err != nil {
 		return fmt.Errorf("place: %w", err)

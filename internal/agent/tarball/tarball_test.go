@@ -150,7 +150,7 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Pack(%s) = %v", src, err)
 	}
-	unpacked, err := Unpack(t.Context(), bytes.NewReader(buf.Bytes()), dst)
+	unpacked, err := Unpack(t.Context(), bytes.NewReader(buf.Bytes()), dst, Options{Privileged: true})
 	if err != nil {
 		t.Fatalf("Unpack = %v", err)
 	}
@@ -253,6 +253,8 @@ type entry struct {
 	typ      byte
 	linkname string
 	body     string
+	mode     int64 // or 0 for 0644 (0755 for a directory)
+	uid, gid int
 }
 
 // archive builds a tar of entries.
@@ -261,9 +263,17 @@ func archive(t *testing.T, entries ...entry) []byte {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, e := range entries {
-		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Linkname: e.linkname, Mode: 0o644, Size: int64(len(e.body))}
-		if e.typ == tar.TypeDir {
+		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Linkname: e.linkname, Mode: e.mode, Size: int64(len(e.body)),
+			Uid: e.uid, Gid: e.gid}
+		switch {
+		case e.mode != 0:
+		case e.typ == tar.TypeDir:
 			hdr.Mode = 0o755
+		default:
+			hdr.Mode = 0o644
+		}
+		if e.typ == tar.TypeChar || e.typ == tar.TypeBlock {
+			hdr.Devmajor, hdr.Devminor = 1, 3 // /dev/null
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			t.Fatalf("setup: header %s: %v", e.name, err)
@@ -278,7 +288,20 @@ func archive(t *testing.T, entries ...entry) []byte {
 	return buf.Bytes()
 }
 
+// bothModes runs f as a subtest for a privileged and an unprivileged
+// Unpack.
+func bothModes(t *testing.T, f func(t *testing.T, opts Options)) {
+	t.Helper()
+	for _, opts := range []Options{{}, {Privileged: true}} {
+		t.Run(fmt.Sprintf("privileged=%v", opts.Privileged), func(t *testing.T) { f(t, opts) })
+	}
+}
+
 func TestUnpackRejects(t *testing.T) {
+	bothModes(t, testUnpackRejects)
+}
+
+func testUnpackRejects(t *testing.T, opts Options) {
 	for _, tc := range []struct {
 		name    string
 		entries []entry
@@ -288,14 +311,13 @@ func TestUnpackRejects(t *testing.T) {
 		{name: "climb", entries: []entry{{name: "a/../../x", typ: tar.TypeReg, body: "x"}}},
 		{name: "hardlink out", entries: []entry{{name: "l", typ: tar.TypeLink, linkname: "../outside"}}},
 		{name: "hardlink absolute", entries: []entry{{name: "l", typ: tar.TypeLink, linkname: "/etc/passwd"}}},
-		{name: "device", entries: []entry{{name: "null", typ: tar.TypeChar}}},
 		{name: "root as file", entries: []entry{{name: ".", typ: tar.TypeReg, body: "x"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := t.TempDir()
 			dst := filepath.Join(base, "x", "dst")
 			mustMkdir(t, dst)
-			_, err := Unpack(t.Context(), bytes.NewReader(archive(t, tc.entries...)), dst)
+			_, err := Unpack(t.Context(), bytes.NewReader(archive(t, tc.entries...)), dst, opts)
 			if !errors.Is(err, errkind.InvalidArgument) {
 				t.Errorf("Unpack(%+v) = %v, want %v", tc.entries, err, errkind.InvalidArgument)
 			}
@@ -305,6 +327,10 @@ func TestUnpackRejects(t *testing.T) {
 }
 
 func TestUnpackContainsSymlinks(t *testing.T) {
+	bothModes(t, testUnpackContainsSymlinks)
+}
+
+func testUnpackContainsSymlinks(t *testing.T, opts Options) {
 	base := t.TempDir()
 	for _, tc := range []struct {
 		name    string
@@ -320,7 +346,8 @@ func TestUnpackContainsSymlinks(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := filepath.Join(base, tc.name, "dst")
 			mustMkdir(t, dst)
-			if _, err := Unpack(t.Context(), bytes.NewReader(archive(t, tc.entries...)), dst); err == nil {
+			_, err := Unpack(t.Context(), bytes.NewReader(archive(t, tc.entries...)), dst, opts)
+			if err == nil && (opts.Privileged || tc.name != "fifo through") { // unprivileged, a fifo is skipped
 				t.Errorf("Unpack(%+v) = nil, want an error", tc.entries)
 			}
 			assertMissing(t, filepath.Join(base, "escape"), "/escape", filepath.Join(dst, "l"))
@@ -328,18 +355,37 @@ func TestUnpackContainsSymlinks(t *testing.T) {
 	}
 }
 
-func TestUnpackFollowsSymlinksInside(t *testing.T) {
-	dst := t.TempDir()
-	a := archive(t,
-		entry{name: "real/", typ: tar.TypeDir},
-		entry{name: "s", typ: tar.TypeSymlink, linkname: "real"},
-		entry{name: "s/f", typ: tar.TypeReg, body: "inside"},
-	)
-	if _, err := Unpack(t.Context(), bytes.NewReader(a), dst); err != nil {
-		t.Fatalf("Unpack = %v", err)
-	}
-	if b, err := os.ReadFile(filepath.Join(dst, "real/f")); err != nil || string(b) != "inside" {
-		t.Errorf("read real/f = %q, %v, want %q", b, err, "inside")
+// TestUnpackSymlinksInside: a privileged Unpack follows a symlink that
+// stays inside the directory; an unprivileged one refuses to.
+func TestUnpackSymlinksInside(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		entries []entry
+	}{
+		{name: "file", entries: []entry{{name: "s/f", typ: tar.TypeReg, body: "inside"}}},
+		{name: "dir", entries: []entry{{name: "s/d/", typ: tar.TypeDir}}},
+		{name: "hard link", entries: []entry{{name: "real/f", typ: tar.TypeReg, body: "inside"}, {name: "l", typ: tar.TypeLink, linkname: "s/f"}}},
+	} {
+		entries := append([]entry{{name: "real/", typ: tar.TypeDir}, {name: "s", typ: tar.TypeSymlink, linkname: "real"}}, tc.entries...)
+		t.Run(tc.name, func(t *testing.T) {
+			bothModes(t, func(t *testing.T, opts Options) {
+				dst := t.TempDir()
+				_, err := Unpack(t.Context(), bytes.NewReader(archive(t, entries...)), dst, opts)
+				if opts.Privileged {
+					if err != nil {
+						t.Errorf("Unpack(%+v, privileged) = %v, want nil", entries, err)
+					}
+					return
+				}
+				if !errors.Is(err, errkind.InvalidArgument) {
+					t.Errorf("Unpack(%+v) = %v, want %v", entries, err, errkind.InvalidArgument)
+				}
+				assertMissing(t, filepath.Join(dst, "real/d"), filepath.Join(dst, "l"))
+				if tc.name != "hard link" {
+					assertMissing(t, filepath.Join(dst, "real/f"))
+				}
+			})
+		})
 	}
 }
 
@@ -353,7 +399,7 @@ func TestUnpackDotNames(t *testing.T) {
 	if err := os.Chmod(dst, 0o700); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	st, err := Unpack(t.Context(), bytes.NewReader(a), dst)
+	st, err := Unpack(t.Context(), bytes.NewReader(a), dst, Options{})
 	if err != nil {
 		t.Fatalf("Unpack = %v", err)
 	}
@@ -382,7 +428,7 @@ func TestUnpackReplaces(t *testing.T) {
 		entry{name: "d/", typ: tar.TypeDir},
 		entry{name: "s", typ: tar.TypeReg, body: "was a symlink"},
 	)
-	if _, err := Unpack(t.Context(), bytes.NewReader(a), dst); err != nil {
+	if _, err := Unpack(t.Context(), bytes.NewReader(a), dst, Options{}); err != nil {
 		t.Fatalf("Unpack = %v", err)
 	}
 	for name, want := range map[string]string{"f": "new", "other": "keep", "d/kept": "kept", "s": "was a symlink"} {
@@ -416,7 +462,7 @@ func TestUnpackTruncated(t *testing.T) {
 		{name: "empty", data: nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Unpack(t.Context(), bytes.NewReader(tc.data), t.TempDir())
+			_, err := Unpack(t.Context(), bytes.NewReader(tc.data), t.TempDir(), Options{})
 			if !errors.Is(err, io.ErrUnexpectedEOF) {
 				t.Errorf("Unpack(%d of %d bytes) = %v, want %v", len(tc.data), len(whole), err, io.ErrUnexpectedEOF)
 			}
@@ -428,7 +474,7 @@ func TestUnpackCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	a := archive(t, entry{name: "f", typ: tar.TypeReg, body: "x"})
-	if _, err := Unpack(ctx, bytes.NewReader(a), t.TempDir()); !errors.Is(err, context.Canceled) {
+	if _, err := Unpack(ctx, bytes.NewReader(a), t.TempDir(), Options{}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Unpack(canceled) = %v, want %v", err, context.Canceled)
 	}
 }
@@ -440,7 +486,7 @@ func TestPlaceNew(t *testing.T) {
 	mustWrite(t, filepath.Join(staging, "d/f"), "f")
 	want := snapshot(t, staging)
 
-	if err := Place(staging, target); err != nil {
+	if err := Place(staging, target, Options{}); err != nil {
 		t.Fatalf("Place = %v", err)
 	}
 	if diff := cmp.Diff(want, snapshot(t, target)); diff != "" {
@@ -474,7 +520,7 @@ func TestPlaceMerge(t *testing.T) {
 		t.Fatalf("setup: %v", err)
 	}
 
-	if err := Place(staging, target); err != nil {
+	if err := Place(staging, target, Options{}); err != nil {
 		t.Fatalf("Place = %v", err)
 	}
 	for name, want := range map[string]string{
@@ -525,7 +571,7 @@ func TestPlaceConflicts(t *testing.T) {
 			tc.setup(t, staging, target)
 			wantTarget, wantStaging := snapshot(t, target), snapshot(t, staging)
 
-			if err := Place(staging, target); !errors.Is(err, errkind.FailedPrecondition) {
+			if err := Place(staging, target, Options{}); !errors.Is(err, errkind.FailedPrecondition) {
 				t.Errorf("Place = %v, want %v", err, errkind.FailedPrecondition)
 			}
 			if diff := cmp.Diff(wantTarget, snapshot(t, target)); diff != "" {
@@ -553,7 +599,7 @@ func TestPlaceErrors(t *testing.T) {
 		{name: "parent is a file", target: filepath.Join(file, "target")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := Place(staging, tc.target); !errors.Is(err, errkind.FailedPrecondition) {
+			if err := Place(staging, tc.target, Options{}); !errors.Is(err, errkind.FailedPrecondition) {
 				t.Errorf("Place(%s) = %v, want %v", tc.target, err, errkind.FailedPrecondition)
 			}
 		})

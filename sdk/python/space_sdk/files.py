@@ -344,7 +344,12 @@ class Files:
         return FileWatch(self._http.send(_watch_req(self._sb.id, path, recursive), stream=True))
 
     def read_tar(self, path: str) -> bytes:
-        """The directory as a tar archive."""
+        """The directory as a tar archive, as the sandbox sent it: owners,
+        setuid bits, fifos, devices and links included. To unpack it on
+        the host, treat it as hostile: ``tarfile`` with ``filter="data"``
+        (Python 3.12, 3.9.17+) drops owners, setuid/setgid/sticky bits and
+        group/other write, and refuses special files and names or links
+        that leave the directory."""
         return self._http.send(_tar_req(self._sb.id, path)).content
 
     def write_tar(self, path: str, archive: bytes, mkdir: bool = True) -> T.TarWritten:

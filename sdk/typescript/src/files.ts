@@ -180,7 +180,14 @@ export class Files {
     };
   }
 
-  /** readTar returns the directory's tree as a tar archive. */
+  /**
+   * readTar returns the directory's tree as a tar archive, as the sandbox
+   * sent it: owners, setuid bits, fifos, devices and links included. Treat
+   * it as hostile when unpacking it on the host (untar() returns only
+   * regular files with names that stay inside; elsewhere drop owners,
+   * setuid/setgid/sticky bits, special files and names that leave the
+   * directory, as `space file get -r` does).
+   */
   async readTar(path: string): Promise<Uint8Array> {
     return (await this.#http.send(this.#req("GET", "/files/tar", q(path), { accept: "application/x-tar" }))).body;
   }

@@ -62,7 +62,14 @@ function paxRecord(key: string, value: string): Uint8Array {
   return enc.encode(`${len}${body}`);
 }
 
-/** untar lists the regular files of a tar archive (for tests and small archives). */
+/**
+ * untar lists the regular files of a tar archive (for tests and small
+ * archives), by name relative to the archive's root. It keeps only names
+ * that stay below that root: absolute names and names with a ".." element
+ * (which a hostile sandbox may send) are left out, so joining a name to a
+ * directory stays inside it. Modes, owners, links, fifos and devices are
+ * not returned at all.
+ */
 export function untar(archive: Uint8Array): Map<string, Uint8Array> {
   const files = new Map<string, Uint8Array>();
   const dec = new TextDecoder();
@@ -81,9 +88,15 @@ export function untar(archive: Uint8Array): Map<string, Uint8Array> {
       const m = /\d+ path=([^\n]*)\n/.exec(dec.decode(data));
       if (m) longName = m[1];
     } else if (type === "0") {
-      files.set(name.replace(/^\.\//, ""), data);
+      const rel = name.replace(/^(\.\/)+/, "");
+      if (insideRoot(rel)) files.set(rel, data);
     }
     off += 512 + size + ((512 - (size % 512)) % 512);
   }
   return files;
+}
+
+/** insideRoot reports whether a relative archive name stays below the archive's root. */
+function insideRoot(name: string): boolean {
+  return name !== "" && !name.startsWith("/") && !name.includes("\0") && !name.split("/").includes("..");
 }

@@ -197,6 +197,17 @@ test("tar writes what untar reads, long names included", () => {
   assert.deepEqual([...files.get(long)!], [0, 255]);
 });
 
+test("untar leaves out names that leave the archive's root", () => {
+  const archive = tar([
+    { name: "ok.txt", data: "ok" },
+    { name: "../escape", data: "x" },
+    { name: "/etc/passwd", data: "x" },
+    { name: "a/../../up", data: "x" },
+    { name: "./sub/in.txt", data: "in" },
+  ]);
+  assert.deepEqual([...untar(archive).keys()], ["ok.txt", "sub/in.txt"]);
+});
+
 test("src/schema.ts is what openapi-typescript makes of api/openapi.yaml", () => {
   const dir = mkdtempSync(join(tmpdir(), "space-sdk-gen-"));
   try {
