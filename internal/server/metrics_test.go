@@ -2,12 +2,15 @@ package server
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"space/api"
 	"space/internal/metricstest"
@@ -37,16 +40,28 @@ func get(t *testing.T, url, accept string) (int, string, string) {
 	return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
 }
 
+// failing is a collector whose every collection fails (a store that is
+// down).
+type failing struct{ desc *prometheus.Desc }
+
+func (f failing) Describe(ch chan<- *prometheus.Desc) { ch <- f.desc }
+func (f failing) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.NewInvalidMetric(f.desc, errors.New("store is down"))
+}
+
 // TestMetricsListener checks the metrics listener: none without an
 // address; with one, the Go runtime's and the process's metrics in the
 // Prometheus text format by default and in OpenMetrics when the scraper
-// asks for it; nothing but /metrics.
+// asks for it, and still when a collector fails (which is counted);
+// nothing but /metrics.
 func TestMetricsListener(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	if ml, err := listenMetrics("", newRegistry(), log); ml != nil || err != nil {
 		t.Errorf(`listenMetrics("") = %v, %v; want nil, nil`, ml, err)
 	}
-	ml, err := listenMetrics("127.0.0.1:0", newRegistry(), log)
+	reg := newRegistry()
+	reg.MustRegister(failing{prometheus.NewDesc("space_test_failing", "Fails.", nil, nil)})
+	ml, err := listenMetrics("127.0.0.1:0", reg, log)
 	if err != nil {
 		t.Fatalf("listenMetrics() = %v", err)
 	}
@@ -60,6 +75,11 @@ func TestMetricsListener(t *testing.T) {
 		if _, ok := fams.Value(name, nil); !ok {
 			t.Errorf("scrape: no %s", name)
 		}
+	}
+	// This scrape's failure is counted in the next one.
+	fams = metricstest.Scrape(t, ml.url)
+	if got, _ := fams.Value("promhttp_metric_handler_errors_total", map[string]string{"cause": "gathering"}); got < 1 {
+		t.Errorf("promhttp_metric_handler_errors_total{cause=gathering} = %v, want at least 1 (a collector failed)", got)
 	}
 	code, ct, body := get(t, ml.url, "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")
 	if code != 200 || !strings.HasPrefix(ct, "application/openmetrics-text") || !strings.HasSuffix(body, "# EOF\n") {
