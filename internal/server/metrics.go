@@ -52,7 +52,8 @@ func listenMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (*me
 		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		// promhttp_metric_handler_errors_total counts those failures.
 		Registry: reg,
-		// Scrapes are cheap but not free: a runaway scraper waits.
+		// Scrapes are cheap but not free: past 4 at once, a scraper
+		// is answered 503 (the store is asked once per scrape).
 		MaxRequestsInFlight: 4,
 		Timeout:             30 * time.Second,
 	}))
