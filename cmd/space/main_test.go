@@ -105,3 +105,17 @@ func TestRunKeepsCommandFlags(t *testing.T) {
 		t.Errorf("run(run ... uname -a) = %v, want the agent-not-found error", err)
 	}
 }
+
+// TestMetricsListenFlag checks that both host processes take
+// --metrics-listen and say it needs a private address.
+func TestMetricsListenFlag(t *testing.T) {
+	for _, cmd := range []string{"server", "worker"} {
+		g, stdout, _ := newTestGlobals(t, nil)
+		if _, err := run(t.Context(), g, []string{cmd, "--help"}); err != nil {
+			t.Fatalf("run(%s --help) = %v", cmd, err)
+		}
+		if out := stdout.String(); !strings.Contains(out, "--metrics-listen address") || !strings.Contains(out, "private address") {
+			t.Errorf("run(%s --help) = %q, want --metrics-listen address ... private address", cmd, out)
+		}
+	}
+}

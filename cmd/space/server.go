@@ -38,6 +38,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		reclaimIdle                                 time.Duration
 		egress                                      server.Egress
 		e2bListen, e2bDomain, e2bCert, e2bKey       string
+		metricsListen                               string
 	)
 	c := &cobra.Command{
 		Use:   "server",
@@ -107,7 +108,7 @@ server stops, and the next start re-adopts them.`,
 			}
 			return server.Run(cmd.Context(), server.Config{
 				E2B:     e2bCfg,
-				DataDir: dataDir, Listen: listen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
+				DataDir: dataDir, Listen: listen, MetricsListen: metricsListen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				DefaultCheckpoints: defaultCheckpoints, DefaultTimeout: timeout, DefaultOnTimeout: onTimeout, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter,
@@ -118,6 +119,7 @@ server stops, and the next start re-adopts them.`,
 	}
 	f := c.Flags()
 	f.StringVar(&listen, "listen", server.DefaultListen, "`address` the API listens on")
+	metricsFlag(f, &metricsListen)
 	f.StringVar(&storeURL, "store", "", "PostgreSQL `URL` for the state (default: SQLite in the data dir; env SPACE_STORE_URL)")
 	f.BoolVar(&noWorker, "no-worker", false, "run no embedded worker: sandboxes run on standalone workers only (replicas on PostgreSQL)")
 	f.StringVar(&tokenFile, "worker-token-file", "", "read the worker token from `FILE` (default DATA_DIR/worker.token, made on the first start; replicas share one; env SPACE_WORKER_TOKEN)")
@@ -204,6 +206,7 @@ func checkVMMFlag(v vmmFlags) error {
 func newWorkerCmd(g *globals) *cobra.Command {
 	var (
 		controlPlane, token, tokenFile, listen, advertise, agent, id string
+		metricsListen                                                string
 		discovery, kubeNamespace, kubeconfig, guestKernel            string
 		chunks                                                       chunkFlags
 		vmm                                                          vmmFlags
@@ -263,7 +266,7 @@ host, each with its own --data-dir, --listen and --id.`,
 				return usagef("no cache directory: pass --cache DIR or set SPACE_CACHE_DIR")
 			}
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
-				ID: id, DataDir: dataDir, Listen: listen, Advertise: advertise, ControlPlane: controlPlane,
+				ID: id, DataDir: dataDir, Listen: listen, MetricsListen: metricsListen, Advertise: advertise, ControlPlane: controlPlane,
 				Discovery: discovery, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig,
 				Token: token, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel, VCPUs: vcpus, MemoryMiB: memory, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
@@ -278,6 +281,7 @@ host, each with its own --data-dir, --listen and --id.`,
 	f.StringVar(&token, "token", "", "the control plane's worker `token`")
 	f.StringVar(&tokenFile, "token-file", "", "read the worker token from `FILE`")
 	f.StringVar(&listen, "listen", server.DefaultWorkerListen, "`address` the worker API listens on")
+	metricsFlag(f, &metricsListen)
 	f.StringVar(&advertise, "advertise", "", "`URL` the control plane reaches this worker at (default: https://LISTEN; the worker serves TLS with a certificate the worker token vouches for)")
 	f.StringVar(&id, "id", "", "worker `ID` (default: the one recorded in the data dir, or a new random one on the first start)")
 	chunksFlag(f, &chunks, "; the server's, to share its snapshots")
@@ -441,4 +445,9 @@ func reclaimAfter(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// metricsFlag adds --metrics-listen.
+func metricsFlag(f *pflag.FlagSet, addr *string) {
+	f.StringVar(addr, "metrics-listen", "", "`address` serving Prometheus /metrics on a listener of its own, with no API key: bind it to a private address, e.g. 10.0.0.5:9090 (default: none; docs/operations.md)")
 }

@@ -30,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"space/api"
 	"space/internal/checkpoint"
 	"space/internal/dataplane"
@@ -142,6 +144,9 @@ type Config struct {
 	// replica knows its earlier life's claims for dead); "" = a random
 	// one.
 	ReplicaID string
+	// Metrics is where New registers the control plane's Prometheus
+	// metrics (metrics.go); nil = they are kept but not exported.
+	Metrics prometheus.Registerer
 	// Log receives events; nil = discard.
 	Log *slog.Logger
 	// Now is the clock; nil = time.Now.
@@ -180,6 +185,7 @@ type Server struct {
 	expiries *expiryHints
 	// elector decides which replica does the background work (Run).
 	elector leader.Elector
+	metrics *metrics
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -286,6 +292,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	s.elector = e
+	reg := cfg.Metrics
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if s.metrics, err = newMetrics(reg, cfg.Store); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
 	if cfg.WorkerToken != "" {
 		var err error
 		if s.sealer, err = dataplane.NewSealer(cfg.WorkerToken); err != nil {
@@ -532,7 +545,8 @@ func (s *Server) Routes() []string {
 	return out
 }
 
-// Handler returns the public API.
+// Handler returns the public API. Every request is counted and timed
+// (metrics.go) by its route's template, never its path.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	allowed := map[string][]string{} // path -> methods
@@ -541,28 +555,29 @@ func (s *Server) Handler() http.Handler {
 		if !rt.public {
 			h = s.authenticate(h)
 		}
-		mux.HandleFunc(rt.method+" "+rt.path, h)
+		mux.HandleFunc(rt.method+" "+rt.path, s.metrics.instrument(rt.path, rt.method, h))
 		allowed[rt.path] = append(allowed[rt.path], rt.method)
 	}
 	for path, methods := range allowed {
 		allow := strings.Join(methods, ", ")
-		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+		mux.HandleFunc(path, s.metrics.instrument(path, "", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
 			httpapi.WriteJSON(w, http.StatusMethodNotAllowed, api.Error{Error: api.ErrorBody{
 				Code: api.CodeInvalidArgument, Message: fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, path, allow)}})
-		})
+		})))
 	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/", s.metrics.instrument(routeOther, "", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errkind.NotFound))
-	})
+	})))
 	if s.plane == nil {
 		return mux
 	}
+	plane := s.metrics.instrument(routeDataPlane, "", s.plane)
 	// A data-plane token is served without the database: the sandbox
 	// and its worker are in the token.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if dataplane.HasToken(r) {
-			s.plane.ServeHTTP(w, r)
+			plane(w, r)
 			return
 		}
 		mux.ServeHTTP(w, r)

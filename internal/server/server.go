@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 
@@ -79,6 +80,12 @@ type Config struct {
 	DataDir string
 	// Listen is the API's address; "" = DefaultListen.
 	Listen string
+	// MetricsListen is where /metrics is served (Prometheus text and
+	// OpenMetrics; docs/operations.md), on a listener of its own, never
+	// the API's: scrapers present no API key, and the API's port is
+	// often public while this one belongs on a private address. "" = not
+	// served.
+	MetricsListen string
 	// CacheBase is the artifact cache's base directory (kernel, rootfs).
 	// Required.
 	CacheBase string
@@ -209,6 +216,9 @@ type Config struct {
 	// kube, if set, is the API server of DiscoveryKubernetes instead of
 	// Kubeconfig's (tests: a fake one).
 	kube kubernetes.Interface
+	// metricsReady, if set, is called with the metrics' URL once they
+	// are served (tests).
+	metricsReady func(url string)
 }
 
 // Run starts the control plane and its embedded worker and serves until
@@ -247,6 +257,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if progress == nil {
 		progress = io.Discard
 	}
+	reg := newRegistry()
 	// First, so a wrong location, endpoint or credentials fail the start
 	// before anything is made.
 	chunks, err := openChunks(ctx, cfg.Chunks, cfg.DataDir, cfg.Log)
@@ -304,7 +315,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter,
-			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
+			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress, Metrics: reg,
 		})
 		if err != nil {
 			return err
@@ -344,6 +355,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints, RecoverAfter: cfg.RecoverAfter,
+		Metrics: reg,
 	})
 	if err != nil {
 		return err
@@ -395,6 +407,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		fmt.Fprintf(progress, "space: created the first admin key in %s\n", keyPath)
 	}
 
+	ml, err := listenMetrics(cfg.MetricsListen, reg, cfg.Log)
+	if err != nil {
+		return err
+	}
+	if ml != nil {
+		defer ml.ln.Close()
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -417,11 +436,20 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 		fmt.Fprintf(progress, "space: serving the E2B API on %s (domain %q)\n", e2bURL, cfg.E2B.Domain)
 	}
+	if ml != nil {
+		fmt.Fprintf(progress, "space: serving metrics on %s\n", ml.url)
+		if cfg.metricsReady != nil {
+			cfg.metricsReady(ml.url)
+		}
+	}
 	if cfg.Ready != nil {
 		cfg.Ready(url)
 	}
 	background := func(ctx context.Context) error {
 		var wg sync.WaitGroup
+		if ml != nil {
+			wg.Go(func() { ml.serve(ctx, cfg.Log) })
+		}
 		if cfg.Prewarm && w != nil {
 			wg.Go(func() {
 				l := controlplane.DefaultLimits
@@ -610,6 +638,7 @@ type workerConfig struct {
 	ChunkStore             string // names Chunks (worker.Config.ChunkStore)
 	Fencing                bool   // worker.Config.Fencing: a standalone worker
 	CrashAt                string
+	Metrics                prometheus.Registerer // worker.Config.Metrics; or nil
 	Log                    *slog.Logger
 }
 
@@ -684,7 +713,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		Cgroups:   cg, RunRoot: wc.Host.RunRoot, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, ReclaimIdleAfter: wc.ReclaimIdleAfter, Chunks: wc.Chunks,
 		ChunkStore: wc.ChunkStore, Fencing: wc.Fencing, EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
-		VMM: info,
+		VMM: info, Metrics: wc.Metrics,
 	})
 	if err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -40,6 +41,9 @@ type WorkerConfig struct {
 	DataDir string
 	// Listen is the worker API's address; "" = DefaultWorkerListen.
 	Listen string
+	// MetricsListen is as in Config: where /metrics is served, off the
+	// worker API's port; "" = not served.
+	MetricsListen string
 	// Advertise is the URL the control plane reaches the worker at; "" =
 	// https://<the listening address>. The worker serves TLS with a
 	// certificate the token vouches for (package workertls), so it is
@@ -99,6 +103,8 @@ type WorkerConfig struct {
 	// kube, if set, is the API server of DiscoveryKubernetes instead of
 	// Kubeconfig's (tests: a fake one).
 	kube kubernetes.Interface
+	// metricsReady is as in Config.
+	metricsReady func(url string)
 }
 
 // RunWorker runs a standalone worker: it recovers its sandboxes, serves
@@ -158,6 +164,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if err != nil {
 		return err
 	}
+	reg := newRegistry()
 	fmt.Fprintln(progress, "space: preparing the default template")
 	img, err := templateImages(ctx, cfg.VMM, cfg.CacheBase, cfg.AgentPath, cfg.GuestKernel, cfg.Log)
 	if err != nil {
@@ -167,7 +174,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
 		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
-		Fencing: true,
+		Fencing: true, Metrics: reg,
 	})
 	if err != nil {
 		return err
@@ -176,6 +183,13 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	tlsCfg, err := workertls.Server(cfg.Token)
 	if err != nil {
 		return fmt.Errorf("worker TLS: %v: %w", err, errkind.InvalidArgument)
+	}
+	ml, err := listenMetrics(cfg.MetricsListen, reg, cfg.Log)
+	if err != nil {
+		return err
+	}
+	if ml != nil {
+		defer ml.ln.Close()
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -229,6 +243,20 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		background = func(ctx context.Context) error {
 			reg.run(ctx)
 			return nil
+		}
+	}
+	if ml != nil {
+		fmt.Fprintf(progress, "space: serving metrics on %s\n", ml.url)
+		if cfg.metricsReady != nil {
+			cfg.metricsReady(ml.url)
+		}
+		run := background
+		background = func(ctx context.Context) error {
+			var wg sync.WaitGroup
+			wg.Go(func() { ml.serve(ctx, cfg.Log) })
+			err := run(ctx)
+			wg.Wait()
+			return err
 		}
 	}
 	if cfg.Ready != nil {

@@ -132,6 +132,10 @@ type SandboxIndex interface {
 	// for a caller that proved its right to the sandbox by other means
 	// than a team's key (a token bound to the ID).
 	SandboxByID(ctx context.Context, id string) (Sandbox, error)
+	// CountSandboxes returns how many sandboxes of every team are in
+	// each state; a state no sandbox is in is absent. For metrics: one
+	// aggregate query, however many sandboxes there are.
+	CountSandboxes(ctx context.Context) (map[SandboxState]int, error)
 }
 
 // Snapshots manages snapshot records on behalf of one team at a time. A

@@ -68,7 +68,8 @@ var ErrNotRunning = fmt.Errorf("sandbox is not running: %w", errkind.FailedPreco
 // CreateFromSnapshot), with the granted secrets' values, and returns
 // once its agent answers. On error nothing of it remains. The record is
 // durable before Create returns.
-func (w *Worker) Create(ctx context.Context, req CreateRequest) (Info, error) {
+func (w *Worker) Create(ctx context.Context, req CreateRequest) (inf Info, err error) {
+	defer func(start time.Time) { w.metrics.observeCreate(start, inf, err) }(time.Now())
 	if err := w.checkServing("create " + req.ID); err != nil {
 		return Info{}, err
 	}

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"space/api"
 	"space/internal/agent/client"
 	"space/internal/cgroup"
@@ -128,6 +130,9 @@ type Config struct {
 	// VMM describes Driver for the worker's capabilities (Status); the
 	// zero value says nothing of it.
 	VMM VMMInfo
+	// Metrics is where New registers the worker's Prometheus metrics
+	// (metrics.go); nil = they are kept but not exported.
+	Metrics prometheus.Registerer
 	// Log receives the worker's events; nil = discard.
 	Log *slog.Logger
 }
@@ -179,6 +184,7 @@ type Worker struct {
 	// lease serializes Lease calls: their removals and the epoch file.
 	lease     sync.Mutex
 	fenceKick chan struct{} // wakes the fence loop (see fence.go)
+	metrics   *metrics
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -253,7 +259,7 @@ func New(cfg Config) (*Worker, error) {
 		}
 		cfg.Secrets = box
 	}
-	return &Worker{
+	w := &Worker{
 		cfg:       cfg,
 		log:       cfg.Log.With("component", "worker", "worker_id", cfg.ID),
 		sandboxes: make(map[string]*sbx),
@@ -261,7 +267,16 @@ func New(cfg Config) (*Worker, error) {
 		pools:     make(map[string]poolTarget),
 		poolKick:  make(chan struct{}, 1),
 		fenceKick: make(chan struct{}, 1),
-	}, nil
+	}
+	reg := cfg.Metrics
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	var err error
+	if w.metrics, err = w.newMetrics(reg); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	return w, nil
 }
 
 // ID returns the worker's ID.

@@ -523,6 +523,30 @@ func (s *Store) SandboxesByWorker(ctx context.Context, workerID string) ([]store
 	return sbs, nil
 }
 
+// CountSandboxes implements [store.SandboxIndex].
+func (s *Store) CountSandboxes(ctx context.Context) (map[store.SandboxState]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT state, count(*) FROM sandboxes GROUP BY state`)
+	if err != nil {
+		return nil, fmt.Errorf("count sandboxes: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[store.SandboxState]int)
+	for rows.Next() {
+		var (
+			state string
+			n     int
+		)
+		if err := rows.Scan(&state, &n); err != nil {
+			return nil, fmt.Errorf("count sandboxes: %w", err)
+		}
+		out[store.SandboxState(state)] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count sandboxes: %w", err)
+	}
+	return out, nil
+}
+
 // ExpiredSandboxes implements [store.SandboxIndex].
 func (s *Store) ExpiredSandboxes(ctx context.Context, now time.Time) ([]store.Sandbox, error) {
 	sbs, err := s.querySandboxes(ctx, nil, `WHERE expires IS NOT NULL AND expires <= $1 AND state <> $2 ORDER BY expires, id`,

@@ -612,6 +612,14 @@ func testByWorkerAndExpired(t *testing.T, h Harness) {
 	if diff := cmp.Diff([]string{d, a, b, c}, ids(got)); diff != "" {
 		t.Errorf("ExpiredSandboxes(now+1s) (-want +got):\n%s", diff)
 	}
+	counts, err := s.CountSandboxes(ctx)
+	if err != nil {
+		t.Fatalf("CountSandboxes() = %v", err)
+	}
+	want := map[store.SandboxState]int{store.StateRunning: 4, store.StateCreating: 1, store.StateDeleted: 1}
+	if diff := cmp.Diff(want, counts); diff != "" {
+		t.Errorf("CountSandboxes() (-want +got):\n%s", diff)
+	}
 }
 
 func testWorkers(t *testing.T, h Harness) {

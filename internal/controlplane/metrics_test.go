@@ -1,0 +1,220 @@
+package controlplane
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"space/internal/metricstest"
+	"space/internal/store"
+)
+
+// scrapeURL serves reg's metrics as the server process does and returns
+// their URL.
+func scrapeURL(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true}))
+	t.Cleanup(srv.Close)
+	return srv.URL + "/metrics"
+}
+
+// TestAPIMetrics drives the API and reads the metrics back through the
+// exposition format: requests are counted and timed by their route's
+// template (never a path, so never a sandbox ID), unknown routes and
+// methods fall into bounded labels, sandboxes are counted by state, and
+// the lint finds nothing.
+func TestAPIMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, _, do := configuredServer(t, &failsNthCreate{}, Config{Metrics: reg})
+	sb := mustCreate(t, do)
+	mustCreate(t, do)
+	for _, c := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/v1/sandboxes/" + sb.ID, 200},
+		{"GET", "/v1/sandboxes/" + sb.ID, 200},
+		{"GET", "/v1/sandboxes/sbx_00000000000000000000000000", 404},
+		{"DELETE", "/v1/sandboxes/" + sb.ID, 204},
+		{"GET", "/v1/no/such/route/sbx_" + sb.ID, 404},
+		{"PATCH", "/v1/sandboxes/" + sb.ID, 405},
+		{"BREW", "/v1/sandboxes/" + sb.ID, 405},
+	} {
+		if code, body := do(c.method, c.path, ""); code != c.want {
+			t.Fatalf("setup: %s %s = %d %s, want %d", c.method, c.path, code, body, c.want)
+		}
+	}
+	// Refused without a key: counted too.
+	unauth := httptest.NewRecorder()
+	s.Handler().ServeHTTP(unauth, httptest.NewRequest("GET", "/v1/sandboxes", nil))
+	if unauth.Code != 401 {
+		t.Fatalf("setup: GET /v1/sandboxes without a key = %d, want 401", unauth.Code)
+	}
+	fams := metricstest.Scrape(t, scrapeURL(t, reg))
+
+	for _, c := range []struct {
+		labels map[string]string
+		want   float64
+	}{
+		{map[string]string{"route": "/v1/sandboxes", "method": "POST", "code": "201"}, 2},
+		{map[string]string{"route": "/v1/sandboxes/{id}", "method": "GET", "code": "200"}, 2},
+		{map[string]string{"route": "/v1/sandboxes/{id}", "method": "GET", "code": "404"}, 1},
+		{map[string]string{"route": "/v1/sandboxes/{id}", "method": "DELETE", "code": "204"}, 1},
+		{map[string]string{"route": "/v1/sandboxes/{id}", "method": "PATCH", "code": "405"}, 1},
+		{map[string]string{"route": "/v1/sandboxes/{id}", "method": "other", "code": "405"}, 1},
+		{map[string]string{"route": "other", "method": "GET", "code": "404"}, 1},
+		{map[string]string{"route": "/v1/sandboxes", "method": "GET", "code": "401"}, 1},
+	} {
+		if got, _ := fams.Value("space_api_requests_total", c.labels); got != c.want {
+			t.Errorf("space_api_requests_total%v = %v, want %v", c.labels, got, c.want)
+		}
+	}
+	if got, _ := fams.Value("space_api_request_duration_seconds", map[string]string{"route": "/v1/sandboxes/{id}", "method": "GET"}); got != 3 {
+		t.Errorf("space_api_request_duration_seconds{/v1/sandboxes/{id},GET} count = %v, want 3", got)
+	}
+	// The store says: one running (the other was deleted, its record
+	// gone), and every other state 0.
+	for state, want := range map[string]float64{"running": 1, "creating": 0, "failed": 0, "suspended": 0} {
+		if got, ok := fams.Value("space_sandboxes", map[string]string{"state": state}); !ok || got != want {
+			t.Errorf("space_sandboxes{state=%q} = %v (present %v), want %v", state, got, ok, want)
+		}
+	}
+	if _, ok := fams.Value("space_sandboxes", map[string]string{"state": "deleted"}); ok {
+		t.Errorf("space_sandboxes{state=deleted} is reported; tombstones are not sandboxes")
+	}
+	for _, l := range fams.Labels() {
+		if strings.Contains(l, "sbx_") || strings.Contains(l, sb.ID) {
+			t.Errorf("label %q carries a sandbox ID", l)
+		}
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatalf("GatherAndLint() = %v", err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+// TestInstrumentKeepsUpgradesAndStreams checks that a handler behind the
+// metrics' ResponseWriter still upgrades to a WebSocket (it hijacks the
+// connection) and still streams (it flushes and reads while it writes,
+// through http.ResponseController), and that both are counted.
+func TestInstrumentKeepsUpgradesAndStreams(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := newMetrics(reg, noSandboxes{})
+	if err != nil {
+		t.Fatalf("newMetrics() = %v", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /ws", m.instrument("/ws", "GET", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return // Accept answered the client
+		}
+		defer c.CloseNow()
+		typ, b, err := c.Read(r.Context())
+		if err != nil {
+			return
+		}
+		c.Write(r.Context(), typ, b)
+		c.Close(websocket.StatusNormalClosure, "")
+	})))
+	mux.Handle("POST /stream", m.instrument("/stream", "POST", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if err := rc.EnableFullDuplex(); err != nil {
+			http.Error(w, "full duplex: "+err.Error(), 500)
+			return
+		}
+		w.Write([]byte("first\n"))
+		if err := rc.Flush(); err != nil {
+			http.Error(w, "flush: "+err.Error(), 500)
+			return
+		}
+		if _, ok := w.(http.Flusher); !ok {
+			http.Error(w, "no http.Flusher", 500)
+			return
+		}
+		b := make([]byte, 5)
+		n, _ := r.Body.Read(b)
+		w.Write(b[:n])
+	})))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	ctx := t.Context()
+	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http")+"/ws", nil)
+	if err != nil {
+		t.Fatalf("websocket.Dial() = %v", err)
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		t.Fatalf("Write() = %v", err)
+	}
+	if _, b, err := c.Read(ctx); err != nil || string(b) != "ping" {
+		t.Errorf("Read() = %q, %v; want the echo", b, err)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+
+	resp, err := http.Post(srv.URL+"/stream", "text/plain", strings.NewReader("hello"))
+	if err != nil {
+		t.Fatalf("POST /stream = %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "first\nhello" {
+		t.Errorf("POST /stream = %d %q, want 200 \"first\\nhello\"", resp.StatusCode, body)
+	}
+
+	// The WebSocket handler returns after the client's close, which the
+	// client has waited for; the stream's after its body, read above.
+	fams := metricstest.Scrape(t, scrapeURL(t, reg))
+	for _, c := range []map[string]string{
+		{"route": "/ws", "method": "GET", "code": "101"},
+		{"route": "/stream", "method": "POST", "code": "200"},
+	} {
+		if got, _ := fams.Value("space_api_requests_total", c); got != 1 {
+			t.Errorf("space_api_requests_total%v = %v, want 1", c, got)
+		}
+	}
+}
+
+// noSandboxes is a store with no sandboxes.
+type noSandboxes struct{}
+
+func (noSandboxes) CountSandboxes(context.Context) (map[store.SandboxState]int, error) {
+	return nil, nil
+}
+
+// BenchmarkInstrument measures what the metrics add to a request: a
+// status recorder, a counter increment and a histogram observation.
+func BenchmarkInstrument(b *testing.B) {
+	m, err := newMetrics(prometheus.NewRegistry(), noSandboxes{})
+	if err != nil {
+		b.Fatalf("newMetrics() = %v", err)
+	}
+	bare := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	for _, bc := range []struct {
+		name string
+		h    http.Handler
+	}{
+		{"bare", bare},
+		{"instrumented", m.instrument("/v1/sandboxes/{id}", "GET", bare)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			req := httptest.NewRequest("GET", "/v1/sandboxes/x", nil)
+			w := httptest.NewRecorder()
+			b.ReportAllocs()
+			for b.Loop() {
+				bc.h.ServeHTTP(w, req)
+			}
+		})
+	}
+}
