@@ -181,6 +181,12 @@ func readImage(dir, name string) (Image, error) {
 	return img, nil
 }
 
+// imageDomain is the chunk store's dedup domain of base images: a domain
+// of their own, apart from every team's snapshots (see the chunkstore
+// package doc). A base image is shared by name with every build of the
+// same base, whoever runs it.
+const imageDomain = "platform/base-images"
+
 // store puts the image into the chunk store unless it is there already.
 func (im *Images) store(ctx context.Context, dir, name string) error {
 	if im.Chunks == nil {
@@ -195,7 +201,7 @@ func (im *Images) store(ctx context.Context, dir, name string) error {
 	_, st, err := im.Chunks.Put(ctx, name, []chunkstore.File{
 		{Name: imageFile, Path: filepath.Join(dir, imageFile)},
 		{Name: configFile, Path: filepath.Join(dir, configFile)},
-	}, chunkstore.PutOptions{})
+	}, chunkstore.PutOptions{Domain: imageDomain})
 	if err != nil {
 		return err
 	}
