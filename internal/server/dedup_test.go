@@ -106,3 +106,13 @@ func checkDedupPerTeam(t *testing.T, ts *testServer, req api.CreateSandbox, path
 	}
 	return p
 }
+
+// TestSnapshotDedupPerTeamVM is the probe on real VMs, whose snapshots
+// hold the guest's memory and disk, as issue 36 ran it. Its log shows
+// what per-team domains cost: a team's first snapshot no longer shares
+// the template's pages with other teams' snapshots.
+func TestSnapshotDedupPerTeamVM(t *testing.T) {
+	ts := startServerWith(t, Config{})
+	ts.deleteAllOnCleanup(t)
+	checkDedupPerTeam(t, ts, api.CreateSandbox{MemoryMiB: 512}, "/root/blob")
+}
