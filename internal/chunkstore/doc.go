@@ -62,7 +62,10 @@
 // Manifests written before domains existed have none (the legacy domain
 // ""): their digests are the unkeyed BLAKE3-256 (Sum), and they restore
 // and keep their chunks through GC as before. Put never writes the legacy
-// domain, so nothing new is named there.
+// domain, so nothing new is named there. Binaries from before domains
+// refuse a manifest that has one (ErrCorrupt: an unknown field), and
+// their GC then deletes nothing: upgrade every process sharing a backend
+// before relying on old ones to restore new snapshots.
 //
 // The cost: content shared by several tenants (a template's pages, the
 // same base files) is stored once per tenant instead of once.
