@@ -112,6 +112,7 @@ func checkDedupPerTeam(t *testing.T, ts *testServer, req api.CreateSandbox, path
 // what per-team domains cost: a team's first snapshot no longer shares
 // the template's pages with other teams' snapshots.
 func TestSnapshotDedupPerTeamVM(t *testing.T) {
+	testenv.RequireSlow(t) // four VMs, 1-4 minutes under TCG
 	ts := startServerWith(t, Config{})
 	ts.deleteAllOnCleanup(t)
 	checkDedupPerTeam(t, ts, api.CreateSandbox{MemoryMiB: 512}, "/root/blob")
