@@ -30,6 +30,11 @@ func CheckDomain(domain string) error {
 	return nil
 }
 
+// TeamDomain returns the dedup domain of team's snapshots (and of
+// whatever else is the team's own, such as a base image made from its
+// build context).
+func TeamDomain(team string) string { return "team/" + team }
+
 // SumIn returns the digest of b in dedup domain domain: the BLAKE3-256
 // of b keyed with the domain's key, or, for the legacy domain "", Sum(b).
 // Chunks of one domain are named by SumIn of that domain (see the package

@@ -126,7 +126,7 @@ func dedupDomain(team, sandboxID string) string {
 	if team == "" {
 		return "sandbox/" + sandboxID
 	}
-	return "team/" + team
+	return chunkstore.TeamDomain(team)
 }
 
 // putChunks stores the snapshot's files and its info as manifest info.ID
