@@ -107,7 +107,7 @@ func TestDefaultChunksFollowDirtyPages(t *testing.T) {
 	const data = 17*mib + 5
 	sparseFile(t, p, 18*mib+123, 0, randomBytes(1, data))
 	files := []chunkstore.File{{Name: "mem", Path: p}}
-	parent, st, err := s.Put(t.Context(), "p", files, chunkstore.PutOptions{})
+	parent, st, err := s.Put(t.Context(), "p", files, chunkstore.PutOptions{Domain: "test"})
 	if err != nil {
 		t.Fatalf("Put(p) = %v", err)
 	}
@@ -120,7 +120,7 @@ func TestDefaultChunksFollowDirtyPages(t *testing.T) {
 	for i, r := range dirty {
 		chunkstoretest.Overwrite(t, p, r.Off, randomBytes(byte(10+i), int(r.Len)))
 	}
-	c, st, err := s.Put(t.Context(), "c", files, chunkstore.PutOptions{Parent: &parent, Dirty: map[string][]chunkstore.Range{"mem": dirty}})
+	c, st, err := s.Put(t.Context(), "c", files, chunkstore.PutOptions{Domain: "test", Parent: &parent, Dirty: map[string][]chunkstore.Range{"mem": dirty}})
 	if err != nil {
 		t.Fatalf("Put(c) = %v", err)
 	}
@@ -145,7 +145,7 @@ func TestParentOfOtherChunkSize(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "mem")
 	sparseFile(t, p, 3*mib, 0, randomBytes(2, 2*mib))
 	files := []chunkstore.File{{Name: "mem", Path: p}}
-	parent, _, err := old.Put(ctx, "p", files, chunkstore.PutOptions{})
+	parent, _, err := old.Put(ctx, "p", files, chunkstore.PutOptions{Domain: "test"})
 	if err != nil {
 		t.Fatalf("Put(p) with 1 MiB chunks = %v", err)
 	}
@@ -155,7 +155,7 @@ func TestParentOfOtherChunkSize(t *testing.T) {
 	if err := old.Delete(ctx, "p"); err != nil {
 		t.Fatalf("Delete(p) = %v", err)
 	}
-	c, st, err := cur.Put(ctx, "c", files, chunkstore.PutOptions{Parent: &parent, Dirty: map[string][]chunkstore.Range{"mem": nil}})
+	c, st, err := cur.Put(ctx, "c", files, chunkstore.PutOptions{Domain: "test", Parent: &parent, Dirty: map[string][]chunkstore.Range{"mem": nil}})
 	if err != nil {
 		t.Fatalf("Put(c) with a 1 MiB parent and %d-byte chunks = %v", cur.ChunkSize(), err)
 	}
@@ -179,10 +179,10 @@ func TestMixedChunkSizes(t *testing.T) {
 	po, pc := filepath.Join(dir, "old"), filepath.Join(dir, "cur")
 	sparseFile(t, po, 3*mib+777, 2*mib-100, randomBytes(3, mib+877)) // chunks 1, 2, 3 of 1 MiB
 	sparseFile(t, pc, 2*mib, 4*kib, randomBytes(4, 300*kib))
-	if _, _, err := old.Put(ctx, "old", []chunkstore.File{{Name: "f", Path: po}}, chunkstore.PutOptions{}); err != nil {
+	if _, _, err := old.Put(ctx, "old", []chunkstore.File{{Name: "f", Path: po}}, chunkstore.PutOptions{Domain: "test"}); err != nil {
 		t.Fatalf("Put(old) with 1 MiB chunks = %v", err)
 	}
-	if _, _, err := cur.Put(ctx, "cur", []chunkstore.File{{Name: "f", Path: pc}}, chunkstore.PutOptions{}); err != nil {
+	if _, _, err := cur.Put(ctx, "cur", []chunkstore.File{{Name: "f", Path: pc}}, chunkstore.PutOptions{Domain: "test"}); err != nil {
 		t.Fatalf("Put(cur) with %d-byte chunks = %v", cur.ChunkSize(), err)
 	}
 	// check has both stores Get and Restore both snapshots.

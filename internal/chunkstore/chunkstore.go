@@ -178,11 +178,14 @@ func cmpOr[T comparable](v, def T) T {
 	return v
 }
 
-// Digest is the BLAKE3-256 hash of a chunk's content. Its text form (JSON
-// too) is 64 lowercase hex digits.
+// Digest names a chunk: the BLAKE3-256 hash of its content, keyed by its
+// dedup domain (SumIn). Its text form (JSON too) is 64 lowercase hex
+// digits.
 type Digest [32]byte
 
-// Sum returns the digest of b.
+// Sum returns the digest of b in the legacy domain "": its unkeyed
+// BLAKE3-256, which names the chunks of manifests written before dedup
+// domains existed.
 func Sum(b []byte) Digest { return blake3.Sum256(b) }
 
 func (d Digest) String() string { return hex.EncodeToString(d[:]) }
@@ -231,15 +234,23 @@ type File struct {
 	Path string
 }
 
-// PutOptions are Put's optional inputs. The zero value reads every data
-// region of every file.
+// PutOptions are Put's inputs besides the files. Domain is required; the
+// others are optional (unset, Put reads every data region of every file).
 type PutOptions struct {
+	// Domain is the snapshot's dedup domain (CheckDomain), required: its
+	// chunks are named by their digests keyed by it (SumIn), so they
+	// deduplicate only against chunks of the same domain, and nothing
+	// Put does or returns depends on what other domains store. One tenant
+	// (a team) is one domain.
+	Domain string
 	// Parent is the snapshot this one was derived from, or nil. Required
 	// when Dirty is set. A parent whose ChunkSize differs from the Store's
 	// cut its files elsewhere, so it has no chunks to give: Put then
 	// ignores Dirty and reads every file in full (recording Parent's ID
 	// all the same). It does not fail, so a store whose chunk size was
-	// changed keeps taking snapshots of VMs restored from older ones.
+	// changed keeps taking snapshots of VMs restored from older ones. A
+	// parent of another Domain (a legacy one among them) lends no chunks
+	// either: every chunk of a manifest is of its own domain.
 	Parent *Manifest
 	// Dirty, if non-nil, lists per file name the only byte ranges that may
 	// differ from Parent's file of the same name (a VMM's dirty page log).

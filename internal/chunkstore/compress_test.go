@@ -71,7 +71,7 @@ func storedBytes(t *testing.T, b chunkstore.Backend) int64 {
 func put(t *testing.T, s *chunkstore.Store, b chunkstore.Backend, id, p string) (chunkstore.Manifest, chunkstore.PutStats) {
 	t.Helper()
 	before := storedBytes(t, b)
-	m, st, err := s.Put(t.Context(), id, []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{})
+	m, st, err := s.Put(t.Context(), id, []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{Domain: "test"})
 	if err != nil {
 		t.Fatalf("Put(%s) = %v", id, err)
 	}

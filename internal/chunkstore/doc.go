@@ -1,5 +1,6 @@
 // Package chunkstore stores snapshot files as manifests of content-addressed
-// chunks, so a new snapshot stores only the chunks no earlier one did.
+// chunks, so a new snapshot stores only the chunks no earlier one of its
+// dedup domain did.
 //
 // # Model
 //
@@ -7,14 +8,16 @@
 // few GiB, mostly sparse), a device-state file, a sparse disk image. Put
 // cuts each file into chunks of the Store's chunk size (Config.ChunkSize,
 // 64 KiB unless set) at fixed, aligned offsets (the last chunk is shorter)
-// and names each chunk by its digest, the BLAKE3-256 hash of its content.
+// and names each chunk by its digest, the BLAKE3-256 hash of its content
+// keyed by the snapshot's dedup domain (see Dedup domains).
 // Holes are never read: Put walks the file with SEEK_DATA/SEEK_HOLE
 // (reading everything where the file system lacks them) and skips chunks
 // that are wholly a hole; a chunk that reads as all zeros is recorded as a
 // hole too. Neither is stored. A chunk that is stored is compressed
 // where that pays (see Compression).
 //
-// A manifest (JSON) records the chunk size and lists a snapshot's files:
+// A manifest (JSON) records the chunk size and the dedup domain and lists
+// a snapshot's files:
 // name, size, permission bits, and the chunk refs {offset, length, digest,
 // encoding} of the chunks that are not holes. Restore rebuilds a file from a
 // manifest as a sparse file (truncate, then WriteAt of each chunk) and
@@ -25,6 +28,47 @@
 // A VMM with dirty-page tracking can pass PutOptions.Dirty: then only the
 // chunks overlapping the dirty ranges are read, and the others are taken
 // from PutOptions.Parent's manifest.
+//
+// # Dedup domains
+//
+// Deduplication across tenants is an oracle: if what a Put stores
+// (NewBytes) or how long it takes depends on whether some other tenant
+// stored the same chunk, a tenant learns that someone holds a given
+// content, and can guess a file's secret field one chunk at a time (the
+// attack on convergent storage). So every Put names a dedup domain
+// (PutOptions.Domain, one per tenant: the worker uses "team/<team ID>",
+// base images "platform/base-images"), and a chunk's digest is
+//
+//	BLAKE3-256 keyed with DeriveKey("space chunkstore 2026-12-07 chunk digest key v1", domain)
+//
+// of its content (SumIn). The same bytes in two domains are two chunks
+// with two names: Put, which looks up only the names it computed, never
+// asks the backend about, matches or reuses a chunk of another domain,
+// and what it stores, the requests it makes and so its timing depend only
+// on its own domain's chunks (and the backend's load). The key is not
+// secret: tenants never name chunks or reach the backend; the domain only
+// separates. A manifest records its domain (Manifest.Domain), and every
+// chunk it refers to is of that domain: Restore checks each chunk's
+// digest in it, and a parent of another domain lends Put no chunks (it
+// reads every file in full instead), as a parent of another chunk size
+// does. Leases, GC and the chunk cache go by digests and keys as before:
+// a keyed digest is just another digest, and two domains' digests of one
+// content differ like any two digests. So a host's chunk cache
+// (chunkstore/chunkcache) never serves one domain's restore from what
+// another domain's fetched. What is shared is the store's machinery, not
+// content: a Put waits out GC runs, whose length depends on how much all
+// domains deleted.
+//
+// Manifests written before domains existed have none (the legacy domain
+// ""): their digests are the unkeyed BLAKE3-256 (Sum), and they restore
+// and keep their chunks through GC as before. Put never writes the legacy
+// domain, so nothing new is named there. Binaries from before domains
+// refuse a manifest that has one (ErrCorrupt: an unknown field), and
+// their GC then deletes nothing: upgrade every process sharing a backend
+// before relying on old ones to restore new snapshots.
+//
+// The cost: content shared by several tenants (a template's pages, the
+// same base files) is stored once per tenant instead of once.
 //
 // # Chunk size
 //
@@ -51,9 +95,9 @@
 // the chunk raw, which restores without decompressing.
 // Config.Compression "none" stores every chunk raw.
 //
-// A chunk is still named by the digest of its content, whatever its
-// encoding: deduplication, leases, GC and Restore's check go by the
-// digest. Each encoding has its own key,
+// A chunk is still named by the digest of its content (in its domain),
+// whatever its encoding: deduplication, leases, GC and Restore's check go
+// by the digest. Each encoding has its own key,
 //
 //	chunks/<hh>/<digest>      raw: the content itself
 //	chunks/<hh>/<digest>.zst  zstd: one zstd frame of the content
@@ -77,6 +121,8 @@
 //
 //   - chunk: up to the chunk size of a file, stored once at
 //     "chunks/<hh>/<digest>" or, compressed, "chunks/<hh>/<digest>.zst".
+//   - dedup domain: the tenant a snapshot's chunks belong to; chunks
+//     deduplicate only within one (see Dedup domains).
 //   - manifest: a snapshot's file list, at "manifests/<id>". A snapshot
 //     exists exactly when its manifest does; Put writes it last.
 //   - backend: the object store (Backend): a local directory

@@ -259,3 +259,44 @@ func TestBatchChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestSumIn pins the digest of a domain: changing how it is derived would
+// rename every chunk stored, and every snapshot would fail to restore.
+func TestSumIn(t *testing.T) {
+	hello := []byte("hello")
+	if got, want := SumIn("", hello), Sum(hello); got != want {
+		t.Errorf("SumIn(legacy, hello) = %s, want Sum %s", got, want)
+	}
+	const want = "b28257b4f296913c3bd0f750ce9c9ea6a4a1e259dcb7418651cf7ffa0429a882"
+	if got := SumIn("team/a", hello).String(); got != want {
+		t.Errorf("SumIn(team/a, hello) = %s, want %s", got, want)
+	}
+	seen := map[Digest]string{}
+	for _, domain := range []string{"", "team/a", "team/b", "team/A"} {
+		d := SumIn(domain, hello)
+		if other, ok := seen[d]; ok {
+			t.Errorf("SumIn(%q, hello) = SumIn(%q, hello) = %s, want distinct", domain, other, d)
+		}
+		seen[d] = domain
+	}
+	// One digester reused gives what a fresh one does.
+	var h digester
+	h.init("team/a")
+	h.sum([]byte("something else"))
+	if got := h.sum(hello).String(); got != want {
+		t.Errorf("a reused digester's sum = %s, want %s", got, want)
+	}
+}
+
+func TestCheckDomain(t *testing.T) {
+	for _, d := range []string{"team/a", "platform/base-images", "x", strings.Repeat("d", 256)} {
+		if err := CheckDomain(d); err != nil {
+			t.Errorf("CheckDomain(%q) = %v, want nil", d, err)
+		}
+	}
+	for _, d := range []string{"", "team a", "team/\n", "tëam", strings.Repeat("d", 257)} {
+		if err := CheckDomain(d); !errors.Is(err, errkind.InvalidArgument) {
+			t.Errorf("CheckDomain(%q) = %v, want InvalidArgument", d, err)
+		}
+	}
+}

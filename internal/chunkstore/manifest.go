@@ -38,8 +38,12 @@ type Manifest struct {
 	// ChunkSize is the size the files were cut at, the writing Store's:
 	// a power of two in [MinChunkSize, MaxChunkSize]. Restore and
 	// validation go by it, so any Store reads the manifest.
-	ChunkSize int64       `json:"chunk_size"`
-	Files     []FileEntry `json:"files"`
+	ChunkSize int64 `json:"chunk_size"`
+	// Domain is the dedup domain every chunk ref's digest is keyed by
+	// (PutOptions.Domain); "" (left out of the JSON, as in manifests
+	// written before domains existed) is the legacy, unkeyed one.
+	Domain string      `json:"domain,omitempty"`
+	Files  []FileEntry `json:"files"`
 }
 
 // FileEntry is one file of a manifest. Chunks are in offset order; a chunk
@@ -53,7 +57,8 @@ type FileEntry struct {
 
 // ChunkRef is one stored chunk of a file. Offset is a multiple of the
 // manifest's ChunkSize; Length is ChunkSize except for the file's last
-// chunk. Digest and Length are the content's, whatever the encoding.
+// chunk. Digest (SumIn of the manifest's Domain) and Length are the
+// content's, whatever the encoding.
 type ChunkRef struct {
 	Offset int64  `json:"offset"`
 	Length int64  `json:"length"`
@@ -81,6 +86,11 @@ func (m *Manifest) validate() error {
 	}
 	if err := CheckID(m.ID); err != nil {
 		return err
+	}
+	if m.Domain != "" {
+		if err := CheckDomain(m.Domain); err != nil {
+			return err
+		}
 	}
 	cs := m.ChunkSize
 	if !validChunkSize(cs) {

@@ -89,11 +89,13 @@ func (s *Store) Put(ctx context.Context, id string, files []File, opts PutOption
 	}()
 
 	w := &putWriter{s: s, l: l, stats: &stats, stored: make(map[Digest]string), scratch: make(chan []byte, s.concurrency)}
+	w.digests.init(opts.Domain)
 	m := Manifest{
 		Version:   manifestVersion,
 		ID:        id,
 		Created:   s.now().UTC().Truncate(time.Millisecond),
 		ChunkSize: s.chunkSize,
+		Domain:    opts.Domain,
 		Files:     make([]FileEntry, 0, len(files)),
 	}
 	plans := make([]filePlan, len(files))
@@ -159,9 +161,10 @@ func (s *Store) Put(ctx context.Context, id string, files []File, opts PutOption
 
 // usableDirty returns the dirty ranges Put may plan with: none if the
 // parent's chunks are cut at another size than this Store's, since then
-// not one of them covers the extent a chunk of ours does.
+// not one of them covers the extent a chunk of ours does, or are named in
+// another dedup domain, since a manifest's chunks are all of its own.
 func (s *Store) usableDirty(opts PutOptions) map[string][]Range {
-	if opts.Parent == nil || opts.Parent.ChunkSize != s.chunkSize {
+	if opts.Parent == nil || opts.Parent.ChunkSize != s.chunkSize || opts.Parent.Domain != opts.Domain {
 		return nil
 	}
 	return opts.Dirty
@@ -169,6 +172,9 @@ func (s *Store) usableDirty(opts PutOptions) map[string][]Range {
 
 func checkPut(id string, files []File, opts PutOptions) error {
 	if err := CheckID(id); err != nil {
+		return err
+	}
+	if err := CheckDomain(opts.Domain); err != nil {
 		return err
 	}
 	names := make(map[string]bool, len(files))
@@ -210,9 +216,10 @@ func checkPut(id string, files []File, opts PutOptions) error {
 
 // putWriter is one Put's state; one goroutine uses it.
 type putWriter struct {
-	s     *Store
-	l     *lease
-	stats *PutStats
+	s       *Store
+	l       *lease
+	stats   *PutStats
+	digests digester // of the snapshot's domain
 	// stored holds chunks known to be stored and leased by this Put, and
 	// the encoding of the object refs to them name.
 	stored  map[Digest]string
@@ -349,7 +356,7 @@ func (w *putWriter) flush(ctx context.Context) error {
 	var lease []Digest
 	inLease := make(map[Digest]bool) // a batch of small chunks is thousands
 	for _, p := range w.pending {
-		p.digest = Sum(p.data)
+		p.digest = w.digests.sum(p.data)
 		p.ref.Digest = p.digest
 		if _, ok := w.stored[p.digest]; !ok && !inLease[p.digest] {
 			inLease[p.digest] = true

@@ -54,7 +54,9 @@ func (s *Store) Restore(ctx context.Context, m Manifest, name, dstPath string) (
 	// a store with another chunk size.
 	bufs := make(chan *chunkBuf, s.concurrency) // at most concurrency in use
 	for range min(s.concurrency, len(fe.Chunks)) {
-		bufs <- &chunkBuf{size: m.ChunkSize}
+		cb := &chunkBuf{size: m.ChunkSize}
+		cb.digests.init(m.Domain)
+		bufs <- cb
 	}
 	for _, c := range fe.Chunks {
 		g.Go(func() error {
@@ -84,10 +86,12 @@ func (s *Store) Restore(ctx context.Context, m Manifest, name, dstPath string) (
 }
 
 // chunkBuf is one Restore goroutine's memory for a chunk of at most size
-// bytes: plain for its content, packed for its object if compressed.
+// bytes: plain for its content, packed for its object if compressed, and
+// the digester of the manifest's domain that checks it.
 type chunkBuf struct {
 	size          int64
 	plain, packed []byte // made when first needed, size+1 bytes
+	digests       digester
 }
 
 // get returns *b, made size+1 bytes long if not yet.
@@ -99,7 +103,8 @@ func (cb *chunkBuf) get(b *[]byte) []byte {
 }
 
 // fetchChunk reads chunk c (at most buf.size bytes) into buf, decompresses
-// it if stored compressed, and checks its length and digest.
+// it if stored compressed, and checks its length and digest (in the
+// domain of buf's digester).
 func (s *Store) fetchChunk(ctx context.Context, c ChunkRef, buf *chunkBuf) ([]byte, error) {
 	var data []byte
 	var err error
@@ -121,7 +126,7 @@ func (s *Store) fetchChunk(ctx context.Context, c ChunkRef, buf *chunkBuf) ([]by
 	if err != nil {
 		return nil, fmt.Errorf("chunk %s: %w", c.Digest, err)
 	}
-	if got := Sum(data); got != c.Digest {
+	if got := buf.digests.sum(data); got != c.Digest {
 		return nil, fmt.Errorf("chunk %s: content hashes to %s: %w", c.Digest, got, ErrCorrupt)
 	}
 	return data, nil

@@ -55,7 +55,7 @@ func TestPutRejectsUnreadableFiles(t *testing.T) {
 		{"missing file", filepath.Join(dir, "nope"), os.ErrNotExist},
 		{"directory", dir, errkind.InvalidArgument},
 	} {
-		_, _, err := s.Put(t.Context(), "s", []chunkstore.File{{Name: "f", Path: tc.path}}, chunkstore.PutOptions{})
+		_, _, err := s.Put(t.Context(), "s", []chunkstore.File{{Name: "f", Path: tc.path}}, chunkstore.PutOptions{Domain: "test"})
 		if !errors.Is(err, tc.want) {
 			t.Errorf("Put(%s) = %v, want %v", tc.name, err, tc.want)
 		}
@@ -71,7 +71,7 @@ func TestPutCancelledCommitsNothing(t *testing.T) {
 	os.WriteFile(p, []byte("some data"), 0o600)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, _, err := s.Put(ctx, "s", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{}); !errors.Is(err, context.Canceled) {
+	if _, _, err := s.Put(ctx, "s", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{Domain: "test"}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Put(cancelled) = %v, want context.Canceled", err)
 	}
 	if k := keys(t, b, "manifests/"); len(k) != 0 {
@@ -91,7 +91,7 @@ func TestReplacedParent(t *testing.T) {
 	p := filepath.Join(dir, "f")
 	os.WriteFile(p, []byte("first content"), 0o600)
 	files := []chunkstore.File{{Name: "f", Path: p}}
-	parent, _, err := s.Put(ctx, "p", files, chunkstore.PutOptions{})
+	parent, _, err := s.Put(ctx, "p", files, chunkstore.PutOptions{Domain: "test"})
 	if err != nil {
 		t.Fatalf("Put(p) = %v", err)
 	}
@@ -99,10 +99,10 @@ func TestReplacedParent(t *testing.T) {
 		t.Fatalf("Delete(p) = %v", err)
 	}
 	os.WriteFile(p, []byte("other content"), 0o600)
-	if _, _, err := s.Put(ctx, "p", files, chunkstore.PutOptions{}); err != nil {
+	if _, _, err := s.Put(ctx, "p", files, chunkstore.PutOptions{Domain: "test"}); err != nil {
 		t.Fatalf("Put(p again) = %v", err)
 	}
-	_, _, err = s.Put(ctx, "c", files, chunkstore.PutOptions{Parent: &parent, Dirty: map[string][]chunkstore.Range{"f": nil}})
+	_, _, err = s.Put(ctx, "c", files, chunkstore.PutOptions{Domain: "test", Parent: &parent, Dirty: map[string][]chunkstore.Range{"f": nil}})
 	if !errors.Is(err, errkind.FailedPrecondition) {
 		t.Errorf("Put with a replaced parent = %v, want FailedPrecondition", err)
 	}

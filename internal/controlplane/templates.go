@@ -416,7 +416,7 @@ func (s *Server) handleBuildTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	l := s.cfg.Limits
 	res, berr := templatebuild.Build(ctx, templatebuild.Request{
-		Spec: sp, ContextDir: dir, Name: name,
+		Spec: sp, ContextDir: dir, Name: name, Team: c.team,
 		Defaults:  templatespec.Resources{VCPUs: l.DefaultVCPUs, MemoryMiB: l.DefaultMemoryMiB, DiskMiB: l.DefaultDiskMiB},
 		Images:    s.cfg.Images,
 		Sandboxes: &buildSandboxes{s: s, team: c.team, ref: templateRef(name, t.Version)},

@@ -69,6 +69,9 @@ type Request struct {
 	ContextDir string             // the build context the spec's paths are in
 	// Name names the template (snapshot names carry it).
 	Name string
+	// Team is the team the build is for: a base from the build context
+	// is its own image (see Images.Prepare). Required for such a base.
+	Team string
 	// Defaults fill the spec's zero resources.
 	Defaults  templatespec.Resources
 	Images    *Images
@@ -197,7 +200,7 @@ func Build(ctx context.Context, req Request) (res Result, err error) {
 		return res, err
 	}
 	emit(api.BuildEvent{Type: "phase", Text: "base image " + describeBase(spec.Base)})
-	if res.Image, err = req.Images.Prepare(ctx, spec.Base, req.ContextDir, keys.Base); err != nil {
+	if res.Image, err = req.Images.Prepare(ctx, spec.Base, req.ContextDir, keys.Base, req.Team); err != nil {
 		return res, err
 	}
 	st := initialState(res.Image.Config)

@@ -121,10 +121,11 @@ func TestBuildCache(t *testing.T) {
 	os.MkdirAll(filepath.Join(ctxDir, "root", "bin"), 0o755)
 	os.WriteFile(filepath.Join(ctxDir, "f.txt"), []byte("F"), 0o644)
 	bc := mapCache{}
+	team := "team1"
 	run := func(yaml string, fail string) (*fakeSandboxes, Result, error) {
 		f := &fakeSandboxes{fail: fail}
 		res, err := Build(t.Context(), Request{
-			Spec: parse(t, yaml), ContextDir: ctxDir, Name: "t", Images: &Images{Cache: cache}, Sandboxes: f, Cache: bc,
+			Spec: parse(t, yaml), ContextDir: ctxDir, Name: "t", Team: team, Images: &Images{Cache: cache}, Sandboxes: f, Cache: bc,
 			Defaults: templatespec.Resources{VCPUs: 1, MemoryMiB: 512, DiskMiB: 1024},
 		})
 		t.Logf("log: %q\nreport: %+v", f.log, res.Report)
@@ -135,6 +136,7 @@ func TestBuildCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	firstImage := res.Image.Name
 	// A snapshot after every step that changes files and is followed by
 	// another (or is the last of them), the template's after the start.
 	want := []string{
@@ -193,5 +195,20 @@ func TestBuildCache(t *testing.T) {
 	f, _, err = run(spec+"resources: {memory_mib: 128}\nnetwork: {allow: [example.com]}\n", "")
 	if err != nil || f.log[0] != "boot 128 MiB allow example.com" {
 		t.Errorf("build with network: %v, log %q; want a boot with the network", err, f.log)
+	}
+
+	// A base from the build context is the team's own: the same bytes
+	// built for another team are another image (made again, not found),
+	// and the same team finds its own again.
+	if _, res, err = run(spec, ""); err != nil || res.Image.Name != firstImage {
+		t.Errorf("rebuild for %s: image %s, %v; want its first one %s", team, res.Image.Name, err, firstImage)
+	}
+	team = "team2"
+	if _, res, err = run(spec, ""); err != nil || res.Image.Name == firstImage {
+		t.Errorf("build of team1's local base for team2: image %s, %v; want another image than team1's %s", res.Image.Name, err, firstImage)
+	}
+	team = ""
+	if _, _, err = run(spec, ""); !errors.Is(err, errkind.InvalidArgument) {
+		t.Errorf("build of a local base for no team = %v, want InvalidArgument", err)
 	}
 }

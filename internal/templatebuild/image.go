@@ -7,9 +7,12 @@ package templatebuild
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -79,9 +82,23 @@ func (im *Images) log() *slog.Logger {
 // the build context, or a registry reference) unpacked, or a directory of
 // the build context contextDir, each written as ext4. Concurrent callers
 // wait for one build.
-func (im *Images) Prepare(ctx context.Context, base templatespec.Base, contextDir, baseKey string) (Image, error) {
+//
+// A base from the build context (base.LocalPath) is team's own: its
+// image is named and stored for team alone, so another team's build of
+// the same bytes neither finds it nor is sped up by it, which would tell
+// that team what this one uploaded. Bases from a registry or the Debian
+// archive, which anyone may fetch, are shared by every team. team is
+// required for a local base.
+func (im *Images) Prepare(ctx context.Context, base templatespec.Base, contextDir, baseKey, team string) (Image, error) {
 	if len(baseKey) < 40 {
 		return Image{}, fmt.Errorf("base key %q: %w", baseKey, errkind.InvalidArgument)
+	}
+	domain := imageDomain
+	if base.LocalPath() != "" {
+		if team == "" {
+			return Image{}, fmt.Errorf("base %s from the build context: no team: %w", base.LocalPath(), errkind.InvalidArgument)
+		}
+		baseKey, domain = teamImageKey(baseKey, team), chunkstore.TeamDomain(team)
 	}
 	img := Image{Name: ImageName(baseKey)}
 	dir, err := im.Cache.Ensure(ctx, ImageKind, img.Name, func(ctx context.Context, tmp string) error {
@@ -96,7 +113,7 @@ func (im *Images) Prepare(ctx context.Context, base templatespec.Base, contextDi
 	if img, err = readImage(dir, img.Name); err != nil {
 		return Image{}, err
 	}
-	if err := im.store(ctx, dir, img.Name); err != nil {
+	if err := im.store(ctx, dir, img.Name, domain); err != nil {
 		return Image{}, fmt.Errorf("base image %s: chunk store: %w", img.Name, err)
 	}
 	return img, nil
@@ -181,8 +198,26 @@ func readImage(dir, name string) (Image, error) {
 	return img, nil
 }
 
-// store puts the image into the chunk store unless it is there already.
-func (im *Images) store(ctx context.Context, dir, name string) error {
+// imageDomain is the chunk store's dedup domain of the base images every
+// team shares (from a registry or the Debian archive): a domain of their
+// own, apart from every team's snapshots (see the chunkstore package
+// doc).
+const imageDomain = "platform/base-images"
+
+// teamImageKey is the cache key of team's image of a local base whose
+// key is baseKey.
+func teamImageKey(baseKey, team string) string {
+	h := sha256.New()
+	io.WriteString(h, "space-team-base-image-1\x00")
+	io.WriteString(h, team)
+	io.WriteString(h, "\x00")
+	io.WriteString(h, baseKey)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// store puts the image into the chunk store, in dedup domain domain,
+// unless it is there already.
+func (im *Images) store(ctx context.Context, dir, name, domain string) error {
 	if im.Chunks == nil {
 		return nil
 	}
@@ -195,7 +230,7 @@ func (im *Images) store(ctx context.Context, dir, name string) error {
 	_, st, err := im.Chunks.Put(ctx, name, []chunkstore.File{
 		{Name: imageFile, Path: filepath.Join(dir, imageFile)},
 		{Name: configFile, Path: filepath.Join(dir, configFile)},
-	}, chunkstore.PutOptions{})
+	}, chunkstore.PutOptions{Domain: domain})
 	if err != nil {
 		return err
 	}

@@ -41,14 +41,7 @@ func CacheKeys(s *Spec, contextDir string) (Keys, error) {
 	h := sha256.New()
 	io.WriteString(h, keyVersion)
 	writeJSON(h, s.Base)
-	local := ""
-	switch {
-	case s.Base.Dir != "":
-		local = s.Base.Dir
-	case s.Base.OCI != "" && LocalOCI(s.Base.OCI):
-		local = s.Base.OCI
-	}
-	if local != "" {
+	if local := s.Base.LocalPath(); local != "" {
 		if err := hashContextPath(h, contextDir, local); err != nil {
 			return Keys{}, fmt.Errorf("base: %w", err)
 		}

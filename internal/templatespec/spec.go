@@ -307,6 +307,19 @@ func (b Base) check() error {
 	return nil
 }
 
+// LocalPath returns the path in the build context the base is made
+// from (a directory, or an OCI layout or tarball), or "" for a base
+// from elsewhere (a registry, the Debian archive).
+func (b Base) LocalPath() string {
+	switch {
+	case b.Dir != "":
+		return b.Dir
+	case b.OCI != "" && LocalOCI(b.OCI):
+		return b.OCI
+	}
+	return ""
+}
+
 // LocalOCI reports whether an oci base names a path in the build context
 // (it starts with ./ or ../ or /, or ends in .tar) rather than a registry
 // reference.

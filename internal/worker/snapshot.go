@@ -73,7 +73,7 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 	// fence paused meanwhile is paused again.
 	defer w.holdFence(context.WithoutCancel(ctx), s)
 	s.mu.Lock()
-	state, vm, spec := s.rec.State, s.vm, s.rec.Spec
+	state, vm, spec, team := s.rec.State, s.vm, s.rec.Spec, s.rec.Team
 	s.mu.Unlock()
 	if (state != sandbox.Running && state != sandbox.Paused) || vm == nil {
 		return SnapshotInfo{}, fmt.Errorf("%s is %s: %w", sandboxID, state, ErrNotRunning)
@@ -104,7 +104,7 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 	info.LogicalBytes, info.StoredBytes, err = treeSize(filepath.Join(dir, "vm"))
 	if err == nil && w.cfg.Chunks != nil && !req.Local {
 		info.Chunked = true
-		info.NewBytes, info.ReadBytes, err = w.putChunks(ctx, dir, info, taken.Reflinked)
+		info.NewBytes, info.ReadBytes, err = w.putChunks(ctx, dir, info, dedupDomain(team, sandboxID), taken.Reflinked)
 		w.crash("snapshot.chunks-stored")
 	}
 	if err == nil {
@@ -117,11 +117,24 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 	return info, nil
 }
 
+// dedupDomain returns the chunk store's dedup domain of the snapshots of
+// a sandbox of team: the team's own, so that what a snapshot stores (its
+// new_bytes, the time it takes) never depends on what another team
+// stored. A sandbox recorded without a team (none should be) gets one of
+// its own.
+func dedupDomain(team, sandboxID string) string {
+	if team == "" {
+		return "sandbox/" + sandboxID
+	}
+	return chunkstore.TeamDomain(team)
+}
+
 // putChunks stores the snapshot's files and its info as manifest info.ID
-// in the chunk store, and returns the bytes that added. Files reflinked
-// from the guest's (reflinked) are compared by extents with the sandbox's
-// previous stored snapshot: only ranges that changed since are read.
-func (w *Worker) putChunks(ctx context.Context, dir string, info SnapshotInfo, reflinked bool) (newBytes, readBytes int64, err error) {
+// in the chunk store, in dedup domain domain, and returns the bytes that
+// added. Files reflinked from the guest's (reflinked) are compared by
+// extents with the sandbox's previous stored snapshot: only ranges that
+// changed since are read.
+func (w *Worker) putChunks(ctx context.Context, dir string, info SnapshotInfo, domain string, reflinked bool) (newBytes, readBytes int64, err error) {
 	staged := filepath.Join(dir, ".chunk-info.json")
 	if err := writeJSONFile(dir, ".chunk-info.json", info); err != nil {
 		return 0, 0, err
@@ -137,16 +150,16 @@ func (w *Worker) putChunks(ctx context.Context, dir string, info SnapshotInfo, r
 			files = append(files, chunkstore.File{Name: "vm." + e.Name(), Path: filepath.Join(dir, "vm", e.Name())})
 		}
 	}
-	var opts chunkstore.PutOptions
+	opts := chunkstore.PutOptions{Domain: domain}
 	if reflinked {
-		opts = w.dirtySince(ctx, info, files[1:])
+		opts.Parent, opts.Dirty = w.dirtySince(ctx, info, files[1:])
 	}
 	_, st, err := w.cfg.Chunks.Put(ctx, info.ID, files, opts)
 	if err != nil && opts.Parent != nil && ctx.Err() == nil {
 		// The parent went (deleted meanwhile): nothing was committed, so
 		// store the snapshot on its own.
 		w.log.Info("storing snapshot without its parent", "snapshot_id", info.ID, "parent", opts.Parent.ID, "err", err)
-		opts = chunkstore.PutOptions{}
+		opts = chunkstore.PutOptions{Domain: domain}
 		_, st, err = w.cfg.Chunks.Put(ctx, info.ID, files, opts)
 	}
 	if err != nil {
@@ -166,23 +179,25 @@ func (w *Worker) putChunks(ctx context.Context, dir string, info SnapshotInfo, r
 	return st.NewBytes, st.ReadBytes, nil
 }
 
-// dirtySince returns Put options that take from the sandbox's latest
-// stored snapshot on this disk whatever its extent maps prove unchanged
-// (reflink.Changed): the dirty log of a guest on reflink storage. Without
-// such a snapshot, or where extents cannot be compared, files are read
-// in full.
-func (w *Worker) dirtySince(ctx context.Context, info SnapshotInfo, files []chunkstore.File) chunkstore.PutOptions {
+// dirtySince returns the Put parent and dirty ranges that take from the
+// sandbox's latest stored snapshot on this disk whatever its extent maps
+// prove unchanged (reflink.Changed): the dirty log of a guest on reflink
+// storage. Without such a snapshot (nil, nil), or where extents cannot be
+// compared, files are read in full. (The parent is the same sandbox's,
+// so of its team's dedup domain, unless it predates domains: then Put
+// reads in full.)
+func (w *Worker) dirtySince(ctx context.Context, info SnapshotInfo, files []chunkstore.File) (*chunkstore.Manifest, map[string][]chunkstore.Range) {
 	prev, ok := w.latestStored(info.SandboxID, info.ID)
 	if !ok {
-		return chunkstore.PutOptions{}
+		return nil, nil
 	}
 	m, err := w.cfg.Chunks.Get(ctx, prev.ID)
 	if err != nil {
-		return chunkstore.PutOptions{}
+		return nil, nil
 	}
 	prevDir, err := w.snapshotDir(prev.ID)
 	if err != nil {
-		return chunkstore.PutOptions{}
+		return nil, nil
 	}
 	dirty := map[string][]chunkstore.Range{}
 	for _, f := range files {
@@ -202,9 +217,9 @@ func (w *Worker) dirtySince(ctx context.Context, info SnapshotInfo, files []chun
 		dirty[f.Name] = rs
 	}
 	if len(dirty) == 0 {
-		return chunkstore.PutOptions{}
+		return nil, nil
 	}
-	return chunkstore.PutOptions{Parent: &m, Dirty: dirty}
+	return &m, dirty
 }
 
 // latestStored returns the newest complete snapshot of sandboxID on this

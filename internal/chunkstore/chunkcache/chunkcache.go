@@ -10,6 +10,9 @@
 // Put think the remote has a chunk it lost, and a chunk GC deleted from
 // the remote is still the right content here (Restore checks every
 // chunk's digest). Put and Delete of a chunk key drop the cached copy.
+// Chunk keys are named in a dedup domain (see chunkstore), so a chunk one
+// team's restore fetched never makes another team's restore faster
+// (the unkeyed chunks of snapshots from before domains aside).
 //
 // The cache holds at most Config.MaxBytes of objects, evicting the least
 // recently used. A cached object is a file at the key's path holding the

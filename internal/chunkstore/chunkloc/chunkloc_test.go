@@ -212,7 +212,7 @@ func TestS3RestoreThroughCache(t *testing.T) {
 	if err := os.WriteFile(src, data, 0o600); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	m, _, err := open(t.TempDir()).Put(t.Context(), "s", []chunkstore.File{{Name: "f", Path: src}}, chunkstore.PutOptions{})
+	m, _, err := open(t.TempDir()).Put(t.Context(), "s", []chunkstore.File{{Name: "f", Path: src}}, chunkstore.PutOptions{Domain: "test"})
 	if err != nil {
 		t.Fatalf("Put = %v", err)
 	}

@@ -1,6 +1,7 @@
 // Package chunkstoretest is the conformance suite every
 // chunkstore.Backend passes: the object contract itself, and a Store on
-// the backend round-tripping sparse files, deduplicating, compressing,
+// the backend round-tripping sparse files, deduplicating (within a dedup
+// domain only), compressing,
 // detecting corruption and collecting garbage while writers run.
 package chunkstoretest
 
@@ -40,6 +41,8 @@ func Run(t *testing.T, newBackend NewBackend) {
 	t.Run("Objects", func(t *testing.T) { testObjects(t, newBackend(t)) })
 	t.Run("RoundTripSparse", func(t *testing.T) { testRoundTrip(t, newBackend(t)) })
 	t.Run("Dedup", func(t *testing.T) { testDedup(t, newBackend(t)) })
+	t.Run("DedupDomains", func(t *testing.T) { testDomains(t, newBackend(t)) })
+	t.Run("LegacyManifest", func(t *testing.T) { testLegacyManifest(t, newBackend(t)) })
 	t.Run("DirtyRanges", func(t *testing.T) { testDirty(t, newBackend(t)) })
 	t.Run("Compression", func(t *testing.T) { testCompression(t, newBackend(t)) })
 	t.Run("CorruptChunk", func(t *testing.T) { testCorrupt(t, newBackend(t)) })
@@ -391,7 +394,7 @@ func testRoundTrip(t *testing.T, b chunkstore.Backend) {
 		in = append(in, chunkstore.File{Name: f.name, Path: p})
 		logical += f.size
 	}
-	m, st := mustPut(t, s, b, "snap1", chunkstore.PutOptions{}, in...)
+	m, st := mustPut(t, s, b, "snap1", chunkstore.PutOptions{Domain: "test"}, in...)
 	if st.LogicalBytes != logical {
 		t.Errorf("Put: LogicalBytes = %d, want %d", st.LogicalBytes, logical)
 	}
@@ -441,7 +444,7 @@ func testRoundTrip(t *testing.T, b chunkstore.Backend) {
 	}
 
 	// A file that is only a hole is never read.
-	_, st = mustPut(t, s, b, "holes", chunkstore.PutOptions{}, chunkstore.File{Name: "h", Path: filepath.Join(dir, "allholes")})
+	_, st = mustPut(t, s, b, "holes", chunkstore.PutOptions{Domain: "test"}, chunkstore.File{Name: "h", Path: filepath.Join(dir, "allholes")})
 	if st.ReadBytes != 0 || st.NewChunks != 0 {
 		t.Errorf("Put(all-hole file): ReadBytes, NewChunks = %d, %d, want 0, 0", st.ReadBytes, st.NewChunks)
 	}
@@ -457,14 +460,14 @@ func testDedup(t *testing.T, b chunkstore.Backend) {
 	mem := filepath.Join(dir, "mem")
 	writeFile(t, mem, 6*mib, seg{0, random(10, 4*mib)})
 	orig := fileData(t, mem)
-	m1, st1 := mustPut(t, s, b, "s1", chunkstore.PutOptions{}, chunkstore.File{Name: "mem", Path: mem})
+	m1, st1 := mustPut(t, s, b, "s1", chunkstore.PutOptions{Domain: "test"}, chunkstore.File{Name: "mem", Path: mem})
 	if st1.NewChunks != 4 || st1.NewBytes != 4*mib+st1.ManifestBytes || st1.ReusedChunks != 0 {
 		t.Errorf("Put(s1) = %+v, want 4 new chunks, NewBytes 4 MiB + manifest, none reused", st1)
 	}
 
 	// Change one chunk: the next snapshot stores only that one.
 	Overwrite(t, mem, 2*mib+100, random(11, 4096))
-	m2, st2 := mustPut(t, s, b, "s2", chunkstore.PutOptions{}, chunkstore.File{Name: "mem", Path: mem})
+	m2, st2 := mustPut(t, s, b, "s2", chunkstore.PutOptions{Domain: "test"}, chunkstore.File{Name: "mem", Path: mem})
 	if st2.NewChunks != 1 || st2.ReusedChunks != 3 || st2.NewBytes != mib+st2.ManifestBytes {
 		t.Errorf("Put(s2) = %+v, want 1 new chunk (1 MiB + manifest), 3 reused", st2)
 	}
@@ -475,7 +478,7 @@ func testDedup(t *testing.T, b chunkstore.Backend) {
 	dup := filepath.Join(dir, "dup")
 	c := random(12, mib)
 	writeFile(t, dup, 3*mib, seg{0, c}, seg{2 * mib, c})
-	m3, st3 := mustPut(t, s, b, "s3", chunkstore.PutOptions{}, chunkstore.File{Name: "dup", Path: dup})
+	m3, st3 := mustPut(t, s, b, "s3", chunkstore.PutOptions{Domain: "test"}, chunkstore.File{Name: "dup", Path: dup})
 	if st3.NewChunks != 1 || st3.ReusedChunks != 1 {
 		t.Errorf("Put(s3) = %+v, want 1 new chunk, 1 reused", st3)
 	}
@@ -505,7 +508,7 @@ func testDirty(t *testing.T, b chunkstore.Backend) {
 	writeFile(t, mem, 4*mib, seg{0, random(20, 4*mib)})
 	writeFile(t, state, 100, seg{0, random(21, 100)})
 	files := []chunkstore.File{{Name: "mem", Path: mem}, {Name: "state", Path: state}}
-	p1, _ := mustPut(t, s, b, "p1", chunkstore.PutOptions{}, files...)
+	p1, _ := mustPut(t, s, b, "p1", chunkstore.PutOptions{Domain: "test"}, files...)
 
 	// Chunk 1 and chunk 3 change, but only chunk 1 is reported dirty: the
 	// snapshot takes chunk 3 from the parent, which proves it was not read.
@@ -513,7 +516,7 @@ func testDirty(t *testing.T, b chunkstore.Backend) {
 	want := fileData(t, mem)
 	Overwrite(t, mem, 3*mib+5, []byte("unreported"))
 	Overwrite(t, state, 0, []byte("new state"))
-	opts := chunkstore.PutOptions{Parent: &p1, Dirty: map[string][]chunkstore.Range{"mem": {{Off: mib + 10, Len: 5}}}}
+	opts := chunkstore.PutOptions{Domain: "test", Parent: &p1, Dirty: map[string][]chunkstore.Range{"mem": {{Off: mib + 10, Len: 5}}}}
 	c1, st := mustPut(t, s, b, "c1", opts, files...)
 	if st.ReadBytes != mib+100 || st.NewChunks != 2 || st.ReusedChunks != 3 {
 		t.Errorf("Put(c1, dirty chunk 1) = %+v, want 1 MiB + 100 bytes read, 2 new chunks, 3 reused", st)
@@ -531,14 +534,14 @@ func testDirty(t *testing.T, b chunkstore.Backend) {
 	}
 	f.Write([]byte("tail"))
 	f.Close()
-	c2, _ := mustPut(t, s, b, "c2", chunkstore.PutOptions{Parent: &c1, Dirty: map[string][]chunkstore.Range{"mem": nil}}, files...)
+	c2, _ := mustPut(t, s, b, "c2", chunkstore.PutOptions{Domain: "test", Parent: &c1, Dirty: map[string][]chunkstore.Range{"mem": nil}}, files...)
 	checkRestore(t, s, c2, "mem", append(want, "tail"...))
 
 	// The parent must still exist once its chunks are leased.
 	if err := s.Delete(ctx, "p1"); err != nil {
 		t.Fatalf("Delete(p1) = %v", err)
 	}
-	_, _, err = s.Put(ctx, "c3", files, chunkstore.PutOptions{Parent: &p1, Dirty: map[string][]chunkstore.Range{"mem": nil}})
+	_, _, err = s.Put(ctx, "c3", files, chunkstore.PutOptions{Domain: "test", Parent: &p1, Dirty: map[string][]chunkstore.Range{"mem": nil}})
 	if !errors.Is(err, chunkstore.ErrNotFound) {
 		t.Errorf("Put(c3) with deleted parent = %v, want ErrNotFound", err)
 	}
@@ -554,7 +557,7 @@ func onePut(t *testing.T, s *chunkstore.Store, b chunkstore.Backend, id string, 
 	p := filepath.Join(t.TempDir(), "f")
 	data := random(seed, n*mib)
 	writeFile(t, p, int64(len(data)), seg{0, data})
-	m, st := mustPut(t, s, b, id, chunkstore.PutOptions{}, chunkstore.File{Name: "f", Path: p})
+	m, st := mustPut(t, s, b, id, chunkstore.PutOptions{Domain: "test"}, chunkstore.File{Name: "f", Path: p})
 	return m, data, st
 }
 
@@ -617,7 +620,7 @@ func testCompression(t *testing.T, b chunkstore.Backend) {
 	p := filepath.Join(t.TempDir(), "mem")
 	writeFile(t, p, 3*mib, seg{0, text}, seg{mib, random(110, mib)}, seg{2*mib + 8192, random(111, 4096)})
 	data := fileData(t, p)
-	m, st := mustPut(t, s, b, "s1", chunkstore.PutOptions{}, chunkstore.File{Name: "f", Path: p})
+	m, st := mustPut(t, s, b, "s1", chunkstore.PutOptions{Domain: "test"}, chunkstore.File{Name: "f", Path: p})
 	var encs []string
 	for _, c := range m.Files[0].Chunks {
 		encs = append(encs, c.Encoding)
@@ -634,7 +637,7 @@ func testCompression(t *testing.T, b chunkstore.Backend) {
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	m2, st := mustPut(t, raw, b, "s2", chunkstore.PutOptions{}, chunkstore.File{Name: "f", Path: p})
+	m2, st := mustPut(t, raw, b, "s2", chunkstore.PutOptions{Domain: "test"}, chunkstore.File{Name: "f", Path: p})
 	if st.NewChunks != 0 || st.ReusedChunks != 3 || !cmp.Equal(m2.Files[0].Chunks, m.Files[0].Chunks) {
 		t.Errorf("Put(same content) without compression = %+v, refs %+v, want the 3 stored chunks reused as they are", st, m2.Files[0].Chunks)
 	}
@@ -680,7 +683,7 @@ func testBadInput(t *testing.T, b chunkstore.Backend) {
 
 	badIDs := []string{"", "a/b", "..", ".", "../x", "x/..", "/abs", "-x", ".hidden", "a b", "x\x00", strings.Repeat("a", 129)}
 	for _, id := range badIDs {
-		if _, _, err := s.Put(ctx, id, good, chunkstore.PutOptions{}); !errors.Is(err, errkind.InvalidArgument) {
+		if _, _, err := s.Put(ctx, id, good, chunkstore.PutOptions{Domain: "test"}); !errors.Is(err, errkind.InvalidArgument) {
 			t.Errorf("Put(id %q) = %v, want InvalidArgument", id, err)
 		}
 		if _, err := s.Get(ctx, id); !errors.Is(err, errkind.InvalidArgument) {
@@ -689,7 +692,7 @@ func testBadInput(t *testing.T, b chunkstore.Backend) {
 		if err := s.Delete(ctx, id); !errors.Is(err, errkind.InvalidArgument) {
 			t.Errorf("Delete(%q) = %v, want InvalidArgument", id, err)
 		}
-		if _, _, err := s.Put(ctx, "ok", []chunkstore.File{{Name: id, Path: p}}, chunkstore.PutOptions{}); !errors.Is(err, errkind.InvalidArgument) {
+		if _, _, err := s.Put(ctx, "ok", []chunkstore.File{{Name: id, Path: p}}, chunkstore.PutOptions{Domain: "test"}); !errors.Is(err, errkind.InvalidArgument) {
 			t.Errorf("Put(file name %q) = %v, want InvalidArgument", id, err)
 		}
 	}
@@ -698,13 +701,15 @@ func testBadInput(t *testing.T, b chunkstore.Backend) {
 		files []chunkstore.File
 		opts  chunkstore.PutOptions
 	}{
-		{"duplicate file name", []chunkstore.File{{Name: "f", Path: p}, {Name: "f", Path: p}}, chunkstore.PutOptions{}},
-		{"empty path", []chunkstore.File{{Name: "f"}}, chunkstore.PutOptions{}},
-		{"dirty without parent", good, chunkstore.PutOptions{Dirty: map[string][]chunkstore.Range{"f": nil}}},
-		{"dirty for unknown file", good, chunkstore.PutOptions{Parent: &parent, Dirty: map[string][]chunkstore.Range{"g": nil}}},
-		{"negative range", good, chunkstore.PutOptions{Parent: &parent, Dirty: map[string][]chunkstore.Range{"f": {{Off: -1, Len: 2}}}}},
-		{"empty range", good, chunkstore.PutOptions{Parent: &parent, Dirty: map[string][]chunkstore.Range{"f": {{Off: 0, Len: 0}}}}},
-		{"invalid parent", good, chunkstore.PutOptions{Parent: &chunkstore.Manifest{ID: "../p"}}},
+		{"duplicate file name", []chunkstore.File{{Name: "f", Path: p}, {Name: "f", Path: p}}, chunkstore.PutOptions{Domain: "test"}},
+		{"empty path", []chunkstore.File{{Name: "f"}}, chunkstore.PutOptions{Domain: "test"}},
+		{"no dedup domain", good, chunkstore.PutOptions{}},
+		{"dedup domain with a space", good, chunkstore.PutOptions{Domain: "team a"}},
+		{"dirty without parent", good, chunkstore.PutOptions{Domain: "test", Dirty: map[string][]chunkstore.Range{"f": nil}}},
+		{"dirty for unknown file", good, chunkstore.PutOptions{Domain: "test", Parent: &parent, Dirty: map[string][]chunkstore.Range{"g": nil}}},
+		{"negative range", good, chunkstore.PutOptions{Domain: "test", Parent: &parent, Dirty: map[string][]chunkstore.Range{"f": {{Off: -1, Len: 2}}}}},
+		{"empty range", good, chunkstore.PutOptions{Domain: "test", Parent: &parent, Dirty: map[string][]chunkstore.Range{"f": {{Off: 0, Len: 0}}}}},
+		{"invalid parent", good, chunkstore.PutOptions{Domain: "test", Parent: &chunkstore.Manifest{ID: "../p"}}},
 	} {
 		if _, _, err := s.Put(ctx, "ok", tc.files, tc.opts); !errors.Is(err, errkind.InvalidArgument) {
 			t.Errorf("Put(%s) = %v, want InvalidArgument", tc.name, err)
@@ -714,8 +719,8 @@ func testBadInput(t *testing.T, b chunkstore.Backend) {
 		t.Errorf("bad input wrote %q, want nothing", keys)
 	}
 
-	m, _ := mustPut(t, s, b, "ok", chunkstore.PutOptions{}, good...)
-	if _, _, err := s.Put(ctx, "ok", good, chunkstore.PutOptions{}); !errors.Is(err, chunkstore.ErrExists) || !errors.Is(err, errkind.Conflict) {
+	m, _ := mustPut(t, s, b, "ok", chunkstore.PutOptions{Domain: "test"}, good...)
+	if _, _, err := s.Put(ctx, "ok", good, chunkstore.PutOptions{Domain: "test"}); !errors.Is(err, chunkstore.ErrExists) || !errors.Is(err, errkind.Conflict) {
 		t.Errorf("Put(existing id) = %v, want ErrExists (Conflict)", err)
 	}
 	if err := s.Restore(ctx, m, "nope", filepath.Join(t.TempDir(), "x")); !errors.Is(err, errkind.NotFound) {

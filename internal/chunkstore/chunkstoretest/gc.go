@@ -70,8 +70,8 @@ func twoSnapshots(t *testing.T, s *chunkstore.Store, b chunkstore.Backend) (m1, 
 	p1, p2 := filepath.Join(dir, "a"), filepath.Join(dir, "b")
 	writeFile(t, p1, 2*mib, seg{0, d1})
 	writeFile(t, p2, 2*mib, seg{0, d2})
-	m1, _ = mustPut(t, s, b, "s1", chunkstore.PutOptions{}, chunkstore.File{Name: "f", Path: p1})
-	m2, _ = mustPut(t, s, b, "s2", chunkstore.PutOptions{}, chunkstore.File{Name: "f", Path: p2})
+	m1, _ = mustPut(t, s, b, "s1", chunkstore.PutOptions{Domain: "test"}, chunkstore.File{Name: "f", Path: p1})
+	m2, _ = mustPut(t, s, b, "s2", chunkstore.PutOptions{Domain: "test"}, chunkstore.File{Name: "f", Path: p2})
 	return m1, m2, d1, d2
 }
 
@@ -181,7 +181,7 @@ func testGCKeepsLeased(t *testing.T, b chunkstore.Backend) {
 	}}
 	p := filepath.Join(t.TempDir(), "f")
 	writeFile(t, p, int64(len(data)), seg{0, data})
-	m, st, err := newStore(t, h, clock).Put(ctx, "new", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{})
+	m, st, err := newStore(t, h, clock).Put(ctx, "new", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{Domain: "test"})
 	if err != nil {
 		t.Fatalf("Put(new) = %v", err)
 	}
@@ -236,7 +236,7 @@ func testWriterWaitsForGC(t *testing.T, b chunkstore.Backend) {
 		}
 		started = true
 		go func() {
-			m, st, err := writer.Put(ctx, "new", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{})
+			m, st, err := writer.Put(ctx, "new", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{Domain: "test"})
 			done <- result{m, st, err}
 		}()
 		select {
@@ -287,7 +287,7 @@ func testExpiredLease(t *testing.T, b chunkstore.Backend) {
 	}
 	p := filepath.Join(t.TempDir(), "f")
 	writeFile(t, p, 3*mib, seg{0, random(80, 3*mib)})
-	if _, _, err := newStore(t, h, clock).Put(ctx, "s", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{}); !errors.Is(err, crash) {
+	if _, _, err := newStore(t, h, clock).Put(ctx, "s", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{Domain: "test"}); !errors.Is(err, crash) {
 		t.Fatalf("Put with crashing backend = %v, want the crash", err)
 	}
 	if len(list(t, b, "leases/")) == 0 {
@@ -320,7 +320,7 @@ func testPutLeaseExpires(t *testing.T, b chunkstore.Backend) {
 	p := filepath.Join(t.TempDir(), "f")
 	writeFile(t, p, 2*mib, seg{0, random(90, 2*mib)})
 	s := newStore(t, h, clock)
-	_, _, err := s.Put(ctx, "s", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{})
+	_, _, err := s.Put(ctx, "s", []chunkstore.File{{Name: "f", Path: p}}, chunkstore.PutOptions{Domain: "test"})
 	if !errors.Is(err, chunkstore.ErrLeaseExpired) || !errors.Is(err, errkind.Unavailable) {
 		t.Errorf("Put stalled past its lease = %v, want ErrLeaseExpired (Unavailable)", err)
 	}

@@ -74,7 +74,7 @@ func TestNewBytesIsDirectoryGrowth(t *testing.T) {
 			g.Close()
 		}
 		before := dirBytes(t, dir)
-		_, st, err := s.Put(t.Context(), id, files, chunkstore.PutOptions{})
+		_, st, err := s.Put(t.Context(), id, files, chunkstore.PutOptions{Domain: "test"})
 		if err != nil {
 			t.Fatalf("Put(%s) = %v", id, err)
 		}
