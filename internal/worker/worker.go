@@ -538,7 +538,7 @@ func (w *Worker) guestConfig(s *sbx, spec Spec, img *imagebuild.Artifacts) guest
 		DataDir:   s.diskDir(),
 		VCPUs:     spec.VCPUs,
 		MemoryMiB: int(spec.MemoryMiB),
-		DiskGiB:   int((spec.DiskMiB + 1023) / 1024),
+		DiskMiB:   spec.DiskMiB,
 		Hostname:  Hostname(s.id()),
 		// On reflink storage the memory file lives with the disk.
 		MemoryInDataDir: w.cfg.ReflinkStorage,
