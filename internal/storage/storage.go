@@ -14,6 +14,13 @@
 // file would write out whatever the image file held dirty, which for
 // guest memory follows how much the guests wrote lately rather than what
 // that one file needs.
+//
+// The image is mounted with online discard: when a file in it is deleted
+// (a sandbox's disk, a snapshot), XFS discards its blocks once the delete
+// is committed, and the loop device punches them out of the image file,
+// so that the image costs the host what is stored in it now, not the most
+// it ever held. An image mounted without it (by an older worker) is
+// trimmed once when Prepare finds it (see [Trim]).
 package storage
 
 import (
@@ -98,7 +105,15 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 	if source, mounted, err := mountSource(mnt); err != nil {
 		return nil, err
 	} else if mounted {
-		return &Store{Dir: mnt, Mode: ModeReflinkLoop, DirectIO: directIO(log, source)}, nil
+		st := &Store{Dir: mnt, Mode: ModeReflinkLoop, DirectIO: directIO(log, source)}
+		if discard, err := mountedWithDiscard(mnt); err == nil && !discard {
+			// Mounted by a worker from before online discard: give back
+			// what it kept, once; a new mount discards as it goes.
+			n, err := Trim(mnt)
+			log.Warn("storage image mounted without online discard: deleted files keep their blocks in the image until it is mounted again",
+				"dir", mnt, "trimmed_mib", n>>20, "trim_err", err)
+		}
+		return st, nil
 	}
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
@@ -198,7 +213,7 @@ func mountLoop(ctx context.Context, cfg Config, mnt string) error {
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return err
 	}
-	if err := run(ctx, "mount", "-o", "loop,noatime", img, mnt); err != nil {
+	if err := run(ctx, "mount", "-o", "loop,noatime,discard", img, mnt); err != nil {
 		return fmt.Errorf("mount xfs image: %w", err)
 	}
 	if ok, err := Reflinks(mnt); err != nil || !ok {
@@ -266,6 +281,34 @@ func mountSource(path string) (source string, mounted bool, err error) {
 		}
 	}
 	return source, mounted, sc.Err()
+}
+
+// mountedWithDiscard reports whether the file system mounted at path
+// discards freed blocks online (the discard mount option).
+func mountedWithDiscard(path string) (bool, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return false, err
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	discard := false
+	for line := range strings.Lines(string(b)) {
+		fields := strings.Fields(line)
+		if len(fields) <= 4 || unescape(fields[4]) != abs {
+			continue
+		}
+		// Mount options, then after "-": type, source, super options.
+		discard = false
+		for _, fld := range fields {
+			for _, opt := range strings.Split(fld, ",") {
+				discard = discard || opt == "discard"
+			}
+		}
+	}
+	return discard, nil
 }
 
 // directIO turns direct I/O on for loop device dev (/dev/loopN; anything
