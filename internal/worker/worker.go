@@ -92,6 +92,13 @@ type Config struct {
 	// MemoryReserveMiB is what the host must have available
 	// (MemAvailable) for a sandbox to be admitted; 0 = 10% of its RAM.
 	MemoryReserveMiB int64
+	// DiskReserveMiB is what the worker's storage (the file system
+	// holding DataDir) keeps free beyond the disks it promised to
+	// sandboxes: a create is admitted only if its disk_mib (and, on
+	// reflink storage, its memory file) fits into the free space after
+	// what every sandbox may still write and after the reserve (see
+	// disk.go). 0 = 10% of the storage's size, at most 8 GiB.
+	DiskReserveMiB int64
 	// ReclaimIdleAfter is how long a running sandbox goes without
 	// data-plane requests before its guest gives the memory it only
 	// caches back to the host (reclaim.go), once per idle spell; 0 = 2
@@ -215,6 +222,9 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: egress wildcard name limits %d, %d per minute: not negative: %w",
 			cfg.EgressWildcardNames, cfg.EgressWildcardNamesPerMinute, errkind.InvalidArgument)
 	}
+	if cfg.DiskReserveMiB < 0 {
+		return nil, fmt.Errorf("worker: disk reserve %d MiB: not negative: %w", cfg.DiskReserveMiB, errkind.InvalidArgument)
+	}
 	if cfg.ChunkStore != "" && (cfg.Chunks == nil || cfg.ChunkStore != "local" && !strings.HasPrefix(cfg.ChunkStore, "s3://")) {
 		return nil, fmt.Errorf("worker: chunk store %.80q: want local or s3://BUCKET/PREFIX?endpoint=HOST, with a chunk store: %w",
 			cfg.ChunkStore, errkind.InvalidArgument)
@@ -311,6 +321,9 @@ func (w *Worker) status(withPool bool) Status {
 		VCPUs: w.cfg.VCPUs, MemoryMiB: w.cfg.MemoryMiB, Cgroups: "off", Leased: w.leased()}
 	if w.cfg.Cgroups != nil {
 		st.Cgroups = fmt.Sprintf("v%d", w.cfg.Cgroups.Version())
+	}
+	if d, err := w.disk(nil); err == nil {
+		st.DiskMiB, st.FreeDiskMiB = d.capacity()>>20, d.room()>>20
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
