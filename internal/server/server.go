@@ -161,6 +161,9 @@ type Config struct {
 	// default (see worker.Config).
 	VCPUs     int
 	MemoryMiB int64
+	// DiskReserveMiB is worker.Config.DiskReserveMiB for the embedded
+	// worker: 0 = its default.
+	DiskReserveMiB int64
 	// ReclaimIdleAfter is worker.Config.ReclaimIdleAfter for the embedded
 	// worker: 0 = its default, negative = never.
 	ReclaimIdleAfter time.Duration
@@ -303,7 +306,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		w, err = newWorker(ctx, workerConfig{
 			VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
-			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter,
+			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, DiskReserveMiB: cfg.DiskReserveMiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter,
 			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
 		})
 		if err != nil {
@@ -605,6 +608,7 @@ type workerConfig struct {
 	Images                 *imagebuild.Artifacts
 	VCPUs                  int
 	MemoryMiB              int64
+	DiskReserveMiB         int64         // worker.Config.DiskReserveMiB
 	ReclaimIdleAfter       time.Duration // worker.Config.ReclaimIdleAfter
 	Chunks                 *chunkstore.Store
 	ChunkStore             string // names Chunks (worker.Config.ChunkStore)
@@ -681,7 +685,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	w, err := worker.New(worker.Config{
 		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, BootTimeout: bootTimeout,
 		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
-		Cgroups:   cg, RunRoot: wc.Host.RunRoot, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, ReclaimIdleAfter: wc.ReclaimIdleAfter, Chunks: wc.Chunks,
+		Cgroups:   cg, RunRoot: wc.Host.RunRoot, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, DiskReserveMiB: wc.DiskReserveMiB, ReclaimIdleAfter: wc.ReclaimIdleAfter, Chunks: wc.Chunks,
 		ChunkStore: wc.ChunkStore, Fencing: wc.Fencing, EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
 		VMM: info,

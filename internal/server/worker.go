@@ -76,6 +76,8 @@ type WorkerConfig struct {
 	// defaults.
 	VCPUs     int
 	MemoryMiB int64
+	// DiskReserveMiB is worker.Config.DiskReserveMiB: 0 = its default.
+	DiskReserveMiB int64
 	// ReclaimIdleAfter is worker.Config.ReclaimIdleAfter: 0 = its
 	// default, negative = never.
 	ReclaimIdleAfter time.Duration
@@ -166,7 +168,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	w, err := newWorker(ctx, workerConfig{
 		VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
-		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
+		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, DiskReserveMiB: cfg.DiskReserveMiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
 		Fencing: true,
 	})
 	if err != nil {
