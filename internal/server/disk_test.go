@@ -1,0 +1,64 @@
+package server
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"space/api"
+	"space/internal/agent/guesttest"
+)
+
+// TestDiskSize asks for a 512 MiB disk: the guest's file system is that
+// size less ext4's metadata (at most 10% of it), and the guest that fills
+// it gets ENOSPC from its own file system while another sandbox on the
+// same worker still writes.
+func TestDiskSize(t *testing.T) {
+	release := guesttest.AcquireAllSlots(t) // two VMs at once
+	defer release()
+	ts := startServer(t, "", "")
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	const diskMiB = 512
+	full, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256, DiskMiB: diskMiB})
+	if err != nil {
+		t.Fatalf("CreateSandbox(disk_mib %d) = %v", diskMiB, err)
+	}
+	if got, err := ts.client.Sandbox(ctx, full.ID); err != nil || got.DiskMiB != diskMiB {
+		t.Errorf("Sandbox(%s).DiskMiB = %d, %v; want %d", full.ID, got.DiskMiB, err, diskMiB)
+	}
+	other, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256, DiskMiB: diskMiB})
+	if err != nil {
+		t.Fatalf("CreateSandbox(second) = %v", err)
+	}
+
+	// The writable layer is the overlay's upper layer: / reports its size.
+	out, _, code := execOut(t, ts.client, full.ID, sh("df -Pm / | tail -n 1"))
+	fields := strings.Fields(out)
+	if code != 0 || len(fields) < 2 {
+		t.Fatalf("df -Pm / = %q, exit %d", out, code)
+	}
+	size, err := strconv.Atoi(fields[1])
+	if err != nil || size > diskMiB || size < diskMiB*9/10 {
+		t.Errorf("guest file system of disk_mib %d: %s MiB (df -Pm /: %q), want %d..%d", diskMiB, fields[1], out, diskMiB*9/10, diskMiB)
+	}
+	t.Logf("disk_mib %d: the guest's df -m / says %d MiB", diskMiB, size)
+
+	// Fill it: dd stops at ENOSPC, and the next write fails too.
+	out, stderr, code := execOut(t, ts.client, full.ID, sh("dd if=/dev/zero of=/fill bs=1M 2>&1; sync; echo x > /more"))
+	if code == 0 || !strings.Contains(out+stderr, "No space left on device") {
+		t.Fatalf("filling the disk: exit %d, %q %q; want a failure with ENOSPC", code, out, stderr)
+	}
+	out, _, _ = execOut(t, ts.client, full.ID, sh("df -Pm / | tail -n 1; ls -l /fill"))
+	t.Logf("full guest: %s", out)
+
+	// The other sandbox writes on.
+	out, stderr, code = execOut(t, ts.client, other.ID, sh("dd if=/dev/zero of=/data bs=1M count=64 conv=fsync 2>&1 && echo written"))
+	if code != 0 || !strings.Contains(out, "written") {
+		t.Errorf("the other sandbox's write of 64 MiB: exit %d, %q %q; want it written", code, out, stderr)
+	}
+	// And the full one still answers (a read, a delete of its file).
+	if out, _, code := execOut(t, ts.client, full.ID, sh("rm /fill && echo x > /more && cat /more")); code != 0 || out != "x\n" {
+		t.Errorf("the full sandbox after freeing its file: exit %d, %q; want x", code, out)
+	}
+}
