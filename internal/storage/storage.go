@@ -76,6 +76,10 @@ type Store struct {
 	// DirectIO says the loop device of ModeReflinkLoop does direct I/O
 	// on its image (false: buffered, or no loop device).
 	DirectIO bool
+	// Backing is the directory holding the image of ModeReflinkLoop, on
+	// the host's file system, or "" in other modes. The image is sparse:
+	// it grows only as far as that file system has room.
+	Backing string
 }
 
 // Reflinked reports whether copies in the store share extents.
@@ -105,7 +109,7 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 	if source, mounted, err := mountSource(mnt); err != nil {
 		return nil, err
 	} else if mounted {
-		st := &Store{Dir: mnt, Mode: ModeReflinkLoop, DirectIO: directIO(log, source)}
+		st := &Store{Dir: mnt, Mode: ModeReflinkLoop, DirectIO: directIO(log, source), Backing: cfg.DataDir}
 		if discard, err := mountedWithDiscard(mnt); err == nil && !discard {
 			// Mounted by a worker from before online discard: give back
 			// what it kept, once; a new mount discards as it goes.
@@ -136,7 +140,7 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 		if err := mountLoop(ctx, cfg, mnt); err != nil {
 			why = err.Error()
 		} else {
-			st := &Store{Dir: mnt, Mode: ModeReflinkLoop}
+			st := &Store{Dir: mnt, Mode: ModeReflinkLoop, Backing: cfg.DataDir}
 			if source, _, err := mountSource(mnt); err == nil {
 				st.DirectIO = directIO(log, source)
 			}

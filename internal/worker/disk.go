@@ -19,7 +19,9 @@ import (
 // every sandbox it has may still write (its promise less what it has
 // written) and after Config.DiskReserveMiB, which covers what is not
 // promised (snapshots, warm templates, blocks a disk shares with a
-// snapshot and rewrites). A guest that fills its disk then gets ENOSPC
+// snapshot and rewrites). Where the storage is a sparse image its free
+// space is at most that of the host's file system under it
+// (Config.StorageBacking). A guest that fills its disk then gets ENOSPC
 // from its own file system, never from the host's, and no sandbox can
 // take another's space.
 
@@ -33,7 +35,8 @@ const (
 	maxDefaultDiskReserveMiB = 8 << 10
 )
 
-// diskState is the worker's storage, in bytes.
+// diskState is the worker's storage, in bytes: of its file system, or of
+// the host's under it where that is smaller (Config.StorageBacking).
 type diskState struct {
 	size, free  int64 // the file system's size and what is available in it
 	outstanding int64 // what the sandboxes may still write
@@ -88,6 +91,14 @@ func (w *Worker) disk(except *sbx) (diskState, error) {
 		return diskState{}, fmt.Errorf("storage: %w", err)
 	}
 	d := diskState{size: int64(fs.Blocks) * fs.Bsize, free: int64(fs.Bavail) * fs.Bsize}
+	if w.cfg.StorageBacking != "" {
+		var b unix.Statfs_t
+		if err := unix.Statfs(w.cfg.StorageBacking, &b); err != nil {
+			return diskState{}, fmt.Errorf("storage backing: %w", err)
+		}
+		d.size = min(d.size, int64(b.Blocks)*b.Bsize)
+		d.free = min(d.free, int64(b.Bavail)*b.Bsize)
+	}
 	d.reserve = w.diskReserve(d.size)
 	for _, s := range w.all() {
 		if s == except {

@@ -52,6 +52,12 @@ type Config struct {
 	// a snapshot, a restore, a fork or a warm start shares their extents
 	// instead of copying guest RAM. Without it memory stays on tmpfs.
 	ReflinkStorage bool
+	// StorageBacking is the directory on the host's file system holding
+	// the image DataDir is mounted from (storage.Store.Backing), or ""
+	// when DataDir is on the host's file system itself. A sparse image
+	// grows only as far as that file system has room, so disk admission
+	// counts the smaller of the two free spaces.
+	StorageBacking string
 	// RunRoot holds the VMs' run directories (sockets, memory files); it
 	// belongs on tmpfs. "" = /dev/shm/space-<ID>.
 	RunRoot string
