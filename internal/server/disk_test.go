@@ -1,6 +1,8 @@
 package server
 
 import (
+	"errors"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -8,6 +10,7 @@ import (
 	"time"
 
 	"space/api"
+	"space/client"
 	"space/internal/agent/guesttest"
 	"space/internal/storage"
 	"space/internal/testenv"
@@ -93,4 +96,50 @@ func TestDiskSize(t *testing.T) {
 	start := time.Now()
 	testenv.Eventually(t, 2*time.Minute, func() bool { return allocated() <= afterFill-400<<20 })
 	t.Logf("storage image allocated %d MiB %v after the delete", allocated()>>20, time.Since(start).Round(time.Second))
+}
+
+// TestDiskAdmittedAgainstStorage runs a fake-VMM server whose worker has
+// a 16 GiB storage image: a disk larger than it can ever give is refused
+// at the API as invalid, saying how large a disk the worker gives, and
+// creates that fit are admitted until the disks promised fill it, then
+// refused as unavailable, saying that no worker has that much disk free.
+func TestDiskAdmittedAgainstStorage(t *testing.T) {
+	ts := startFakeServerWith(t, Config{StorageGiB: 16})
+	ts.deleteAllOnCleanup(t)
+	ctx := t.Context()
+	workers, err := ts.client.Workers(ctx)
+	if err != nil || len(workers) != 1 || workers[0].DiskMiB == 0 {
+		t.Fatalf("Workers = %+v, %v; want one that says its disk", workers, err)
+	}
+	w := workers[0]
+	t.Logf("worker: disk_mib %d, free_disk_mib %d", w.DiskMiB, w.FreeDiskMiB)
+	if w.DiskMiB >= 16<<10 {
+		t.Errorf("worker disk_mib %d on a 16 GiB image, want less (the reserve)", w.DiskMiB)
+	}
+
+	_, err = ts.client.CreateSandbox(ctx, api.CreateSandbox{DiskMiB: 65536})
+	var e *client.Error
+	if !errors.As(err, &e) || e.Code != api.CodeInvalidArgument ||
+		!strings.Contains(e.Message, fmt.Sprintf("disk_mib 65536 is more than any worker can give: the largest gives %d MiB", w.DiskMiB)) {
+		t.Fatalf("CreateSandbox(disk_mib 65536) = %v, want invalid_argument saying the largest disk a worker gives", err)
+	}
+
+	const disk = 4096
+	for n := 1; ; n++ {
+		_, err := ts.client.CreateSandbox(ctx, api.CreateSandbox{DiskMiB: disk})
+		if err == nil {
+			if n > 4 {
+				t.Fatalf("CreateSandbox %d of disk_mib %d admitted on a 16 GiB image, want at most 3", n, disk)
+			}
+			continue
+		}
+		if !errors.As(err, &e) || e.Code != api.CodeUnavailable || !strings.Contains(e.Message, "4096 MiB of disk free") {
+			t.Fatalf("CreateSandbox %d of disk_mib %d = %v, want unavailable: no worker has the disk free", n, disk, err)
+		}
+		t.Logf("sandbox %d refused: %v", n, err)
+		if n == 1 {
+			t.Errorf("the first sandbox of disk_mib %d was refused, want it admitted", disk)
+		}
+		break
+	}
 }
