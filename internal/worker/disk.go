@@ -84,8 +84,9 @@ func (w *Worker) outstanding(s *sbx, spec Spec) int64 {
 }
 
 // disk measures the storage and what the sandboxes other than except
-// (or nil) may still write on it.
-func (w *Worker) disk(except *sbx) (diskState, error) {
+// (or nil) may still write on it; withPool counts pool members too (a
+// create that needs their room evicts them).
+func (w *Worker) disk(except *sbx, withPool bool) (diskState, error) {
 	var fs unix.Statfs_t
 	if err := unix.Statfs(w.cfg.DataDir, &fs); err != nil {
 		return diskState{}, fmt.Errorf("storage: %w", err)
@@ -105,10 +106,10 @@ func (w *Worker) disk(except *sbx) (diskState, error) {
 			continue
 		}
 		s.mu.Lock()
-		state, spec := s.rec.State, s.rec.Spec
+		state, spec, member := s.rec.State, s.rec.Spec, s.rec.Pool != ""
 		s.mu.Unlock()
-		if state == sandbox.Failed || state == sandbox.Deleted {
-			continue // its disk grows no more
+		if state == sandbox.Failed || state == sandbox.Deleted || member && !withPool {
+			continue // its disk grows no more, or it makes room
 		}
 		d.outstanding += w.outstanding(s, spec)
 	}
@@ -120,7 +121,7 @@ func (w *Worker) disk(except *sbx) (diskState, error) {
 // says what was asked and what is free. The caller holds w.admit, and s
 // is in w.sandboxes.
 func (w *Worker) admitDisk(s *sbx, spec Spec) error {
-	d, err := w.disk(s)
+	d, err := w.disk(s, true)
 	if err != nil {
 		return err
 	}

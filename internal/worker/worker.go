@@ -328,7 +328,7 @@ func (w *Worker) status(withPool bool) Status {
 	if w.cfg.Cgroups != nil {
 		st.Cgroups = fmt.Sprintf("v%d", w.cfg.Cgroups.Version())
 	}
-	if d, err := w.disk(nil); err == nil {
+	if d, err := w.disk(nil, withPool); err == nil {
 		st.DiskMiB, st.FreeDiskMiB = d.capacity()>>20, d.room()>>20
 	}
 	w.mu.Lock()
