@@ -566,13 +566,19 @@ type WorkerCapabilities struct {
 
 // Worker is a worker as GET /v1/workers (admin) shows it.
 type Worker struct {
-	ID            string    `json:"id"`
-	Address       string    `json:"address"`
-	VCPUs         int       `json:"vcpus"`
-	MemoryMiB     int64     `json:"memory_mib"`
-	UsedVCPUs     int       `json:"used_vcpus"`
-	UsedMemoryMiB int64     `json:"used_memory_mib"`
-	Sandboxes     int       `json:"sandboxes"`
+	ID            string `json:"id"`
+	Address       string `json:"address"`
+	VCPUs         int    `json:"vcpus"`
+	MemoryMiB     int64  `json:"memory_mib"`
+	UsedVCPUs     int    `json:"used_vcpus"`
+	UsedMemoryMiB int64  `json:"used_memory_mib"`
+	Sandboxes     int    `json:"sandboxes"`
+	// DiskMiB is the largest disk the worker could ever give a sandbox
+	// (its storage less its reserve); FreeDiskMiB is the largest it
+	// gives a new one now (free space less what its sandboxes may still
+	// write and less the reserve). 0 while unknown.
+	DiskMiB       int64     `json:"disk_mib,omitempty"`
+	FreeDiskMiB   int64     `json:"free_disk_mib,omitempty"`
 	LastHeartbeat time.Time `json:"last_heartbeat"`
 	Healthy       bool      `json:"healthy"`
 	// Protocol is the worker protocol version the worker speaks, 0 while

@@ -34,7 +34,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
-		memory                                      int64
+		memory, diskReserve, storageGiB             int64
 		reclaimIdle                                 time.Duration
 		egress                                      server.Egress
 		e2bListen, e2bDomain, e2bCert, e2bKey       string
@@ -109,7 +109,7 @@ server stops, and the next start re-adopts them.`,
 			return server.Run(cmd.Context(), server.Config{
 				E2B:     e2bCfg,
 				DataDir: dataDir, Listen: listen, MetricsListen: metricsListen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
-				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
+				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, DiskReserveMiB: diskReserve, StorageGiB: storageGiB, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				DefaultCheckpoints: defaultCheckpoints, DefaultTimeout: timeout, DefaultOnTimeout: onTimeout, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
@@ -142,6 +142,7 @@ server stops, and the next start re-adopts them.`,
 	f.IntVar(&pool, "pool", 1, "sandboxes of the default shape kept restored and ready, `N` (0 to 16)")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs the embedded worker offers, over the host CPUs its vCPU overcommit (default: one per 128 MiB of memory offered, at least 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
+	diskFlags(f, &diskReserve, &storageGiB)
 	reclaimIdleFlag(f, &reclaimIdle)
 	f.StringVar(&e2bListen, "e2b-listen", "", "`address` of the E2B-compatible API (E2B_API_URL, E2B_SANDBOX_URL; docs/e2b.md), e.g. :443 with --e2b-domain and TLS (default: none)")
 	f.StringVar(&e2bDomain, "e2b-domain", "", "`domain` of the E2B API's sandbox hosts PORT-ID.DOMAIN and of api.DOMAIN (E2B_DOMAIN; needs wildcard DNS to this server)")
@@ -211,7 +212,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 		chunks                                                       chunkFlags
 		vmm                                                          vmmFlags
 		vcpus                                                        int
-		memory                                                       int64
+		memory, diskReserve, storageGiB                              int64
 		reclaimIdle                                                  time.Duration
 		egress                                                       server.Egress
 	)
@@ -268,7 +269,7 @@ host, each with its own --data-dir, --listen and --id.`,
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
 				ID: id, DataDir: dataDir, Listen: listen, MetricsListen: metricsListen, Advertise: advertise, ControlPlane: controlPlane,
 				Discovery: discovery, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig,
-				Token: token, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel, VCPUs: vcpus, MemoryMiB: memory, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
+				Token: token, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel, VCPUs: vcpus, MemoryMiB: memory, DiskReserveMiB: diskReserve, StorageGiB: storageGiB, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
@@ -287,6 +288,7 @@ host, each with its own --data-dir, --listen and --id.`,
 	chunksFlag(f, &chunks, "; the server's, to share its snapshots")
 	f.IntVar(&vcpus, "vcpus", 0, "vCPUs offered, over the host CPUs its vCPU overcommit (default: one per 128 MiB of memory offered, at least 4 per host CPU)")
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory offered (default: 80% of host RAM)")
+	diskFlags(f, &diskReserve, &storageGiB)
 	reclaimIdleFlag(f, &reclaimIdle)
 	egressFlags(f, &egress)
 	agentFlag(f, &agent)
@@ -450,4 +452,11 @@ func reclaimAfter(d time.Duration) time.Duration {
 // metricsFlag adds --metrics-listen.
 func metricsFlag(f *pflag.FlagSet, addr *string) {
 	f.StringVar(addr, "metrics-listen", "", "`address` serving Prometheus /metrics on a listener of its own, with no API key: bind it to a private address, e.g. 10.0.0.5:9090 (default: none; docs/operations.md)")
+}
+
+// diskFlags are a worker's --disk-reserve (worker.Config.DiskReserveMiB)
+// and --storage-size (server.WorkerConfig.StorageGiB).
+func diskFlags(f *pflag.FlagSet, reserveMiB, storageGiB *int64) {
+	f.Int64Var(reserveMiB, "disk-reserve", 0, "`MiB` the worker's storage keeps free beyond the disks (disk_mib) it promised to sandboxes; a create that would cut into it is refused (default: 10% of the storage, at most 8 GiB)")
+	f.Int64Var(storageGiB, "storage-size", 0, "size in `GiB` of the sparse XFS image made for the worker's storage where its data dir cannot reflink; it bounds the sandboxes' disks together, and an image made before keeps its size (default 64)")
 }

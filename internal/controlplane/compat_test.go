@@ -33,6 +33,9 @@ type vmmWorker struct {
 	// vmVMM overrides the VMM its VMs say they run (an older worker's VM
 	// that names none: "none"); "" = caps'.
 	vmVMM string
+	// diskMiB is the storage it reports (Status.DiskMiB), set before
+	// use; 0 = none.
+	diskMiB int64
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -117,12 +120,17 @@ func (w *vmmWorker) Sandbox(_ context.Context, id string) (worker.Info, error) {
 func (w *vmmWorker) Status(context.Context) (worker.Status, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var used int64
+	var used, disk int64
 	for _, sp := range w.specs {
 		used += sp.MemoryMiB
+		disk += sp.DiskMiB
 	}
-	return worker.Status{ID: w.id, Protocol: workerproto.Version, Capabilities: w.caps,
-		VCPUs: 64, MemoryMiB: w.memMiB, UsedMemoryMiB: used, Sandboxes: len(w.specs)}, nil
+	st := worker.Status{ID: w.id, Protocol: workerproto.Version, Capabilities: w.caps,
+		VCPUs: 64, MemoryMiB: w.memMiB, UsedMemoryMiB: used, Sandboxes: len(w.specs)}
+	if w.diskMiB > 0 {
+		st.DiskMiB, st.FreeDiskMiB = w.diskMiB, max(0, w.diskMiB-disk)
+	}
+	return st, nil
 }
 
 // asked returns the IDs of the sandboxes the worker was asked to create
@@ -425,7 +433,7 @@ func TestRestoreNoRoomOnMatchingWorker(t *testing.T) {
 	connect(s, qb)
 	code, body := do("POST", "/v1/sandboxes", `{"from_snapshot":"s1"}`)
 	e := decode[api.Error](t, "create from s1", code, body, 503)
-	want := "no worker running qemu 7.2.19 (which took snapshot " + snap.ID + ") has 1 vcpus and 512 MiB free"
+	want := "no worker running qemu 7.2.19 (which took snapshot " + snap.ID + ") has 1 vcpus, 512 MiB of memory and 4096 MiB of disk free"
 	if e.Error.Code != api.CodeUnavailable || !strings.Contains(e.Error.Message, want) {
 		t.Errorf("create from s1 with qa full = %s, want unavailable saying %q", body, want)
 	}

@@ -2,10 +2,12 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
 
+	"space/internal/errkind"
 	"space/internal/workerproto"
 )
 
@@ -181,6 +183,10 @@ func (s *Server) place(ctx context.Context, workers []Worker, spec workerproto.S
 	var (
 		cands   []cand
 		matched int
+		// largest is the largest disk a matched worker can ever give,
+		// or -1 when one does not say (a worker from before disk
+		// admission).
+		largest int64
 	)
 	for _, w := range workers {
 		st, ok := caps[w.ID()]
@@ -192,12 +198,20 @@ func (s *Server) place(ctx context.Context, workers []Worker, spec workerproto.S
 			continue
 		}
 		matched++
-		if st.VCPUs-st.UsedVCPUs >= spec.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= spec.MemoryMiB {
+		if st.DiskMiB == 0 || largest < 0 {
+			largest = -1
+		} else {
+			largest = max(largest, st.DiskMiB)
+		}
+		if st.VCPUs-st.UsedVCPUs >= spec.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= spec.MemoryMiB && diskFits(st, spec) {
 			cands = append(cands, cand{w, exact, st.MemoryMiB - st.UsedMemoryMiB})
 		}
 	}
 	if len(cands) == 0 {
 		switch {
+		case matched > 0 && largest >= 0 && spec.DiskMiB > largest:
+			return nil, fmt.Errorf("disk_mib %d is more than any worker can give: the largest gives %d MiB: %w",
+				spec.DiskMiB, largest, errkind.InvalidArgument)
 		case pl.vmm.Kind == "":
 			return nil, noRoom(spec)
 		case matched == 0:
@@ -212,4 +226,12 @@ func (s *Server) place(ctx context.Context, workers []Worker, spec workerproto.S
 		return cands[i].free > cands[j].free
 	})
 	return cands[0].w, nil
+}
+
+// diskFits reports whether a worker of status st has room for spec's
+// disk now, as far as it says (a worker from before disk admission says
+// nothing, and checks nothing). The worker's own admission has the last
+// word: on reflink storage it counts guest memory files too.
+func diskFits(st workerproto.Status, spec workerproto.Spec) bool {
+	return st.DiskMiB == 0 || st.FreeDiskMiB >= spec.DiskMiB
 }

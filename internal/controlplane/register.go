@@ -318,6 +318,7 @@ func (s *Server) workerViews(ctx context.Context, workers []Worker) []api.Worker
 			c := st.Capabilities.API()
 			v.Protocol, v.Capabilities = st.Protocol, &c
 			v.VCPUs, v.MemoryMiB, v.UsedVCPUs, v.UsedMemoryMiB, v.Sandboxes = st.VCPUs, st.MemoryMiB, st.UsedVCPUs, st.UsedMemoryMiB, st.Sandboxes
+			v.DiskMiB, v.FreeDiskMiB = st.DiskMiB, st.FreeDiskMiB
 		}
 		out = append(out, v)
 	}

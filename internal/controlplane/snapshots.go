@@ -549,5 +549,6 @@ func hasRoom(ctx context.Context, wk Worker, sp spec, n int, vmm vmmID) bool {
 	defer cancel()
 	st, err := wk.Status(sctx)
 	match, _ := vmm.match(st.Capabilities)
-	return err == nil && match && st.VCPUs-st.UsedVCPUs >= n*sp.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= int64(n)*sp.MemoryMiB
+	return err == nil && match && st.VCPUs-st.UsedVCPUs >= n*sp.VCPUs && st.MemoryMiB-st.UsedMemoryMiB >= int64(n)*sp.MemoryMiB &&
+		(st.DiskMiB == 0 || st.FreeDiskMiB >= int64(n)*sp.DiskMiB)
 }

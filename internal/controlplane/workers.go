@@ -123,12 +123,12 @@ const statusTimeout = 5 * time.Second
 
 // noRoom is the error of a placement that found no worker with room.
 func noRoom(spec workerproto.Spec) error {
-	return fmt.Errorf("no worker has %d vcpus and %d MiB free: %w", spec.VCPUs, spec.MemoryMiB, errkind.Unavailable)
+	return fmt.Errorf("no worker has %d vcpus, %d MiB of memory and %d MiB of disk free: %w", spec.VCPUs, spec.MemoryMiB, spec.DiskMiB, errkind.Unavailable)
 }
 
 // noRoomRunning is noRoom among the workers that run vmm, which took
 // snapshot snap.
 func noRoomRunning(spec workerproto.Spec, snap string, vmm vmmID) error {
-	return fmt.Errorf("no worker running %s (which took snapshot %s) has %d vcpus and %d MiB free: %w",
-		vmm, snap, spec.VCPUs, spec.MemoryMiB, errkind.Unavailable)
+	return fmt.Errorf("no worker running %s (which took snapshot %s) has %d vcpus, %d MiB of memory and %d MiB of disk free: %w",
+		vmm, snap, spec.VCPUs, spec.MemoryMiB, spec.DiskMiB, errkind.Unavailable)
 }

@@ -46,9 +46,10 @@ type Config struct {
 	VCPUs int
 	// MemoryMiB is the guest RAM; 0 = 512.
 	MemoryMiB int
-	// DiskGiB is the writable layer's size (sparse: it costs only what the
-	// guest writes); 0 = 4.
-	DiskGiB int
+	// DiskMiB is the writable layer's size to the MiB (a sparse file: it
+	// costs the host only what the guest writes); 0 = 4096. The guest's
+	// file system is that size less ext4's metadata and journal.
+	DiskMiB int64
 	// Hostname is the guest's hostname; "" = "sandbox".
 	Hostname string
 	// NIC is the guest's network interface, or nil for none. Its
@@ -84,12 +85,12 @@ func Boot(ctx context.Context, cfg Config) (*VM, error) {
 	if cfg.MemoryMiB == 0 {
 		cfg.MemoryMiB = 512
 	}
-	if cfg.DiskGiB == 0 {
-		cfg.DiskGiB = 4
+	if cfg.DiskMiB == 0 {
+		cfg.DiskMiB = 4096
 	}
 	return start(ctx, cfg, func(ctx context.Context) (vmm.VM, error) {
 		rw := filepath.Join(cfg.DataDir, "rw.img")
-		if err := rootfs.NewWritableLayer(ctx, rw, int64(cfg.DiskGiB)<<30); err != nil {
+		if err := rootfs.NewWritableLayer(ctx, rw, cfg.DiskMiB<<20); err != nil {
 			return nil, fmt.Errorf("writable layer: %w", err)
 		}
 		params := guestinit.Params{RW: "/dev/vdb", Hostname: cfg.Hostname}

@@ -48,7 +48,10 @@ func BenchmarkIdleDensity(b *testing.B) {
 			sb, err := c.CreateSandbox(ctx, api.CreateSandbox{})
 			if err != nil {
 				var e *client.Error
-				if errors.As(err, &e) && e.Code == api.CodeResourceExhausted {
+				// The worker refuses (memory), or the control plane finds
+				// no worker with room (disk: each sandbox's disk_mib is
+				// promised whole).
+				if errors.As(err, &e) && (e.Code == api.CodeResourceExhausted || e.Code == api.CodeUnavailable) {
 					b.Logf("the worker refused sandbox %d: %v", len(sbs)+1, err)
 					break
 				}

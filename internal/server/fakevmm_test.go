@@ -148,6 +148,8 @@ func TestFakeVMMLifecycle(t *testing.T) {
 func TestFakeVMMCreateLatency(t *testing.T) {
 	const n = 50
 	// Fake guests use neither the vCPUs nor the memory they are given.
+	// Their disks are small: the worker's storage keeps every disk's
+	// promise whole.
 	ts := startFakeServer(t, 2*n, 2*n*128) // deletes free capacity asynchronously
 	c := ts.client
 	var took []time.Duration
@@ -155,7 +157,7 @@ func TestFakeVMMCreateLatency(t *testing.T) {
 	startedBy := map[string]int{}
 	for range n {
 		t0 := time.Now()
-		sb, err := c.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 128})
+		sb, err := c.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 128, DiskMiB: 512})
 		if err != nil {
 			t.Fatalf("CreateSandbox() = %v", err)
 		}
@@ -192,7 +194,7 @@ func TestFakeVMMCreateLatency(t *testing.T) {
 	for range par {
 		wg.Go(func() {
 			for range n / par {
-				sb, err := c.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 128})
+				sb, err := c.CreateSandbox(t.Context(), api.CreateSandbox{MemoryMiB: 128, DiskMiB: 512})
 				if err == nil {
 					err = c.DeleteSandbox(t.Context(), sb.ID)
 				}

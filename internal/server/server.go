@@ -168,6 +168,11 @@ type Config struct {
 	// default (see worker.Config).
 	VCPUs     int
 	MemoryMiB int64
+	// DiskReserveMiB is worker.Config.DiskReserveMiB for the embedded
+	// worker: 0 = its default.
+	DiskReserveMiB int64
+	// StorageGiB is WorkerConfig.StorageGiB for the embedded worker.
+	StorageGiB int64
 	// ReclaimIdleAfter is worker.Config.ReclaimIdleAfter for the embedded
 	// worker: 0 = its default, negative = never.
 	ReclaimIdleAfter time.Duration
@@ -314,7 +319,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		w, err = newWorker(ctx, workerConfig{
 			VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
-			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter,
+			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, DiskReserveMiB: cfg.DiskReserveMiB, StorageGiB: cfg.StorageGiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter,
 			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress, Metrics: reg,
 		})
 		if err != nil {
@@ -633,6 +638,8 @@ type workerConfig struct {
 	Images                 *imagebuild.Artifacts
 	VCPUs                  int
 	MemoryMiB              int64
+	DiskReserveMiB         int64         // worker.Config.DiskReserveMiB
+	StorageGiB             int64         // WorkerConfig.StorageGiB
 	ReclaimIdleAfter       time.Duration // worker.Config.ReclaimIdleAfter
 	Chunks                 *chunkstore.Store
 	ChunkStore             string // names Chunks (worker.Config.ChunkStore)
@@ -672,7 +679,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 	}
 	// The worker's directory reflinks where it can: a loop-mounted XFS
 	// image on file systems that do not (ext4), when root.
-	st, err := storage.Prepare(ctx, storage.Config{DataDir: filepath.Dir(wc.DataDir), Dir: wc.DataDir, Log: wc.Log})
+	st, err := storage.Prepare(ctx, storage.Config{DataDir: filepath.Dir(wc.DataDir), Dir: wc.DataDir, LoopSize: wc.StorageGiB << 30, Log: wc.Log})
 	if err != nil {
 		return nil, err
 	}
@@ -708,9 +715,9 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		return nil, err
 	}
 	w, err := worker.New(worker.Config{
-		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), Driver: drv, BootTimeout: bootTimeout,
+		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), StorageBacking: st.Backing, Driver: drv, BootTimeout: bootTimeout,
 		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
-		Cgroups:   cg, RunRoot: wc.Host.RunRoot, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, ReclaimIdleAfter: wc.ReclaimIdleAfter, Chunks: wc.Chunks,
+		Cgroups:   cg, RunRoot: wc.Host.RunRoot, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, DiskReserveMiB: wc.DiskReserveMiB, ReclaimIdleAfter: wc.ReclaimIdleAfter, Chunks: wc.Chunks,
 		ChunkStore: wc.ChunkStore, Fencing: wc.Fencing, EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
 		VMM: info, Metrics: wc.Metrics,

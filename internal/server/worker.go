@@ -80,6 +80,12 @@ type WorkerConfig struct {
 	// defaults.
 	VCPUs     int
 	MemoryMiB int64
+	// DiskReserveMiB is worker.Config.DiskReserveMiB: 0 = its default.
+	DiskReserveMiB int64
+	// StorageGiB is the size of the XFS image made for the worker's
+	// storage where its data dir cannot reflink (storage.Config.LoopSize;
+	// an image made before keeps its size): 0 = 64.
+	StorageGiB int64
 	// ReclaimIdleAfter is worker.Config.ReclaimIdleAfter: 0 = its
 	// default, negative = never.
 	ReclaimIdleAfter time.Duration
@@ -173,7 +179,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	w, err := newWorker(ctx, workerConfig{
 		VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
-		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
+		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, DiskReserveMiB: cfg.DiskReserveMiB, StorageGiB: cfg.StorageGiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
 		Fencing: true, Metrics: reg,
 	})
 	if err != nil {

@@ -14,6 +14,13 @@
 // file would write out whatever the image file held dirty, which for
 // guest memory follows how much the guests wrote lately rather than what
 // that one file needs.
+//
+// The image is mounted with online discard: when a file in it is deleted
+// (a sandbox's disk, a snapshot), XFS discards its blocks once the delete
+// is committed, and the loop device punches them out of the image file,
+// so that the image costs the host what is stored in it now, not the most
+// it ever held. An image mounted without it (by an older worker) is
+// trimmed once when Prepare finds it (see [Trim]).
 package storage
 
 import (
@@ -69,6 +76,10 @@ type Store struct {
 	// DirectIO says the loop device of ModeReflinkLoop does direct I/O
 	// on its image (false: buffered, or no loop device).
 	DirectIO bool
+	// Backing is the directory holding the image of ModeReflinkLoop, on
+	// the host's file system, or "" in other modes. The image is sparse:
+	// it grows only as far as that file system has room.
+	Backing string
 }
 
 // Reflinked reports whether copies in the store share extents.
@@ -98,7 +109,15 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 	if source, mounted, err := mountSource(mnt); err != nil {
 		return nil, err
 	} else if mounted {
-		return &Store{Dir: mnt, Mode: ModeReflinkLoop, DirectIO: directIO(log, source)}, nil
+		st := &Store{Dir: mnt, Mode: ModeReflinkLoop, DirectIO: directIO(log, source), Backing: cfg.DataDir}
+		if discard, err := mountedWithDiscard(mnt); err == nil && !discard {
+			// Mounted by a worker from before online discard: give back
+			// what it kept, once; a new mount discards as it goes.
+			n, err := Trim(mnt)
+			log.Warn("storage image mounted without online discard: deleted files keep their blocks in the image until it is mounted again",
+				"dir", mnt, "trimmed_mib", n>>20, "trim_err", err)
+		}
+		return st, nil
 	}
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
@@ -121,7 +140,7 @@ func Prepare(ctx context.Context, cfg Config) (*Store, error) {
 		if err := mountLoop(ctx, cfg, mnt); err != nil {
 			why = err.Error()
 		} else {
-			st := &Store{Dir: mnt, Mode: ModeReflinkLoop}
+			st := &Store{Dir: mnt, Mode: ModeReflinkLoop, Backing: cfg.DataDir}
 			if source, _, err := mountSource(mnt); err == nil {
 				st.DirectIO = directIO(log, source)
 			}
@@ -198,7 +217,7 @@ func mountLoop(ctx context.Context, cfg Config, mnt string) error {
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return err
 	}
-	if err := run(ctx, "mount", "-o", "loop,noatime", img, mnt); err != nil {
+	if err := run(ctx, "mount", "-o", "loop,noatime,discard", img, mnt); err != nil {
 		return fmt.Errorf("mount xfs image: %w", err)
 	}
 	if ok, err := Reflinks(mnt); err != nil || !ok {
@@ -266,6 +285,34 @@ func mountSource(path string) (source string, mounted bool, err error) {
 		}
 	}
 	return source, mounted, sc.Err()
+}
+
+// mountedWithDiscard reports whether the file system mounted at path
+// discards freed blocks online (the discard mount option).
+func mountedWithDiscard(path string) (bool, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return false, err
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	discard := false
+	for line := range strings.Lines(string(b)) {
+		fields := strings.Fields(line)
+		if len(fields) <= 4 || unescape(fields[4]) != abs {
+			continue
+		}
+		// Mount options, then after "-": type, source, super options.
+		discard = false
+		for _, fld := range fields {
+			for _, opt := range strings.Split(fld, ",") {
+				discard = discard || opt == "discard"
+			}
+		}
+	}
+	return discard, nil
 }
 
 // directIO turns direct I/O on for loop device dev (/dev/loopN; anything

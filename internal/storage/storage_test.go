@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -117,4 +118,94 @@ func TestPrepareKeepsFilesFromBefore(t *testing.T) {
 	if err != nil || !s.Reflinked() || s.Dir != fresh {
 		t.Fatalf("Prepare(fresh dir) = %+v, %v; want reflink storage at %s", s, err, fresh)
 	}
+}
+
+// TestDeleteGivesBlocksBack writes a file in loop-mounted storage,
+// deletes it, and checks that the image file's allocated blocks go back
+// to what they were before (online discard), and that Trim gives back
+// what an image mounted without discard kept.
+func TestDeleteGivesBlocksBack(t *testing.T) {
+	testenv.RequireRoot(t, testenv.TierNetns)
+	testenv.RequireTool(t, testenv.TierUnit, "mkfs.xfs", "xfsprogs")
+	dir := t.TempDir()
+	mnt := filepath.Join(dir, "reflink")
+	t.Cleanup(func() {
+		if err := Unmount(context.Background(), mnt); err != nil {
+			t.Errorf("Unmount = %v", err)
+		}
+	})
+	s, err := Prepare(t.Context(), Config{DataDir: dir, LoopSize: 1 << 30})
+	if err != nil || s.Mode != ModeReflinkLoop {
+		t.Fatalf("setup: Prepare = %+v, %v; want %s", s, err, ModeReflinkLoop)
+	}
+	if discard, err := mountedWithDiscard(mnt); !discard || err != nil {
+		t.Errorf("mountedWithDiscard(%s) = %v, %v; want true", mnt, discard, err)
+	}
+	img := filepath.Join(dir, loopImage)
+	allocated := func(when string) int64 {
+		t.Helper()
+		n, err := Allocated(img)
+		if err != nil {
+			t.Fatalf("Allocated(%s) %s = %v", img, when, err)
+		}
+		if when != "" {
+			t.Logf("image allocated %s: %d MiB", when, n>>20)
+		}
+		return n
+	}
+	before := allocated("before")
+	const size = 256 << 20
+	writeDelete := func() {
+		t.Helper()
+		data := filepath.Join(mnt, "rw.img")
+		f, err := os.Create(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 1<<20)
+		for i := range buf {
+			buf[i] = byte(i*7 + 1)
+		}
+		for range size >> 20 {
+			if _, err := f.Write(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		if written := allocated("after writing"); written < before+size*9/10 {
+			t.Fatalf("image allocated %d MiB after writing %d MiB, want at least %d MiB", written>>20, size>>20, (before+size*9/10)>>20)
+		}
+		if err := os.Remove(data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The file system's own metadata (log, btrees) may keep a few MiB.
+	const slack = 16 << 20
+	for round := range 2 { // the second time over blocks discarded once
+		writeDelete()
+		// XFS discards once the delete's log checkpoint is written:
+		// within about 30 seconds.
+		start := time.Now()
+		testenv.Eventually(t, time.Minute, func() bool { return allocated("") <= before+slack })
+		t.Logf("round %d: image allocated %d MiB %v after the delete", round, allocated("")>>20, time.Since(start).Round(time.Second))
+	}
+
+	// An image mounted without discard keeps the blocks; Prepare trims it.
+	if err := Unmount(t.Context(), mnt); err != nil {
+		t.Fatalf("Unmount = %v", err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop,noatime", img, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("setup: mount without discard: %v: %s", err, out)
+	}
+	writeDelete()
+	if _, err := Prepare(t.Context(), Config{DataDir: dir}); err != nil {
+		t.Fatalf("Prepare(mounted without discard) = %v", err)
+	}
+	// Blocks the delete just freed are busy until its log checkpoint,
+	// as above; a worker's Prepare comes long after its last delete.
+	testenv.Eventually(t, time.Minute, func() bool { return allocated("") <= before+slack })
+	allocated("after Prepare's trim")
 }

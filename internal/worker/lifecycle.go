@@ -297,12 +297,23 @@ func (w *Worker) reserve(id string, s *sbx, spec Spec) error {
 	w.mu.Lock()
 	closed := w.closed
 	_, taken := w.sandboxes[id]
-	if fits && !pressed && !closed && !taken {
+	admitted := fits && !pressed && !closed && !taken
+	if admitted {
 		w.sandboxes[id] = s
 	}
 	w.mu.Unlock()
+	var diskErr error
+	if admitted {
+		if diskErr = w.admitDisk(s, spec); diskErr != nil {
+			w.mu.Lock()
+			delete(w.sandboxes, id)
+			w.mu.Unlock()
+		}
+	}
 	w.admit.Unlock()
 	switch {
+	case diskErr != nil:
+		return diskErr
 	case closed:
 		return fmt.Errorf("worker is shutting down: %w", errkind.Unavailable)
 	case taken:

@@ -54,6 +54,12 @@ type Config struct {
 	// a snapshot, a restore, a fork or a warm start shares their extents
 	// instead of copying guest RAM. Without it memory stays on tmpfs.
 	ReflinkStorage bool
+	// StorageBacking is the directory on the host's file system holding
+	// the image DataDir is mounted from (storage.Store.Backing), or ""
+	// when DataDir is on the host's file system itself. A sparse image
+	// grows only as far as that file system has room, so disk admission
+	// counts the smaller of the two free spaces.
+	StorageBacking string
 	// RunRoot holds the VMs' run directories (sockets, memory files); it
 	// belongs on tmpfs. "" = /dev/shm/space-<ID>.
 	RunRoot string
@@ -94,6 +100,13 @@ type Config struct {
 	// MemoryReserveMiB is what the host must have available
 	// (MemAvailable) for a sandbox to be admitted; 0 = 10% of its RAM.
 	MemoryReserveMiB int64
+	// DiskReserveMiB is what the worker's storage (the file system
+	// holding DataDir) keeps free beyond the disks it promised to
+	// sandboxes: a create is admitted only if its disk_mib (and, on
+	// reflink storage, its memory file) fits into the free space after
+	// what every sandbox may still write and after the reserve (see
+	// disk.go). 0 = 10% of the storage's size, at most 8 GiB.
+	DiskReserveMiB int64
 	// ReclaimIdleAfter is how long a running sandbox goes without
 	// data-plane requests before its guest gives the memory it only
 	// caches back to the host (reclaim.go), once per idle spell; 0 = 2
@@ -221,6 +234,9 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: egress wildcard name limits %d, %d per minute: not negative: %w",
 			cfg.EgressWildcardNames, cfg.EgressWildcardNamesPerMinute, errkind.InvalidArgument)
 	}
+	if cfg.DiskReserveMiB < 0 {
+		return nil, fmt.Errorf("worker: disk reserve %d MiB: not negative: %w", cfg.DiskReserveMiB, errkind.InvalidArgument)
+	}
 	if cfg.ChunkStore != "" && (cfg.Chunks == nil || cfg.ChunkStore != "local" && !strings.HasPrefix(cfg.ChunkStore, "s3://")) {
 		return nil, fmt.Errorf("worker: chunk store %.80q: want local or s3://BUCKET/PREFIX?endpoint=HOST, with a chunk store: %w",
 			cfg.ChunkStore, errkind.InvalidArgument)
@@ -326,6 +342,9 @@ func (w *Worker) status(withPool bool) Status {
 		VCPUs: w.cfg.VCPUs, MemoryMiB: w.cfg.MemoryMiB, Cgroups: "off", Leased: w.leased()}
 	if w.cfg.Cgroups != nil {
 		st.Cgroups = fmt.Sprintf("v%d", w.cfg.Cgroups.Version())
+	}
+	if d, err := w.disk(nil, withPool); err == nil {
+		st.DiskMiB, st.FreeDiskMiB = d.capacity()>>20, d.room()>>20
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -553,7 +572,7 @@ func (w *Worker) guestConfig(s *sbx, spec Spec, img *imagebuild.Artifacts) guest
 		DataDir:   s.diskDir(),
 		VCPUs:     spec.VCPUs,
 		MemoryMiB: int(spec.MemoryMiB),
-		DiskGiB:   int((spec.DiskMiB + 1023) / 1024),
+		DiskMiB:   spec.DiskMiB,
 		Hostname:  Hostname(s.id()),
 		// On reflink storage the memory file lives with the disk.
 		MemoryInDataDir: w.cfg.ReflinkStorage,

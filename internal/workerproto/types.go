@@ -173,6 +173,15 @@ type Status struct {
 	UsedVCPUs     int   `json:"used_vcpus"`
 	UsedMemoryMiB int64 `json:"used_memory_mib"`
 	Sandboxes     int   `json:"sandboxes"`
+	// DiskMiB is the largest disk (disk_mib, plus memory_mib where guest
+	// memory files share the storage) the worker could ever give one
+	// sandbox: its storage less the reserve it keeps. FreeDiskMiB is the
+	// largest it gives a new one now: the storage's free space less what
+	// its sandboxes may still write and less the reserve. Both 0 from a
+	// worker that predates disk admission (or cannot measure its
+	// storage): unknown.
+	DiskMiB     int64 `json:"disk_mib,omitempty"`
+	FreeDiskMiB int64 `json:"free_disk_mib,omitempty"`
 	// Cgroups is "v1", "v2" or "off" (VMMs run without limits).
 	Cgroups string `json:"cgroups"`
 	// Leased says a lease of the leader's holds now (see LeaseRequest):
