@@ -36,6 +36,23 @@ var ErrClosed = fmt.Errorf("agent connection closed: %w", errkind.Unavailable)
 // calls in flight and later calls on the client fail with that cause.
 var ErrUnresponsive = fmt.Errorf("agent unresponsive: %w", errkind.Unavailable)
 
+// UnresponsiveError is the cause a host gives CloseWithCause when the
+// agent gave no answer to its heartbeat for Silent. It matches
+// ErrUnresponsive and errkind.Unavailable.
+type UnresponsiveError struct {
+	Silent time.Duration
+}
+
+func (e *UnresponsiveError) Error() string {
+	return fmt.Sprintf("agent unresponsive: no heartbeat answer for %v", e.Silent)
+}
+
+// Is makes errors.Is(err, ErrUnresponsive) hold.
+func (e *UnresponsiveError) Is(target error) bool { return target == ErrUnresponsive }
+
+// Unwrap gives the error's kind.
+func (e *UnresponsiveError) Unwrap() error { return errkind.Unavailable }
+
 // UnaryTimeout bounds every call whose reply is a single frame (Health,
 // Stat, Mkdir, Remove, SignalProcess, ...) when the caller's ctx has no
 // deadline: a guest cannot keep one waiting forever, even one whose agent
