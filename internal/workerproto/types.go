@@ -154,10 +154,10 @@ type Info struct {
 	Agent string `json:"agent,omitempty"`
 }
 
-// Info.Agent values.
+// Info.Agent values: those of api.Sandbox.Agent.
 const (
-	AgentOK           = "ok"
-	AgentUnresponsive = "unresponsive"
+	AgentOK           = api.AgentOK
+	AgentUnresponsive = api.AgentUnresponsive
 )
 
 // ExecRecord is a command that ran and ended.
