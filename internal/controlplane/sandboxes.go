@@ -569,13 +569,14 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 const agentStateWait = 2 * time.Second
 
 // agentState asks the worker of a running sandbox how its agent is
-// (api.Sandbox.Agent), or "" if that is not known soon.
+// (api.Sandbox.Agent), or "" if that is not known soon: a worker that
+// does not answer its probes is not asked.
 func (s *Server) agentState(ctx context.Context, sb store.Sandbox) string {
 	if sb.State != sandbox.Running || sb.WorkerID == "" {
 		return ""
 	}
 	wk, err := s.worker(sb.WorkerID)
-	if err != nil {
+	if err != nil || !s.answering(wk) {
 		return ""
 	}
 	ctx, cancel := context.WithTimeout(ctx, agentStateWait)
