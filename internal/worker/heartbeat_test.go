@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -107,6 +108,13 @@ func TestFrozenAgent(t *testing.T) {
 		t.Errorf("Info.Agent after the declaration = %q, want %q", got, workerproto.AgentUnresponsive)
 	}
 	h := w.Handler("")
+	// Nothing piles up while it is so: a hundred calls leave no
+	// goroutine (nor stream) behind.
+	before := runtime.NumGoroutine()
+	for range 100 {
+		dataCall(h, "GET", id, "/files/stat?path=/", "")
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return runtime.NumGoroutine() <= before+2 })
 	for _, call := range []struct{ method, rest, body string }{
 		{"GET", "/files/list?path=/", ""},
 		{"GET", "/files/stat?path=/", ""},
