@@ -602,7 +602,7 @@ const execTimeoutGrace = 5 * time.Second
 // kill the process (for at most execKillWait), detaches and reports the
 // exit the guest would have: killed by SIGKILL, timed out.
 func execWait(a *client.Client, seconds int64) waitFunc {
-	if seconds <= 0 {
+	if seconds <= 0 || seconds > maxHostTimeout {
 		return attachedWait
 	}
 	return func(p *client.Process, info proto.ProcInfo) (proto.Exit, error) {
@@ -625,6 +625,10 @@ func execWait(a *client.Client, seconds int64) waitFunc {
 		return proto.Exit{Code: 128 + 9, Signal: 9, TimedOut: true}, nil
 	}
 }
+
+// maxHostTimeout is the longest timeout_seconds the host enforces too
+// (136 years: longer ones would overflow a time.Duration).
+const maxHostTimeout = 1 << 32
 
 // execKillWait bounds the host's kill of an exec that outlived its
 // timeout.
