@@ -17,7 +17,9 @@ import (
 // health (proto.OpHealth, a new stream on the session) every
 // Config.AgentHeartbeat; an answer must come within Config.AgentTimeout.
 // The first probe that goes unanswered for that long while the VM ran
-// throughout declares the agent unresponsive: the worker logs it, closes
+// throughout, or probes that fail at once (a session that ends, a
+// handshake refused) for that long, declare the agent unresponsive: the
+// worker logs it, closes
 // the agent's client with a cause wrapping client.ErrUnresponsive (calls
 // in flight, exec streams and transfers included, fail at once with it),
 // the sandbox's Info.Agent says "unresponsive", and data-plane calls fail
@@ -93,13 +95,15 @@ func (w *Worker) heartbeat(s *sbx, vm vmm.VM) {
 		defer cancel()
 		t := time.NewTimer(w.cfg.AgentHeartbeat)
 		defer t.Stop()
+		var hb silence
+		hb.reset(s)
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
-			if !w.beat(ctx, s, vm) {
+			if !w.beat(ctx, s, vm, &hb) {
 				return
 			}
 			t.Reset(w.cfg.AgentHeartbeat)
@@ -107,9 +111,22 @@ func (w *Worker) heartbeat(s *sbx, vm vmm.VM) {
 	}()
 }
 
+// silence is what a heartbeat knows of its agent's silence: since when
+// it has not answered while the VM ran throughout, as vmEpoch was then.
+type silence struct {
+	since time.Time
+	epoch uint64
+}
+
+// reset starts the silence window anew: after an answer, or when the VM
+// did not run (or the worker did not).
+func (hb *silence) reset(s *sbx) {
+	hb.since, hb.epoch = time.Now(), s.vmEpoch.Load()
+}
+
 // beat probes the agent once and records the outcome. It reports false
 // when s no longer runs vm.
-func (w *Worker) beat(ctx context.Context, s *sbx, vm vmm.VM) bool {
+func (w *Worker) beat(ctx context.Context, s *sbx, vm vmm.VM, hb *silence) bool {
 	s.mu.Lock()
 	current, a, id := s.vm, s.agent, s.rec.ID
 	s.mu.Unlock()
@@ -117,9 +134,9 @@ func (w *Worker) beat(ctx context.Context, s *sbx, vm vmm.VM) bool {
 		return false
 	}
 	if !w.vmRuns(s) {
+		hb.reset(s)
 		return true
 	}
-	epoch := s.vmEpoch.Load()
 	timeout := w.cfg.AgentTimeout
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	start := time.Now()
@@ -130,15 +147,23 @@ func (w *Worker) beat(ctx context.Context, s *sbx, vm vmm.VM) bool {
 	case ctx.Err() != nil:
 		return false
 	case err == nil:
+		hb.reset(s)
 		w.agentAnswered(s, id)
 		return true
-	case !errors.Is(err, context.DeadlineExceeded):
-		// A quick failure (the session ended: the agent restarted, or
-		// the host closed it): the next beat connects again, and only
-		// no answer in time declares the agent gone.
+	case s.vmEpoch.Load() != hb.epoch || !w.vmRuns(s) || took > timeout+w.cfg.AgentHeartbeat:
+		// The VM or the worker did not run throughout: no miss.
+		hb.reset(s)
 		return true
-	case s.vmEpoch.Load() != epoch || !w.vmRuns(s) || took > timeout+w.cfg.AgentHeartbeat:
-		return true // the VM or the worker did not run throughout
+	}
+	// A probe that ended at its deadline is a timeout of silence; one
+	// that failed at once (the session ended, a handshake refused) is
+	// one only once failures have lasted that long.
+	silent := time.Since(hb.since)
+	if errors.Is(err, context.DeadlineExceeded) {
+		silent = max(silent, timeout)
+	}
+	if silent < timeout {
+		return true
 	}
 	w.agentSilent(s, id, a, timeout)
 	return true
