@@ -204,3 +204,38 @@ func lastEvent(t *testing.T, rec *httptest.ResponseRecorder) api.Event {
 	}
 	return last
 }
+
+// TestPausedNotUnresponsive: a VM its user paused does not answer (the
+// fake stops every process of the guest), and that is no frozen agent:
+// over three heartbeat timeouts it is never declared unresponsive, and
+// once resumed it serves at once.
+func TestPausedNotUnresponsive(t *testing.T) {
+	w := newFakeHost(t).startWith(t, fastHeartbeat)
+	id := store.NewSandboxID()
+	if _, err := w.Create(t.Context(), CreateRequest{ID: id, Team: "team", Spec: fakeSpec}); err != nil {
+		t.Fatalf("Create = %v", err)
+	}
+	if _, err := w.Pause(t.Context(), id); err != nil {
+		t.Fatalf("Pause = %v", err)
+	}
+	time.Sleep(3 * testSilence) // what is checked is that nothing happens
+	s, err := w.get(id)
+	if err != nil {
+		t.Fatalf("get = %v", err)
+	}
+	s.mu.Lock()
+	down := s.agentDown
+	s.mu.Unlock()
+	if down != nil {
+		t.Errorf("agent of a paused sandbox declared unresponsive: %v", down)
+	}
+	if _, err := w.Resume(t.Context(), id); err != nil {
+		t.Fatalf("Resume = %v", err)
+	}
+	if rec := dataCall(w.Handler(""), "GET", id, "/files/stat?path=/", ""); rec.Code != http.StatusOK {
+		t.Errorf("stat right after resume = %d %s, want 200", rec.Code, rec.Body)
+	}
+	if got := agentState(t, w, id); got != workerproto.AgentOK {
+		t.Errorf("Info.Agent after resume = %q, want %q", got, workerproto.AgentOK)
+	}
+}
