@@ -209,7 +209,19 @@ type Sandbox struct {
 	// DataPlane is where the sandbox's data-plane requests (exec,
 	// processes, files, ports) go while its VM runs; absent otherwise.
 	DataPlane *DataPlane `json:"data_plane,omitempty"`
+	// Agent is the state of the guest agent of a running sandbox, as its
+	// worker's heartbeat last saw it: AgentOK, or AgentUnresponsive once
+	// it stopped answering (its data-plane calls then fail with 503
+	// unavailable until it answers again). Only GET of one sandbox
+	// fills it, while the sandbox runs and its worker answers.
+	Agent string `json:"agent,omitempty"`
 }
+
+// Sandbox.Agent values.
+const (
+	AgentOK           = "ok"
+	AgentUnresponsive = "unresponsive"
+)
 
 // DataPlane names where a sandbox's data-plane requests go and the token
 // that authorizes them: the same paths as on the API server

@@ -200,6 +200,11 @@ func (g *globals) printSandbox(sb api.Sandbox) error {
 		"id", sb.ID,
 		"team", sb.Team,
 		"state", sb.State,
+	}
+	if sb.Agent != "" {
+		kv = append(kv, "agent", sb.Agent)
+	}
+	kv = append(kv,
 		"template", sb.Template,
 		"worker", sb.Worker,
 		"vcpus", strconv.Itoa(sb.VCPUs),
@@ -207,7 +212,7 @@ func (g *globals) printSandbox(sb api.Sandbox) error {
 		"disk", fmt.Sprintf("%d MiB", sb.DiskMiB),
 		"created", sb.CreatedAt.Local().Format(time.RFC3339),
 		"updated", sb.UpdatedAt.Local().Format(time.RFC3339),
-	}
+	)
 	if sb.ExpiresAt != nil {
 		kv = append(kv, "expires", sb.ExpiresAt.Local().Format(time.RFC3339))
 	}

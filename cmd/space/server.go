@@ -36,6 +36,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		vcpus, pool                                 int
 		memory, diskReserve, storageGiB             int64
 		reclaimIdle                                 time.Duration
+		hb                                          heartbeat
 		egress                                      server.Egress
 		e2bListen, e2bDomain, e2bCert, e2bKey       string
 		metricsListen                               string
@@ -110,6 +111,7 @@ server stops, and the next start re-adopts them.`,
 				E2B:     e2bCfg,
 				DataDir: dataDir, Listen: listen, MetricsListen: metricsListen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, DiskReserveMiB: diskReserve, StorageGiB: storageGiB, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
+				AgentHeartbeat: hb.every, AgentTimeout: hb.timeout,
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				DefaultCheckpoints: defaultCheckpoints, DefaultTimeout: timeout, DefaultOnTimeout: onTimeout, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
@@ -144,6 +146,7 @@ server stops, and the next start re-adopts them.`,
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory the embedded worker offers (default: 80% of host RAM)")
 	diskFlags(f, &diskReserve, &storageGiB)
 	reclaimIdleFlag(f, &reclaimIdle)
+	heartbeatFlags(f, &hb)
 	f.StringVar(&e2bListen, "e2b-listen", "", "`address` of the E2B-compatible API (E2B_API_URL, E2B_SANDBOX_URL; docs/e2b.md), e.g. :443 with --e2b-domain and TLS (default: none)")
 	f.StringVar(&e2bDomain, "e2b-domain", "", "`domain` of the E2B API's sandbox hosts PORT-ID.DOMAIN and of api.DOMAIN (E2B_DOMAIN; needs wildcard DNS to this server)")
 	f.StringVar(&e2bCert, "e2b-tls-cert", "", "PEM `FILE` of the E2B listener's certificate (for DOMAIN and *.DOMAIN); with --e2b-tls-key")
@@ -214,6 +217,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
 		vcpus                                                        int
 		memory, diskReserve, storageGiB                              int64
 		reclaimIdle                                                  time.Duration
+		hb                                                           heartbeat
 		egress                                                       server.Egress
 	)
 	c := &cobra.Command{
@@ -270,6 +274,7 @@ host, each with its own --data-dir, --listen and --id.`,
 				ID: id, DataDir: dataDir, Listen: listen, MetricsListen: metricsListen, Advertise: advertise, ControlPlane: controlPlane,
 				Discovery: discovery, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig,
 				Token: token, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel, VCPUs: vcpus, MemoryMiB: memory, DiskReserveMiB: diskReserve, StorageGiB: storageGiB, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
+				AgentHeartbeat: hb.every, AgentTimeout: hb.timeout,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Progress: g.stderr, Log: g.logger(), Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
@@ -290,6 +295,7 @@ host, each with its own --data-dir, --listen and --id.`,
 	f.Int64Var(&memory, "memory", 0, "`MiB` of guest memory offered (default: 80% of host RAM)")
 	diskFlags(f, &diskReserve, &storageGiB)
 	reclaimIdleFlag(f, &reclaimIdle)
+	heartbeatFlags(f, &hb)
 	egressFlags(f, &egress)
 	agentFlag(f, &agent)
 	guestKernelFlag(f, &guestKernel)
@@ -432,6 +438,17 @@ It needs the cluster's worker token (the server's DATA_DIR/worker.token).`,
 	f.StringVar(&token, "token", "", "the cluster's worker `token`")
 	f.StringVar(&tokenFile, "token-file", "", "read the worker token from `FILE`")
 	return c
+}
+
+// heartbeat holds --agent-heartbeat and --agent-timeout.
+type heartbeat struct{ every, timeout time.Duration }
+
+// heartbeatFlags adds --agent-heartbeat and --agent-timeout: how the
+// worker watches its sandboxes' agents (worker.Config.AgentHeartbeat,
+// AgentTimeout; docs/agent-protocol.md).
+func heartbeatFlags(f *pflag.FlagSet, hb *heartbeat) {
+	f.DurationVar(&hb.every, "agent-heartbeat", 5*time.Second, "how often the worker asks each running sandbox's agent for its health (negative: never)")
+	f.DurationVar(&hb.timeout, "agent-timeout", 15*time.Second, "how long an agent may take to answer before it is declared unresponsive and its sandbox's calls fail at once")
 }
 
 // reclaimIdleFlag adds --reclaim-idle: how long a sandbox goes without

@@ -556,7 +556,36 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	s.writeView(w, http.StatusOK, sb)
+	v, err := s.view(sb)
+	if err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	v.Agent = s.agentState(r.Context(), sb)
+	httpapi.WriteJSON(w, http.StatusOK, v)
+}
+
+// agentStateWait bounds the question to a worker behind a sandbox get.
+const agentStateWait = 2 * time.Second
+
+// agentState asks the worker of a running sandbox how its agent is
+// (api.Sandbox.Agent), or "" if that is not known soon: a worker that
+// does not answer its probes is not asked.
+func (s *Server) agentState(ctx context.Context, sb store.Sandbox) string {
+	if sb.State != sandbox.Running || sb.WorkerID == "" {
+		return ""
+	}
+	wk, err := s.worker(sb.WorkerID)
+	if err != nil || !s.answering(wk) {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, agentStateWait)
+	defer cancel()
+	inf, err := wk.Sandbox(ctx, sb.ID)
+	if err != nil {
+		return ""
+	}
+	return inf.Agent
 }
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {

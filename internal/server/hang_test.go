@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -215,5 +216,59 @@ func TestStoppedWorker(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return workers()[aID] })
 	if out, _, code := execOut(t, ts.client, onA.ID, sh("echo back")); code != 0 || out != "back\n" {
 		t.Errorf("exec in the sandbox of the worker that ran again = %q, exit %d", out, code)
+	}
+}
+
+// TestFrozenAgentShown: guest root stops the agent (SIGSTOP of PID 1; on
+// the fake VMM the agent is the VM's process). The sandbox's get says
+// agent unresponsive, an exec with a timeout and a file list fail with
+// the clear error instead of hanging, and once the agent is continued
+// the sandbox is healthy again.
+func TestFrozenAgentShown(t *testing.T) {
+	ts := startFakeServerWith(t, Config{AgentHeartbeat: 100 * time.Millisecond, AgentTimeout: time.Second})
+	c := ts.client
+	ctx := t.Context()
+	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{MemoryMiB: 256})
+	if err != nil {
+		t.Fatalf("CreateSandbox() = %v", err)
+	}
+	if got, err := c.Sandbox(ctx, sb.ID); err != nil || got.Agent != api.AgentOK {
+		t.Errorf("Sandbox() agent = %q, %v; want %q", got.Agent, err, api.AgentOK)
+	}
+	if sb.VM == nil || sb.VM.PID == 0 {
+		t.Fatalf("CreateSandbox() VM = %+v, want its pid", sb.VM)
+	}
+	pid := sb.VM.PID
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP agent: %v", err)
+	}
+	continued := false
+	cont := func() {
+		if !continued {
+			syscall.Kill(pid, syscall.SIGCONT)
+			continued = true
+		}
+	}
+	defer cont()
+
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		got, err := c.Sandbox(ctx, sb.ID)
+		return err == nil && got.Agent == api.AgentUnresponsive
+	})
+	_, err = c.Exec(ctx, sb.ID, api.Exec{Command: []string{"sleep", "60"}, TimeoutSeconds: 5}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "agent unresponsive") {
+		t.Errorf("Exec(timeout 5s) on a frozen agent = %v, want an error saying the agent is unresponsive", err)
+	}
+	if _, err := c.ListFiles(ctx, sb.ID, "/"); err == nil || !strings.Contains(err.Error(), "agent unresponsive: no heartbeat answer for 1s") {
+		t.Errorf("ListFiles on a frozen agent = %v, want an error saying the agent is unresponsive", err)
+	}
+
+	cont()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		got, err := c.Sandbox(ctx, sb.ID)
+		return err == nil && got.Agent == api.AgentOK
+	})
+	if out, _, code := execOut(t, c, sb.ID, sh("echo back")); out != "back\n" || code != 0 {
+		t.Errorf("exec after the agent was continued = %q, exit %d; want back", out, code)
 	}
 }

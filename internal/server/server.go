@@ -176,6 +176,11 @@ type Config struct {
 	// ReclaimIdleAfter is worker.Config.ReclaimIdleAfter for the embedded
 	// worker: 0 = its default, negative = never.
 	ReclaimIdleAfter time.Duration
+	// AgentHeartbeat and AgentTimeout are worker.Config's for the
+	// embedded worker: how often it asks each sandbox's agent for its
+	// health, and how long an answer may take before the agent is
+	// declared unresponsive; 0 = the defaults (5 s, 15 s).
+	AgentHeartbeat, AgentTimeout time.Duration
 	// CrashAt names a crash point of the worker or control plane; for
 	// tests.
 	CrashAt string
@@ -320,6 +325,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, DiskReserveMiB: cfg.DiskReserveMiB, StorageGiB: cfg.StorageGiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter,
+			AgentHeartbeat: cfg.AgentHeartbeat, AgentTimeout: cfg.AgentTimeout,
 			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress, Metrics: reg,
 		})
 		if err != nil {
@@ -641,6 +647,8 @@ type workerConfig struct {
 	DiskReserveMiB         int64         // worker.Config.DiskReserveMiB
 	StorageGiB             int64         // WorkerConfig.StorageGiB
 	ReclaimIdleAfter       time.Duration // worker.Config.ReclaimIdleAfter
+	AgentHeartbeat         time.Duration // worker.Config.AgentHeartbeat
+	AgentTimeout           time.Duration // worker.Config.AgentTimeout
 	Chunks                 *chunkstore.Store
 	ChunkStore             string // names Chunks (worker.Config.ChunkStore)
 	Fencing                bool   // worker.Config.Fencing: a standalone worker
@@ -718,6 +726,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		ID: wc.ID, DataDir: st.Dir, ReflinkStorage: st.Reflinked(), StorageBacking: st.Backing, Driver: drv, BootTimeout: bootTimeout,
 		Templates: templates{def: wc.Images, images: &templatebuild.Images{Cache: cache, Chunks: wc.Chunks, Log: wc.Log}},
 		Cgroups:   cg, RunRoot: wc.Host.RunRoot, CrashAt: wc.CrashAt, Log: wc.Log, VCPUs: wc.VCPUs, MemoryMiB: wc.MemoryMiB, DiskReserveMiB: wc.DiskReserveMiB, ReclaimIdleAfter: wc.ReclaimIdleAfter, Chunks: wc.Chunks,
+		AgentHeartbeat: wc.AgentHeartbeat, AgentTimeout: wc.AgentTimeout,
 		ChunkStore: wc.ChunkStore, Fencing: wc.Fencing, EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
 		VMM: info, Metrics: wc.Metrics,

@@ -89,6 +89,9 @@ type WorkerConfig struct {
 	// ReclaimIdleAfter is worker.Config.ReclaimIdleAfter: 0 = its
 	// default, negative = never.
 	ReclaimIdleAfter time.Duration
+	// AgentHeartbeat and AgentTimeout are worker.Config's: 0 = their
+	// defaults (5 s, 15 s).
+	AgentHeartbeat, AgentTimeout time.Duration
 	// Chunks is the chunk store; "" = DataDir/chunks. Give it the
 	// server's (its directory on the same host, or its S3 bucket) to
 	// share snapshots with it.
@@ -180,6 +183,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		VMM: cfg.VMM, Firecracker: cfg.Firecracker, Host: cfg.Host, Progress: progress,
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
 		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, DiskReserveMiB: cfg.DiskReserveMiB, StorageGiB: cfg.StorageGiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
+		AgentHeartbeat: cfg.AgentHeartbeat, AgentTimeout: cfg.AgentTimeout,
 		Fencing: true, Metrics: reg,
 	})
 	if err != nil {

@@ -239,7 +239,7 @@ func (n *ndjson) io(stdin io.Reader) client.IO {
 
 // follow streams an attached process to its end: started, its output (as
 // the writers send it), then exit or error.
-func (n *ndjson) follow(p *client.Process, info proto.ProcInfo, err error) {
+func (n *ndjson) follow(p *client.Process, info proto.ProcInfo, err error, wait waitFunc) {
 	if err != nil {
 		close(n.started)
 		body := httpapi.Body(err)
@@ -249,7 +249,7 @@ func (n *ndjson) follow(p *client.Process, info proto.ProcInfo, err error) {
 	pv := processView(info)
 	n.send(api.Event{Type: api.EventStarted, Process: &pv})
 	close(n.started)
-	exit, err := p.Wait()
+	exit, err := wait(p, info)
 	if err != nil {
 		body := httpapi.Body(err)
 		n.send(api.Event{Type: api.EventError, Error: &body})
@@ -290,7 +290,7 @@ func (w *Worker) handleExec(rw http.ResponseWriter, r *http.Request, a *client.C
 	n := newNDJSON(rw)
 	started := time.Now()
 	p, info, err := a.StartAttached(r.Context(), ps, n.io(stdin))
-	n.follow(p, info, err)
+	n.follow(p, info, err, execWait(a, req.TimeoutSeconds))
 	w.execEnded(r.PathValue("id"), req, started, err)
 	return nil
 }
@@ -341,7 +341,7 @@ func handleOutput(rw http.ResponseWriter, r *http.Request, a *client.Client) err
 	}
 	n := newNDJSON(rw)
 	p, info, err := attach(r.Context(), ref.ID, n.io(nil))
-	n.follow(p, info, err)
+	n.follow(p, info, err, attachedWait)
 	return nil
 }
 
@@ -421,7 +421,7 @@ func (w *Worker) handleExecWS(rw http.ResponseWriter, r *http.Request, a *client
 	ws := newWSSession(ctx, c)
 	started := time.Now()
 	p, info, err := a.StartAttached(ctx, ps, ws.io())
-	ws.follow(p, info, err)
+	ws.follow(p, info, err, execWait(a, req.TimeoutSeconds))
 	w.execEnded(r.PathValue("id"), req, started, err)
 	return nil
 }
@@ -455,7 +455,7 @@ func handleAttachWS(rw http.ResponseWriter, r *http.Request, a *client.Client) e
 	c.SetReadLimit(maxWSMessage)
 	ws := newWSSession(r.Context(), c)
 	p, info, err := attach(r.Context(), ref.ID, ws.io())
-	ws.follow(p, info, err)
+	ws.follow(p, info, err, attachedWait)
 	return nil
 }
 
@@ -513,7 +513,7 @@ func (s *wsSession) sendEvent(ev api.Event) error {
 }
 
 // follow serves the session until the process exits or the client leaves.
-func (s *wsSession) follow(p *client.Process, info proto.ProcInfo, err error) {
+func (s *wsSession) follow(p *client.Process, info proto.ProcInfo, err error, wait waitFunc) {
 	defer s.stdin.Close()
 	if err != nil {
 		close(s.started)
@@ -528,7 +528,7 @@ func (s *wsSession) follow(p *client.Process, info proto.ProcInfo, err error) {
 		defer close(readDone)
 		s.readClient(p)
 	}()
-	exit, err := p.Wait()
+	exit, err := wait(p, info)
 	if err != nil {
 		if !errors.Is(err, client.ErrDetached) || s.ctx.Err() == nil {
 			body := httpapi.Body(err)
@@ -581,3 +581,55 @@ func (s *wsSession) readClient(p *client.Process) {
 		}
 	}
 }
+
+// waitFunc waits for an attached process to end (or its attachment).
+type waitFunc func(p *client.Process, info proto.ProcInfo) (proto.Exit, error)
+
+// attachedWait waits as long as the attachment lasts: an attachment
+// has no timeout of its own.
+func attachedWait(p *client.Process, _ proto.ProcInfo) (proto.Exit, error) { return p.Wait() }
+
+// execTimeoutGrace is how long after an exec's timeout_seconds the host
+// waits for the guest to report the exit it enforces, before it ends the
+// exec itself: the guest's own exit grace, a loaded guest's scheduling,
+// and the trip of the exit frame fit in it many times over.
+const execTimeoutGrace = 5 * time.Second
+
+// execWait is the waitFunc of an exec with timeout_seconds: the host
+// enforces the timeout too, so that an agent that stops answering (or
+// never enforces it) cannot keep the exec open. seconds+execTimeoutGrace
+// after the start, if the exit has not come, the host asks the agent to
+// kill the process (for at most execKillWait), detaches and reports the
+// exit the guest would have: killed by SIGKILL, timed out.
+func execWait(a *client.Client, seconds int64) waitFunc {
+	if seconds <= 0 || seconds > maxHostTimeout {
+		return attachedWait
+	}
+	return func(p *client.Process, info proto.ProcInfo) (proto.Exit, error) {
+		t := time.NewTimer(time.Duration(seconds)*time.Second + execTimeoutGrace)
+		defer t.Stop()
+		select {
+		case <-p.Done():
+			return p.Wait()
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), execKillWait)
+		a.SignalProcess(ctx, info.ID, 9) // best effort: the guest's SIGKILL
+		cancel()
+		select {
+		case <-p.Done(): // it ended meanwhile: its own exit it is
+			return p.Wait()
+		default:
+		}
+		p.Detach()
+		return proto.Exit{Code: 128 + 9, Signal: 9, TimedOut: true}, nil
+	}
+}
+
+// maxHostTimeout is the longest timeout_seconds the host enforces too
+// (136 years: longer ones would overflow a time.Duration).
+const maxHostTimeout = 1 << 32
+
+// execKillWait bounds the host's kill of an exec that outlived its
+// timeout.
+const execKillWait = 2 * time.Second

@@ -380,6 +380,7 @@ func (w *Worker) freezeLocked(ctx context.Context, s *sbx) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, fencePauseTimeout)
 	defer cancel()
+	defer s.stopVM()()
 	if err := p.Pause(pctx); err != nil {
 		if ctx.Err() == nil {
 			w.log.Error("pause sandbox without a lease", "sandbox_id", id, "err", err)
@@ -390,6 +391,7 @@ func (w *Worker) freezeLocked(ctx context.Context, s *sbx) {
 		w.log.Info("sandbox paused: no lease of the control plane", "sandbox_id", id)
 	}
 	s.fenced = true
+	s.fencedNow.Store(true)
 }
 
 // thawAll resumes the guests the fence paused whose records still say
@@ -411,6 +413,7 @@ func (w *Worker) thawAll(ctx context.Context) {
 			if p, ok := vm.(vmm.Pauser); ok && state == sandbox.Running {
 				pctx, cancel := context.WithTimeout(ctx, fencePauseTimeout)
 				defer cancel()
+				defer s.stopVM()()
 				if err := p.Resume(pctx); err != nil {
 					w.log.Error("resume sandbox under a new lease", "sandbox_id", id, "err", err)
 					return
@@ -418,6 +421,7 @@ func (w *Worker) thawAll(ctx context.Context) {
 				w.log.Info("sandbox resumed: lease of the control plane taken", "sandbox_id", id)
 			}
 			s.fenced = false
+			s.fencedNow.Store(false)
 		})
 	}
 	wg.Wait()

@@ -77,12 +77,20 @@ func newFakeHost(t *testing.T) *fakeHost {
 // start starts a worker on h, closed when the test ends.
 func (h *fakeHost) start(t *testing.T) *Worker {
 	t.Helper()
+	return h.startWith(t, func(*Config) {})
+}
+
+// startWith is start with the worker's config changed by set.
+func (h *fakeHost) startWith(t *testing.T, set func(*Config)) *Worker {
+	t.Helper()
 	drv, err := fake.New(fake.Config{})
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	w, err := New(Config{ID: h.id, DataDir: h.data, RunRoot: h.run, Driver: drv, Templates: oneTemplate{fakeImages}, Fencing: true,
-		Cgroups: h.cg, BootTimeout: 10 * time.Second, Log: testLog(), VMM: VMMInfo{Kind: "fake", Version: fake.Version, Accel: fake.Accel}})
+	cfg := Config{ID: h.id, DataDir: h.data, RunRoot: h.run, Driver: drv, Templates: oneTemplate{fakeImages}, Fencing: true,
+		Cgroups: h.cg, BootTimeout: 10 * time.Second, Log: testLog(), VMM: VMMInfo{Kind: "fake", Version: fake.Version, Accel: fake.Accel}}
+	set(&cfg)
+	w, err := New(cfg)
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}

@@ -257,7 +257,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 	}
 	h := gv.VMM.Handle()
 	s.mu.Lock()
-	s.vm, s.agent = gv.VMM, gv.Client
+	s.vm, s.agent, s.agentDown = gv.VMM, gv.Client, nil
 	s.rec.RestoreFrom = ""
 	s.rec.VM = &api.VMInfo{
 		VMM: h.Driver, VMMVersion: h.Version, Accel: h.Accel, StartedBy: startedBy,
@@ -476,10 +476,15 @@ func (w *Worker) agentFor(ctx context.Context, id string) (*client.Client, error
 		return nil, err
 	}
 	s.mu.Lock()
-	state, vm, a := s.rec.State, s.vm, s.agent
+	state, vm, a, down := s.rec.State, s.vm, s.agent, s.agentDown
 	s.mu.Unlock()
 	if state != sandbox.Running || vm == nil {
 		return nil, fmt.Errorf("%s is %s: %w", id, state, ErrNotRunning)
+	}
+	if down != nil {
+		// Fail at once: nothing waits on an agent that does not answer
+		// (the heartbeat reconnects once it does).
+		return nil, errAgentDown(id, down)
 	}
 	if a != nil {
 		select {
@@ -551,15 +556,19 @@ func (w *Worker) setRunning(ctx context.Context, id string, run bool) (Info, err
 	if !ok {
 		return Info{}, fmt.Errorf("%s: %T cannot pause: %w", id, vm, errkind.FailedPrecondition)
 	}
+	vmStopped := s.stopVM()
 	if run {
 		err = p.Resume(ctx)
 	} else {
 		err = p.Pause(ctx)
 	}
 	if err != nil {
+		vmStopped()
 		return Info{}, fmt.Errorf("%s: %w", id, err)
 	}
 	s.fenced = false // the vCPUs are as the user asks now, not the fence
+	s.fencedNow.Store(false)
+	defer vmStopped() // once the record says what the VM does
 	s.mu.Lock()
 	err = s.setStateLocked(to)
 	s.mu.Unlock()

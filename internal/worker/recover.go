@@ -201,6 +201,7 @@ func (w *Worker) settleVCPUs(ctx context.Context, s *sbx, vm vmm.VM, state sandb
 	if !ok {
 		return nil
 	}
+	defer s.stopVM()()
 	if state == sandbox.Paused {
 		return p.Pause(ctx)
 	}
@@ -211,6 +212,7 @@ func (w *Worker) settleVCPUs(ctx context.Context, s *sbx, vm vmm.VM, state sandb
 			return err
 		}
 		s.fenced = true
+		s.fencedNow.Store(true)
 		w.log.Info("sandbox paused: no lease of the control plane", "sandbox_id", s.id())
 		return nil
 	}

@@ -95,7 +95,9 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 	// takes a diff merged onto its previous snapshot (Firecracker), and
 	// the memory file shares the extents of what did not change.
 	opts := vmm.SnapshotOptions{Diff: w.cfg.ReflinkStorage, Ephemeral: req.Ephemeral, Paused: func() { w.crash("snapshot.vm-paused") }}
+	vmStopped := s.stopVM()
 	taken, err := sn.Snapshot(ctx, filepath.Join(dir, "vm"), opts)
+	vmStopped()
 	if err != nil {
 		return SnapshotInfo{}, errors.Join(err, os.RemoveAll(dir))
 	}

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -114,6 +115,13 @@ type Config struct {
 	ReclaimIdleAfter time.Duration
 	// BootTimeout bounds a boot until the agent answers; 0 = 2 minutes.
 	BootTimeout time.Duration
+	// AgentHeartbeat is how often the worker asks each running
+	// sandbox's agent for its health; 0 = 5 s, negative = never (no
+	// agent is then ever declared unresponsive). AgentTimeout is how
+	// long an answer may take before the agent is declared unresponsive
+	// (its calls then fail at once; see heartbeat.go); 0 = 15 s.
+	AgentHeartbeat time.Duration
+	AgentTimeout   time.Duration
 	// CrashAt names a crash point (see CrashPoints) at which the process
 	// kills itself; "" = never. For tests.
 	CrashAt string
@@ -261,6 +269,12 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.ReclaimIdleAfter == 0 {
 		cfg.ReclaimIdleAfter = defaultReclaimIdleAfter
+	}
+	if cfg.AgentHeartbeat == 0 {
+		cfg.AgentHeartbeat = defaultAgentHeartbeat
+	}
+	if cfg.AgentTimeout <= 0 {
+		cfg.AgentTimeout = defaultAgentTimeout
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -460,6 +474,12 @@ type sbx struct {
 	vcpus sync.Mutex
 	// +checklocks:vcpus
 	fenced bool // the fence paused the VM while its record says running: a lease resumes it
+	// fencedNow is fenced, for the heartbeat, which must not wait for
+	// vcpus; vmStops counts the pauses, resumes and snapshots under way
+	// and vmEpoch changes whenever one starts or ends (stopVM).
+	fencedNow atomic.Bool
+	vmStops   atomic.Int32
+	vmEpoch   atomic.Uint64
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -470,6 +490,8 @@ type sbx struct {
 	agent *client.Client // or nil until connected; replaced when its session ends
 	// +checklocks:mu
 	failure string
+	// +checklocks:mu
+	agentDown error // why the agent was declared unresponsive, or nil (heartbeat.go)
 	// +checklocks:mu
 	gw *egress.Gateway // the NIC's far end, or nil (no network, or not attached)
 	// +checklocks:mu
@@ -529,7 +551,7 @@ func (s *sbx) info() Info {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	inf := Info{ID: s.rec.ID, Team: s.rec.Team, State: s.rec.State, Spec: s.rec.Spec, Error: s.failure,
-		LastActive: s.lastActive, Active: s.active, LastExec: s.lastExec}
+		LastActive: s.lastActive, Active: s.active, LastExec: s.lastExec, Agent: s.agentStateLocked()}
 	if s.rec.VM != nil {
 		vm := *s.rec.VM
 		vm.PSSMiB = s.pss >> 20
@@ -582,6 +604,7 @@ func (w *Worker) guestConfig(s *sbx, spec Spec, img *imagebuild.Artifacts) guest
 // watch marks the sandbox failed if its VM exits on its own (a crash, an
 // OOM kill in its cgroup), rather than through Delete.
 func (w *Worker) watch(s *sbx, vm vmm.VM) {
+	w.heartbeat(s, vm)
 	w.watchers.Add(1)
 	go func() {
 		defer w.watchers.Done()

@@ -146,7 +146,19 @@ type Info struct {
 	// exec WebSocket) that ended on this worker since it took the sandbox
 	// on, or nil: what a checkpoint policy's after_exec goes by.
 	LastExec *ExecRecord `json:"last_exec,omitempty"`
+	// Agent is the state of the guest agent of a running sandbox:
+	// AgentOK, or AgentUnresponsive once it stopped answering the
+	// worker's heartbeat (its data-plane calls then fail with
+	// errkind.Unavailable until it answers again); "" when the sandbox
+	// does not run, or from a worker that predates it.
+	Agent string `json:"agent,omitempty"`
 }
+
+// Info.Agent values: those of api.Sandbox.Agent.
+const (
+	AgentOK           = api.AgentOK
+	AgentUnresponsive = api.AgentUnresponsive
+)
 
 // ExecRecord is a command that ran and ended.
 type ExecRecord struct {

@@ -31,16 +31,48 @@ import (
 // ErrClosed is returned by calls on a client whose connection is gone.
 var ErrClosed = fmt.Errorf("agent connection closed: %w", errkind.Unavailable)
 
+// ErrUnresponsive is wrapped by the cause a host gives CloseWithCause when
+// it declares the agent unresponsive (it stopped answering heartbeats):
+// calls in flight and later calls on the client fail with that cause.
+var ErrUnresponsive = fmt.Errorf("agent unresponsive: %w", errkind.Unavailable)
+
+// UnresponsiveError is the cause a host gives CloseWithCause when the
+// agent gave no answer to its heartbeat for Silent. It matches
+// ErrUnresponsive and errkind.Unavailable.
+type UnresponsiveError struct {
+	Silent time.Duration
+}
+
+func (e *UnresponsiveError) Error() string {
+	return fmt.Sprintf("agent unresponsive: no heartbeat answer for %v", e.Silent)
+}
+
+// Is makes errors.Is(err, ErrUnresponsive) hold.
+func (e *UnresponsiveError) Is(target error) bool { return target == ErrUnresponsive }
+
+// Unwrap gives the error's kind.
+func (e *UnresponsiveError) Unwrap() error { return errkind.Unavailable }
+
+// UnaryTimeout bounds every call whose reply is a single frame (Health,
+// Stat, Mkdir, Remove, SignalProcess, ...) when the caller's ctx has no
+// deadline: a guest cannot keep one waiting forever, even one whose agent
+// answers heartbeats but never this call (a hung file system under the
+// path). Streaming calls (exec, file transfers, watches) are bounded by
+// the caller's ctx and by the host's heartbeat, which closes the client
+// once the agent stops answering.
+const UnaryTimeout = 2 * time.Minute
+
 // Client is a connection to one guest agent. It is safe for concurrent use.
 type Client struct {
 	sess         *yamux.Session
 	agentVersion string
-	ring         *ring.Session    // or nil: bulk bytes go inline
-	ringStream   *stream          // the OpRing call, carrying releases; nil without a ring
-	ringUnmap    func()           // lets go of the ring's mapping; nil without a ring
-	stdinRefs    atomic.Bool      // the agent takes stdin through the ring (proto.RingFeatures)
-	pageRefs     atomic.Bool      // the agent sends file reads as page references (proto.RingFeatures)
-	memory       *ring.MemoryFile // the VM's RAM, for page references; nil without
+	ring         *ring.Session         // or nil: bulk bytes go inline
+	ringStream   *stream               // the OpRing call, carrying releases; nil without a ring
+	ringUnmap    func()                // lets go of the ring's mapping; nil without a ring
+	stdinRefs    atomic.Bool           // the agent takes stdin through the ring (proto.RingFeatures)
+	pageRefs     atomic.Bool           // the agent sends file reads as page references (proto.RingFeatures)
+	memory       *ring.MemoryFile      // the VM's RAM, for page references; nil without
+	closeCause   atomic.Pointer[error] // why CloseWithCause closed the client, or nil
 }
 
 // Dial runs the handshake on conn and starts the session. conn is owned by
@@ -141,6 +173,28 @@ func (c *Client) AgentVersion() string { return c.agentVersion }
 
 // Close ends the session and closes the connection. Calls in flight fail.
 func (c *Client) Close() error {
+	return c.close()
+}
+
+// CloseWithCause is Close for a reason the calls should give: calls in
+// flight and later ones fail with an error that wraps cause (not
+// ErrClosed). The host closes a client with a cause wrapping
+// ErrUnresponsive when its agent stopped answering. The first cause given
+// sticks.
+func (c *Client) CloseWithCause(cause error) error {
+	c.closeCause.CompareAndSwap(nil, &cause)
+	return c.close()
+}
+
+// closedErr is the error of a call on a closed session.
+func (c *Client) closedErr() error {
+	if p := c.closeCause.Load(); p != nil {
+		return *p
+	}
+	return ErrClosed
+}
+
+func (c *Client) close() error {
 	err := c.sess.Close()
 	if c.ringUnmap != nil {
 		c.ringUnmap() // waits for a copy under way; later ones fail
@@ -172,7 +226,7 @@ func (c *Client) open(ctx context.Context, op proto.Op, args any) (*stream, func
 	st, err := c.sess.OpenStream()
 	if err != nil {
 		if c.sess.IsClosed() {
-			return nil, nil, fmt.Errorf("%s: %w", op, ErrClosed)
+			return nil, nil, fmt.Errorf("%s: %w", op, c.closedErr())
 		}
 		return nil, nil, fmt.Errorf("%s: open stream: %v: %w", op, err, errkind.Unavailable)
 	}
@@ -187,6 +241,26 @@ func (c *Client) open(ctx context.Context, op proto.Op, args any) (*stream, func
 		return nil, nil, c.callErr(ctx, op, err)
 	}
 	return s, release, nil
+}
+
+// unaryCtx gives ctx the deadline of a call with a single reply frame:
+// its own, or UnaryTimeout from now.
+func unaryCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeoutCause(ctx, UnaryTimeout,
+		fmt.Errorf("agent gave no answer in %v: %w", UnaryTimeout, errkind.Unavailable))
+}
+
+// readUntil makes the stream's reads fail at once when ctx ends, and
+// returns the function that stops that. Closing the stream (open's
+// AfterFunc) is not enough on its own: reads wait for the agent to close
+// its side, and a frozen agent never does (yamux then gives up only after
+// StreamCloseTimeout). Only for calls whose replies name no ring slots:
+// a transfer's reader drains what the agent sends after it gave up.
+func (s *stream) readUntil(ctx context.Context) (stop func() bool) {
+	return context.AfterFunc(ctx, func() { s.st.SetReadDeadline(time.Now()) })
 }
 
 func (s *stream) write(t proto.Type, p []byte) error {
@@ -209,7 +283,7 @@ func (c *Client) callErr(ctx context.Context, op proto.Op, err error) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: %w", op, context.Cause(ctx))
 	case c.sess.IsClosed():
-		return fmt.Errorf("%s: %w", op, ErrClosed)
+		return fmt.Errorf("%s: %w", op, c.closedErr())
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return fmt.Errorf("%s: agent ended the call early: %w", op, errkind.Unavailable)
 	}
@@ -239,13 +313,17 @@ func (c *Client) simple(ctx context.Context, op proto.Op, args, result any) erro
 	return c.simpleMax(ctx, op, args, proto.MaxControl, result)
 }
 
-// simpleMax is simple with a result of up to max bytes.
+// simpleMax is simple with a result of up to max bytes. Without a
+// deadline in ctx the call gets UnaryTimeout.
 func (c *Client) simpleMax(ctx context.Context, op proto.Op, args any, max int, result any) error {
+	ctx, cancel := unaryCtx(ctx)
+	defer cancel()
 	s, release, err := c.open(ctx, op, args)
 	if err != nil {
 		return err
 	}
 	defer release()
+	defer s.readUntil(ctx)()
 	f, err := s.r.Next()
 	if err != nil {
 		return c.callErr(ctx, op, err)

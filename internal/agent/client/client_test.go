@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -24,6 +25,9 @@ type agent struct {
 	srv  *server.Server
 	ctx  context.Context
 	opts []client.Option
+	// guestConn, if not nil, wraps the guest's end of each connection
+	// (frozen_test.go stops an agent with it).
+	guestConn func(io.ReadWriteCloser) io.ReadWriteCloser
 }
 
 // inProcess starts an agent server in the test process and connects a
@@ -66,9 +70,13 @@ func (a *agent) connect(ctx context.Context) (*client.Client, error) {
 	unix.SetNonblock(fds[1], true)
 	guest, host := os.NewFile(uintptr(fds[0]), "guest"), os.NewFile(uintptr(fds[1]), "host")
 	done := make(chan struct{})
+	var gc io.ReadWriteCloser = guest
+	if a.guestConn != nil {
+		gc = a.guestConn(guest)
+	}
 	go func() {
 		defer close(done)
-		a.srv.ServeConn(a.ctx, guest)
+		a.srv.ServeConn(a.ctx, gc)
 	}()
 	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer hcancel()

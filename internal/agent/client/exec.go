@@ -197,11 +197,14 @@ func (c *Client) attach(ctx context.Context, op proto.Op, args any, pio IO) (*Pr
 // processes and the most recent proto.ProcMaxExited exited ones.
 func (c *Client) Processes(ctx context.Context) ([]proto.ProcInfo, error) {
 	op := proto.OpProcList
+	ctx, cancel := unaryCtx(ctx)
+	defer cancel()
 	s, release, err := c.open(ctx, op, proto.Empty{})
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	defer s.readUntil(ctx)()
 	var out []proto.ProcInfo
 	for {
 		f, err := s.r.Next()

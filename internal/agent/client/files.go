@@ -282,11 +282,14 @@ const maxListEntries = 1 << 20
 // to a million).
 func (c *Client) List(ctx context.Context, path string, limit int) ([]proto.FileInfo, error) {
 	op := proto.OpFileList
+	ctx, cancel := unaryCtx(ctx)
+	defer cancel()
 	s, release, err := c.open(ctx, op, proto.ListArgs{Path: path, Limit: limit})
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	defer s.readUntil(ctx)()
 	max := maxListEntries
 	if limit > 0 && limit < max {
 		max = limit
