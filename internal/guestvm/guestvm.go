@@ -6,7 +6,6 @@ package guestvm
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -15,7 +14,6 @@ import (
 
 	"space/internal/agent/client"
 	"space/internal/agent/guestinit"
-	"space/internal/agent/proto"
 	"space/internal/agent/ring"
 	"space/internal/errkind"
 	"space/internal/image/kernel"
@@ -71,12 +69,17 @@ type VM struct {
 	VMM      vmm.VM
 	Client   *client.Client
 	BootTime time.Duration // VMM start to the agent's first health reply
+	// Identity is the guest's machine-id and boot_id as the host gave
+	// them; zero if its agent predates them (a restore of an older
+	// snapshot: it keeps the snapshot's). A booted guest's BootID is ""
+	// (its kernel drew one).
+	Identity Identity
 
 	cfg Config
 }
 
-// Boot boots the guest and waits until its agent answers. On error nothing
-// is left running or on disk.
+// Boot boots the guest, waits until its agent answers and gives it a
+// machine-id of its own. On error nothing is left running or on disk.
 func Boot(ctx context.Context, cfg Config) (*VM, error) {
 	if cfg.VCPUs == 0 {
 		cfg.VCPUs = 1
@@ -87,7 +90,7 @@ func Boot(ctx context.Context, cfg Config) (*VM, error) {
 	if cfg.DiskGiB == 0 {
 		cfg.DiskGiB = 4
 	}
-	return start(ctx, cfg, func(ctx context.Context) (vmm.VM, error) {
+	v, err := start(ctx, cfg, func(ctx context.Context) (vmm.VM, error) {
 		rw := filepath.Join(cfg.DataDir, "rw.img")
 		if err := rootfs.NewWritableLayer(ctx, rw, int64(cfg.DiskGiB)<<30); err != nil {
 			return nil, fmt.Errorf("writable layer: %w", err)
@@ -106,6 +109,19 @@ func Boot(ctx context.Context, cfg Config) (*VM, error) {
 			MemoryPath: cfg.memoryPath(),
 		})
 	})
+	if err != nil {
+		return nil, err
+	}
+	// The image may bring a machine-id (baked into it when it was built)
+	// or none: either way the guest gets its own. Its kernel drew its
+	// boot_id as it booted.
+	id := Identity{MachineID: NewIdentity().MachineID}
+	if v.Identity, err = postRestore(ctx, v.Client, "", id); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		return nil, errors.Join(fmt.Errorf("machine id: %w", err), v.Close(cctx))
+	}
+	return v, nil
 }
 
 // start runs launch (a boot or a restore) with the directories in place,
@@ -254,8 +270,8 @@ func (v *VM) Snapshot(ctx context.Context, dir string) (*vmm.Snapshot, error) {
 
 // Restore starts a guest from a snapshot of a guestvm guest with the same
 // images, gives it its own writable layer (a copy of the snapshot's) and
-// fresh identity: clock, entropy and hostname via the agent's post-restore
-// call. cfg.VCPUs and cfg.MemoryMiB are ignored: they are the snapshot's.
+// fresh identity: clock, entropy, hostname, machine-id and boot_id via the
+// agent's post-restore call (PostRestore). cfg.VCPUs and cfg.MemoryMiB are ignored: they are the snapshot's.
 // BootTime includes the post-restore call.
 func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 	r, ok := cfg.Driver.(vmm.Restorer)
@@ -278,10 +294,7 @@ func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
-	seed := make([]byte, 64)
-	rand.Read(seed)
-	pr := proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, Hostname: cfg.Hostname}
-	if err := v.Client.PostRestore(ctx, pr); err != nil {
+	if v.Identity, err = PostRestore(ctx, v.Client, cfg.Hostname); err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		return nil, errors.Join(fmt.Errorf("post-restore: %w", err), v.Close(cctx))

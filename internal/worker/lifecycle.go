@@ -245,6 +245,9 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 	if err != nil {
 		return err
 	}
+	if gv.Identity.MachineID == "" {
+		w.log.Warn("agent predates per-sandbox machine and boot ids; the sandbox keeps its snapshot's", "sandbox_id", id, "by", startedBy)
+	}
 	// Warm templates and pools are of sandboxes with a NIC (the NIC is
 	// part of a snapshot's device layout; see withNIC).
 	if startedBy == "boot" && !spec.ColdBoot && spec.Network != nil && !w.warmReady(spec, img) {
