@@ -5,6 +5,7 @@ package vmmtest
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -312,6 +313,19 @@ func testSnapshotRestore(t *testing.T, newDriver NewDriver, opts Options) {
 		t.Fatalf("%T does not implement vmm.Restorer", d)
 	}
 	src, closeSrc := boot(t, d, 1, 384)
+	var origin identity
+	if !opts.NoGuestKernel {
+		origin = guestIdentity(t, src)
+		if !validMachineID(origin.machineID) {
+			t.Errorf("booted guest's machine-id = %q, want 32 hex digits of its own", origin.machineID)
+		}
+		if origin.healthBootID != origin.bootID {
+			t.Errorf("booted guest's agent reports boot_id %q, its processes read %q", origin.healthBootID, origin.bootID)
+		}
+		if origin.machineID != src.Identity.MachineID {
+			t.Errorf("booted guest's machine-id = %q, want %q, the one the host gave it", origin.machineID, src.Identity.MachineID)
+		}
+	}
 	// State of three kinds: a file in tmpfs (guest memory), a file on the
 	// writable layer (disk), and a running background counter (a process).
 	agenttest.Output(t, src.Client, `echo in-memory > /tmp/mark; echo on-disk > /root/mark; (n=0; while :; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/counter; sleep 0.1; done) >/dev/null 2>&1 &`)
@@ -376,11 +390,55 @@ func testSnapshotRestore(t *testing.T, newDriver NewDriver, opts Options) {
 	if got := agenttest.Output(t, a.Client, "cat /tmp/who /root/who"); got != "a\na\n" {
 		t.Errorf("clone a sees %q, want its own writes", got)
 	}
-	bootID := " /proc/sys/kernel/random/boot_id"
-	if opts.NoGuestKernel {
-		bootID = "" // the host's
-	}
-	if got := agenttest.Output(t, b.Client, "cat /tmp/who /root/who"+bootID); !strings.HasPrefix(got, "b\nb\n") {
+	if got := agenttest.Output(t, b.Client, "cat /tmp/who /root/who"); got != "b\nb\n" {
 		t.Errorf("clone b sees %q, want its own writes", got)
 	}
+	if opts.NoGuestKernel {
+		return // the machine-id and boot_id are the host's
+	}
+	// Clones are machines of their own: each has its own machine-id and
+	// boot_id (what processes read, and what the agent reports), neither
+	// its sibling's nor its origin's.
+	ia, ib := guestIdentity(t, a), guestIdentity(t, b)
+	for _, c := range []struct {
+		name string
+		vm   *guestvm.VM
+		id   identity
+	}{{"a", a, ia}, {"b", b, ib}} {
+		want := identity{machineID: c.vm.Identity.MachineID, bootID: c.vm.Identity.BootID, healthBootID: c.vm.Identity.BootID}
+		if c.id != want {
+			t.Errorf("clone %s: %+v, want %+v, the ids the host gave it", c.name, c.id, want)
+		}
+	}
+	if ia.machineID == ib.machineID || ia.machineID == origin.machineID || ib.machineID == origin.machineID {
+		t.Errorf("machine-ids: origin %s, clone a %s, clone b %s, want three different", origin.machineID, ia.machineID, ib.machineID)
+	}
+	if ia.bootID == ib.bootID || ia.bootID == origin.bootID || ib.bootID == origin.bootID {
+		t.Errorf("boot_ids: origin %s, clone a %s, clone b %s, want three different", origin.bootID, ia.bootID, ib.bootID)
+	}
+}
+
+// identity is what a guest's processes and its agent say identifies it.
+type identity struct {
+	machineID    string // cat /etc/machine-id
+	bootID       string // cat /proc/sys/kernel/random/boot_id
+	healthBootID string // the agent's health reply
+}
+
+func guestIdentity(t *testing.T, vm *guestvm.VM) identity {
+	t.Helper()
+	f := strings.Fields(agenttest.Output(t, vm.Client, "cat /etc/machine-id /proc/sys/kernel/random/boot_id"))
+	if len(f) != 2 {
+		t.Fatalf("machine-id and boot_id = %q, want two words", f)
+	}
+	h, err := vm.Client.Health(t.Context())
+	if err != nil {
+		t.Fatalf("Health = %v", err)
+	}
+	return identity{machineID: f[0], bootID: f[1], healthBootID: h.BootID}
+}
+
+func validMachineID(id string) bool {
+	_, err := hex.DecodeString(id)
+	return len(id) == 32 && err == nil && strings.Trim(id, "0") != ""
 }
