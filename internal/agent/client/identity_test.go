@@ -4,63 +4,20 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"space/internal/agent/agenttest"
 	"space/internal/agent/proto"
 	"space/internal/agent/server"
 	"space/internal/errkind"
 )
 
-// recordingSystem is a server.System and server.Identifier that records
-// what the agent asks of it and changes nothing else.
-type recordingSystem struct {
-	mu     sync.Mutex
-	calls  []string
-	bootID string
-}
-
-func (s *recordingSystem) record(call string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.calls = append(s.calls, call)
-	return nil
-}
-
-func (s *recordingSystem) recorded() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.calls...)
-}
-
-func (s *recordingSystem) SetClock(time.Time) error      { return s.record("clock") }
-func (s *recordingSystem) AddEntropy([]byte) error       { return s.record("entropy") }
-func (s *recordingSystem) SetHostname(name string) error { return s.record("hostname " + name) }
-func (s *recordingSystem) ConfigureNetwork(context.Context, proto.NetConfig) error {
-	return s.record("network")
-}
-func (s *recordingSystem) PowerOff(bool) error          { return s.record("poweroff") }
-func (s *recordingSystem) SetMachineID(id string) error { return s.record("machine-id " + id) }
-
-func (s *recordingSystem) SetBootID(id string) error {
-	s.mu.Lock()
-	s.bootID = id
-	s.mu.Unlock()
-	return s.record("boot-id " + id)
-}
-
-func (s *recordingSystem) BootID() (string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.bootID, nil
-}
-
-// withoutIdentity hides recordingSystem's Identifier methods: a System
+// withoutIdentity hides RecordingSystem's Identifier methods: a System
 // that cannot set a machine's identity.
-type withoutIdentity struct{ sys *recordingSystem }
+type withoutIdentity struct{ sys *agenttest.RecordingSystem }
 
 func (w withoutIdentity) SetClock(t time.Time) error { return w.sys.SetClock(t) }
 func (w withoutIdentity) AddEntropy(b []byte) error  { return w.sys.AddEntropy(b) }
@@ -84,7 +41,7 @@ func postRestore(machineID, bootID string) proto.PostRestore {
 // boot_id, and the agent's health reports the boot_id its processes read
 // from then on, not the one it started with.
 func TestPostRestoreIdentity(t *testing.T) {
-	sys := &recordingSystem{bootID: "11111111-1111-4111-8111-111111111111"}
+	sys := agenttest.NewRecordingSystem("11111111-1111-4111-8111-111111111111")
 	_, c := inProcessWith(t, server.Config{Version: "test", System: sys})
 	if h, err := c.Health(t.Context()); err != nil || h.BootID != "11111111-1111-4111-8111-111111111111" {
 		t.Fatalf("Health() before = %+v, %v, want the system's boot_id", h, err)
@@ -93,7 +50,7 @@ func TestPostRestoreIdentity(t *testing.T) {
 		t.Fatalf("PostRestore = %v", err)
 	}
 	want := []string{"clock", "entropy", "hostname clone-1", "machine-id " + goodMachineID, "boot-id " + goodBootID}
-	if diff := cmp.Diff(want, sys.recorded()); diff != "" {
+	if diff := cmp.Diff(want, sys.Calls()); diff != "" {
 		t.Errorf("system calls (-want +got):\n%s", diff)
 	}
 	h, err := c.Health(t.Context())
@@ -104,7 +61,7 @@ func TestPostRestoreIdentity(t *testing.T) {
 	if err := c.PostRestore(t.Context(), postRestore("", "")); err != nil {
 		t.Fatalf("PostRestore(no ids) = %v", err)
 	}
-	if got := sys.recorded()[len(want):]; !cmp.Equal(got, []string{"clock", "entropy", "hostname clone-1"}) {
+	if got := sys.Calls()[len(want):]; !cmp.Equal(got, []string{"clock", "entropy", "hostname clone-1"}) {
 		t.Errorf("system calls of a post-restore without ids = %q, want clock, entropy and hostname only", got)
 	}
 }
@@ -135,13 +92,13 @@ func TestPostRestoreBadIdentity(t *testing.T) {
 		{"boot-id with a second line", goodMachineID, goodBootID + "\n" + goodBootID},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sys := &recordingSystem{}
+			sys := agenttest.NewRecordingSystem("")
 			_, c := inProcessWith(t, server.Config{Version: "test", System: sys})
 			err := c.PostRestore(t.Context(), postRestore(tc.machineID, tc.bootID))
 			if !errors.Is(err, errkind.InvalidArgument) {
 				t.Errorf("PostRestore(%q, %q) = %v, want InvalidArgument", tc.machineID, tc.bootID, err)
 			}
-			if got := sys.recorded(); len(got) != 0 {
+			if got := sys.Calls(); len(got) != 0 {
 				t.Errorf("after a refused post-restore the system saw %q, want nothing", got)
 			}
 		})
@@ -152,13 +109,13 @@ func TestPostRestoreBadIdentity(t *testing.T) {
 // machine's identity refuses ids with FailedPrecondition, and changes
 // nothing.
 func TestPostRestoreIdentityUnsupported(t *testing.T) {
-	sys := &recordingSystem{}
+	sys := agenttest.NewRecordingSystem("")
 	_, c := inProcessWith(t, server.Config{Version: "test", System: withoutIdentity{sys}})
 	err := c.PostRestore(t.Context(), postRestore(goodMachineID, goodBootID))
 	if !errors.Is(err, errkind.FailedPrecondition) {
 		t.Errorf("PostRestore(ids) = %v, want FailedPrecondition", err)
 	}
-	if got := sys.recorded(); len(got) != 0 {
+	if got := sys.Calls(); len(got) != 0 {
 		t.Errorf("after a refused post-restore the system saw %q, want nothing", got)
 	}
 }
