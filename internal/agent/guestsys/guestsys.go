@@ -83,11 +83,19 @@ func (s *System) SetClock(t time.Time) error {
 	return nil
 }
 
-// rndAddEntropy is RNDADDENTROPY, _IOW('R', 0x03, int[2]).
-const rndAddEntropy = 0x40085203
+// rndAddEntropy is RNDADDENTROPY, _IOW('R', 0x03, int[2]);
+// rndReseedCRNG is RNDRESEEDCRNG, _IO('R', 0x07).
+const (
+	rndAddEntropy = 0x40085203
+	rndReseedCRNG = 0x5207
+)
 
-// AddEntropy mixes seed into the kernel RNG and credits it, so a clone's
-// RNG diverges from its siblings' at once.
+// AddEntropy mixes seed into the kernel RNG, credits it and reseeds the
+// kernel's generator from it, so a clone's RNG diverges from its
+// siblings' at once. A credit alone reseeds only while the RNG is not yet
+// ready; once it is, the kernel reseeds on its own schedule (every 60 s
+// after the first two minutes of uptime), and until then a restored
+// kernel's generator would go on from its origin's state.
 func (s *System) AddEntropy(seed []byte) error {
 	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
 	if err != nil {
@@ -101,6 +109,9 @@ func (s *System) AddEntropy(seed []byte) error {
 	copy(buf[8:], seed)
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndAddEntropy, uintptr(unsafe.Pointer(&buf[0]))); errno != 0 {
 		return fmt.Errorf("RNDADDENTROPY: %w", errno)
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndReseedCRNG, 0); errno != 0 {
+		return fmt.Errorf("RNDRESEEDCRNG: %w", errno)
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"space/internal/agent/agenttest"
 	"space/internal/agent/guesttest"
 	"space/internal/guestvm"
+	"space/internal/testenv"
 	"space/internal/vmm"
 )
 
@@ -328,7 +329,9 @@ func testSnapshotRestore(t *testing.T, newDriver NewDriver, opts Options) {
 	}
 	// State of three kinds: a file in tmpfs (guest memory), a file on the
 	// writable layer (disk), and a running background counter (a process).
-	agenttest.Output(t, src.Client, `echo in-memory > /tmp/mark; echo on-disk > /root/mark; (n=0; while :; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/counter; sleep 0.1; done) >/dev/null 2>&1 &`)
+	// The counter's shell also reads the boot_id itself (read is a shell
+	// builtin): what a process running since before a restore sees.
+	agenttest.Output(t, src.Client, `echo in-memory > /tmp/mark; echo on-disk > /root/mark; (n=0; while :; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/counter; read b < /proc/sys/kernel/random/boot_id; echo $b > /tmp/b.new; mv /tmp/b.new /tmp/bootid; sleep 0.1; done) >/dev/null 2>&1 &`)
 	for deadline := time.Now().Add(30 * time.Second); counter(t, src) <= 3; {
 		if time.Now().After(deadline) {
 			t.Fatalf("counter did not start")
@@ -383,8 +386,15 @@ func testSnapshotRestore(t *testing.T, newDriver NewDriver, opts Options) {
 			}
 		}
 	}
-	// Clones diverge: what one writes, the other does not see.
+	// Clones diverge: what one writes, the other does not see, and what
+	// they draw from the kernel's RNG right after the restore differs.
 	b := restore(t, d, snapDir, "clone-b")
+	if !opts.NoGuestKernel {
+		rnd := "head -c 16 /dev/urandom | od -An -tx1"
+		if ra, rb := agenttest.Output(t, a.Client, rnd), agenttest.Output(t, b.Client, rnd); ra == rb {
+			t.Errorf("two clones read the same random bytes %q", ra)
+		}
+	}
 	agenttest.Output(t, a.Client, "echo a > /tmp/who; echo a > /root/who")
 	agenttest.Output(t, b.Client, "echo b > /tmp/who; echo b > /root/who")
 	if got := agenttest.Output(t, a.Client, "cat /tmp/who /root/who"); got != "a\na\n" {
@@ -409,6 +419,12 @@ func testSnapshotRestore(t *testing.T, newDriver NewDriver, opts Options) {
 		if c.id != want {
 			t.Errorf("clone %s: %+v, want %+v, the ids the host gave it", c.name, c.id, want)
 		}
+	}
+	if !opts.NoProcessSnapshot {
+		// A process that ran before the restore reads the clone's boot_id.
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			return agenttest.Output(t, a.Client, "cat /tmp/bootid") == ia.bootID+"\n"
+		})
 	}
 	if ia.machineID == ib.machineID || ia.machineID == origin.machineID || ib.machineID == origin.machineID {
 		t.Errorf("machine-ids: origin %s, clone a %s, clone b %s, want three different", origin.machineID, ia.machineID, ib.machineID)
