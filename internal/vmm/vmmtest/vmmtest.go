@@ -19,7 +19,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"space/internal/agent/agenttest"
+	"space/internal/agent/client"
 	"space/internal/agent/guesttest"
+	"space/internal/agent/proto"
 	"space/internal/guestvm"
 	"space/internal/testenv"
 	"space/internal/vmm"
@@ -58,6 +60,7 @@ func RunWith(t *testing.T, newDriver NewDriver, opts Options) {
 	t.Run("SnapshotRestoreClones", func(t *testing.T) { testSnapshotRestore(t, newDriver, opts) })
 	if !opts.NoGuestKernel {
 		t.Run("NetworkViaTap", func(t *testing.T) { testNetwork(t, newDriver) })
+		t.Run("ClonesOfAnOldGuestReseed", func(t *testing.T) { testClonesReseed(t, newDriver) })
 	}
 }
 
@@ -431,6 +434,41 @@ func testSnapshotRestore(t *testing.T, newDriver NewDriver, opts Options) {
 	}
 	if ia.bootID == ib.bootID || ia.bootID == origin.bootID || ib.bootID == origin.bootID {
 		t.Errorf("boot_ids: origin %s, clone a %s, clone b %s, want three different", origin.bootID, ia.bootID, ib.bootID)
+	}
+}
+
+// testClonesReseed restores two clones of a guest that had run for over
+// two minutes and reads the kernel's RNG in each at once. Past two minutes
+// of uptime the kernel reseeds its generator only every 60 s, and
+// entropy added meanwhile waits for that: without the reseed that
+// post-restore asks for, both clones read the same bytes (measured).
+func testClonesReseed(t *testing.T, newDriver NewDriver) {
+	testenv.RequireSlow(t)
+	d := newDriver(t)
+	src, closeSrc := boot(t, d, 1, 384)
+	// The guest waits for itself: the test has nothing to poll.
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	wait := `while [ "$(cut -d. -f1 /proc/uptime)" -lt 125 ]; do sleep 1; done`
+	if exit, err := src.Client.Exec(ctx, proto.ExecRequest{Shell: wait}, client.IO{}); err != nil || exit.Code != 0 {
+		t.Fatalf("setup: wait for two minutes of uptime: %+v, %v", exit, err)
+	}
+	snapRoot, err := os.MkdirTemp("/dev/shm", "space-vmmtest-snap-")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(snapRoot) })
+	snapDir := filepath.Join(snapRoot, "s1")
+	if _, err := src.Snapshot(t.Context(), snapDir); err != nil {
+		t.Fatalf("Snapshot = %v", err)
+	}
+	closeSrc()
+	rnd := "head -c 16 /dev/urandom | od -An -tx1"
+	a := restore(t, d, snapDir, "clone-a")
+	ra := agenttest.Output(t, a.Client, rnd)
+	b := restore(t, d, snapDir, "clone-b")
+	if rb := agenttest.Output(t, b.Client, rnd); ra == rb {
+		t.Errorf("two clones read the same random bytes %q right after their restores", ra)
 	}
 }
 
