@@ -54,6 +54,11 @@ type Config struct {
 	NIC *vmm.NIC
 	// Placer puts the VMM process in its control group, or nil.
 	Placer vmm.Placer
+	// KeepIdentity makes Restore leave the guest the machine-id and
+	// boot_id in the snapshot: the guest goes on as the machine it was (a
+	// sandbox resumed from its own suspend snapshot, or rolled back to its
+	// own checkpoint), not as a new one. Otherwise it gets new ones.
+	KeepIdentity bool
 	// TakeSnapshot lets Restore move the snapshot's files into the new VM
 	// rather than copy them (vmm.Spec.TakeSnapshot): the snapshot is
 	// spent, whatever the outcome.
@@ -70,9 +75,9 @@ type VM struct {
 	Client   *client.Client
 	BootTime time.Duration // VMM start to the agent's first health reply
 	// Identity is the guest's machine-id and boot_id as the host gave
-	// them; zero if its agent predates them (a restore of an older
-	// snapshot: it keeps the snapshot's). A booted guest's BootID is ""
-	// (its kernel drew one).
+	// them; zero if the guest kept the snapshot's (Config.KeepIdentity,
+	// or an agent that predates them). A booted guest's BootID is "" (its
+	// kernel drew one).
 	Identity Identity
 
 	cfg Config
@@ -270,8 +275,8 @@ func (v *VM) Snapshot(ctx context.Context, dir string) (*vmm.Snapshot, error) {
 
 // Restore starts a guest from a snapshot of a guestvm guest with the same
 // images, gives it its own writable layer (a copy of the snapshot's) and
-// fresh identity: clock, entropy, hostname, machine-id and boot_id via the
-// agent's post-restore call (PostRestore). cfg.VCPUs and cfg.MemoryMiB are ignored: they are the snapshot's.
+// fresh identity: clock, entropy, hostname, machine-id and boot_id (unless
+// cfg.KeepIdentity) via the agent's post-restore call (PostRestore). cfg.VCPUs and cfg.MemoryMiB are ignored: they are the snapshot's.
 // BootTime includes the post-restore call.
 func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 	r, ok := cfg.Driver.(vmm.Restorer)
@@ -294,7 +299,11 @@ func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v.Identity, err = PostRestore(ctx, v.Client, cfg.Hostname); err != nil {
+	id := NewIdentity()
+	if cfg.KeepIdentity {
+		id = Identity{}
+	}
+	if v.Identity, err = postRestore(ctx, v.Client, cfg.Hostname, id); err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		return nil, errors.Join(fmt.Errorf("post-restore: %w", err), v.Close(cctx))

@@ -859,6 +859,8 @@ func TestIdleSuspend(t *testing.T) {
 		t.Fatalf("CreateSandbox = %+v, %v", sb, err)
 	}
 	execOut(t, c, sb.ID, sh("echo kept > /root/f"))
+	identity := sh("cat /etc/machine-id /proc/sys/kernel/random/boot_id")
+	ids, _, _ := execOut(t, c, sb.ID, identity)
 	// Used every second, it outlives its 3 s timeout (the reaper looks
 	// every 5 s).
 	for until := time.Now().Add(12 * time.Second); time.Now().Before(until); time.Sleep(time.Second) {
@@ -881,6 +883,10 @@ func TestIdleSuspend(t *testing.T) {
 	}
 	if out, _, _ := execOut(t, c, sb.ID, sh("cat /root/f")); out != "kept\n" {
 		t.Errorf("after resume /root/f = %q, want kept", out)
+	}
+	// Resumed from its own snapshot, it is the machine it was.
+	if out, _, _ := execOut(t, c, sb.ID, identity); out != ids || len(strings.Fields(ids)) != 2 {
+		t.Errorf("after resume machine-id and boot_id = %q, want %q as before", out, ids)
 	}
 }
 

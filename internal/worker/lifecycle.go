@@ -228,6 +228,12 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 	startedBy := "boot"
 	switch {
 	case snapID != "":
+		// A sandbox restored from a snapshot of its own (a resume from
+		// suspend, a rollback to its checkpoint) is the machine it was; a
+		// restore into another sandbox (a fork, a template's sandbox)
+		// makes a new machine.
+		info, ierr := w.snapshotInfo(snapID)
+		cfg.KeepIdentity = ierr == nil && info.SandboxID == id
 		var dir string
 		if dir, err = w.snapshotDir(snapID); err == nil && take {
 			dir, err = w.spendSnapshot(snapID, id)
@@ -271,7 +277,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 			return errors.Join(fmt.Errorf("post-restore: %w", err), gv.Close(context.WithoutCancel(ctx)))
 		}
 	}
-	if gv.Identity.MachineID == "" {
+	if gv.Identity.MachineID == "" && !cfg.KeepIdentity {
 		w.log.Warn("agent predates per-sandbox machine and boot ids; the sandbox keeps its snapshot's", "sandbox_id", id, "by", startedBy)
 	}
 	h := gv.VMM.Handle()

@@ -1,7 +1,7 @@
 // Package guestsys applies host requests that change the guest as a whole:
 // its clock, RNG, hostname, machine and boot IDs, network addresses and
-// power. It is the agent's
-// server.System inside a VM and must never run on a host.
+// power. It is the agent's server.System inside a VM and must never run
+// on a host.
 package guestsys
 
 import (
