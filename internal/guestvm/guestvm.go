@@ -6,7 +6,6 @@ package guestvm
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -15,7 +14,6 @@ import (
 
 	"space/internal/agent/client"
 	"space/internal/agent/guestinit"
-	"space/internal/agent/proto"
 	"space/internal/agent/ring"
 	"space/internal/errkind"
 	"space/internal/image/kernel"
@@ -57,6 +55,11 @@ type Config struct {
 	NIC *vmm.NIC
 	// Placer puts the VMM process in its control group, or nil.
 	Placer vmm.Placer
+	// KeepIdentity makes Restore leave the guest the machine-id and
+	// boot_id in the snapshot: the guest goes on as the machine it was (a
+	// sandbox resumed from its own suspend snapshot, or rolled back to its
+	// own checkpoint), not as a new one. Otherwise it gets new ones.
+	KeepIdentity bool
 	// TakeSnapshot lets Restore move the snapshot's files into the new VM
 	// rather than copy them (vmm.Spec.TakeSnapshot): the snapshot is
 	// spent, whatever the outcome.
@@ -72,12 +75,17 @@ type VM struct {
 	VMM      vmm.VM
 	Client   *client.Client
 	BootTime time.Duration // VMM start to the agent's first health reply
+	// Identity is the guest's machine-id and boot_id as the host gave
+	// them; zero if the guest kept the snapshot's (Config.KeepIdentity,
+	// or an agent that predates them). A booted guest's BootID is "" (its
+	// kernel drew one).
+	Identity Identity
 
 	cfg Config
 }
 
-// Boot boots the guest and waits until its agent answers. On error nothing
-// is left running or on disk.
+// Boot boots the guest, waits until its agent answers and gives it a
+// machine-id of its own. On error nothing is left running or on disk.
 func Boot(ctx context.Context, cfg Config) (*VM, error) {
 	if cfg.VCPUs == 0 {
 		cfg.VCPUs = 1
@@ -88,7 +96,7 @@ func Boot(ctx context.Context, cfg Config) (*VM, error) {
 	if cfg.DiskMiB == 0 {
 		cfg.DiskMiB = 4096
 	}
-	return start(ctx, cfg, func(ctx context.Context) (vmm.VM, error) {
+	v, err := start(ctx, cfg, func(ctx context.Context) (vmm.VM, error) {
 		rw := filepath.Join(cfg.DataDir, "rw.img")
 		if err := rootfs.NewWritableLayer(ctx, rw, cfg.DiskMiB<<20); err != nil {
 			return nil, fmt.Errorf("writable layer: %w", err)
@@ -107,6 +115,19 @@ func Boot(ctx context.Context, cfg Config) (*VM, error) {
 			MemoryPath: cfg.memoryPath(),
 		})
 	})
+	if err != nil {
+		return nil, err
+	}
+	// The image may bring a machine-id (baked into it when it was built)
+	// or none: either way the guest gets its own. Its kernel drew its
+	// boot_id as it booted.
+	id := Identity{MachineID: NewIdentity().MachineID}
+	if v.Identity, err = postRestore(ctx, v.Client, "", id); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		return nil, errors.Join(fmt.Errorf("machine id: %w", err), v.Close(cctx))
+	}
+	return v, nil
 }
 
 // start runs launch (a boot or a restore) with the directories in place,
@@ -255,8 +276,8 @@ func (v *VM) Snapshot(ctx context.Context, dir string) (*vmm.Snapshot, error) {
 
 // Restore starts a guest from a snapshot of a guestvm guest with the same
 // images, gives it its own writable layer (a copy of the snapshot's) and
-// fresh identity: clock, entropy and hostname via the agent's post-restore
-// call. cfg.VCPUs and cfg.MemoryMiB are ignored: they are the snapshot's.
+// fresh identity: clock, entropy, hostname, machine-id and boot_id (unless
+// cfg.KeepIdentity) via the agent's post-restore call (PostRestore). cfg.VCPUs and cfg.MemoryMiB are ignored: they are the snapshot's.
 // BootTime includes the post-restore call.
 func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 	r, ok := cfg.Driver.(vmm.Restorer)
@@ -279,10 +300,11 @@ func Restore(ctx context.Context, cfg Config, snapDir string) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
-	seed := make([]byte, 64)
-	rand.Read(seed)
-	pr := proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, Hostname: cfg.Hostname}
-	if err := v.Client.PostRestore(ctx, pr); err != nil {
+	id := NewIdentity()
+	if cfg.KeepIdentity {
+		id = Identity{}
+	}
+	if v.Identity, err = postRestore(ctx, v.Client, cfg.Hostname, id); err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		return nil, errors.Join(fmt.Errorf("post-restore: %w", err), v.Close(cctx))

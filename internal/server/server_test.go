@@ -812,6 +812,33 @@ func TestWarmCreate(t *testing.T) {
 	if r2 == r4 {
 		t.Errorf("two warm sandboxes read the same random bytes %q", r2)
 	}
+	// Each is a machine of its own: machine-id and boot_id differ between
+	// the sandbox the warm template was captured from, its restores and a
+	// cold boot; and the restores see nothing of the first sandbox's
+	// identity (its name was not on the captured kernel command line).
+	ids := map[string]string{}
+	for _, sb := range []api.Sandbox{first, second, third, fourth} {
+		out, _, _ := execOut(t, c, sb.ID, sh("cat /etc/machine-id /proc/sys/kernel/random/boot_id"))
+		f := strings.Fields(out)
+		if len(f) != 2 || len(f[0]) != 32 || len(f[1]) != 36 {
+			t.Errorf("%s (%s): machine-id and boot_id %q, want 32 hex digits and a UUID", sb.ID, sb.VM.StartedBy, out)
+			continue
+		}
+		for _, id := range f {
+			if other, ok := ids[id]; ok {
+				t.Errorf("%s (%s) and %s share the id %s", sb.ID, sb.VM.StartedBy, other, id)
+			}
+			ids[id] = sb.ID
+		}
+	}
+	for _, sb := range []api.Sandbox{second, fourth} {
+		if out, _, _ := execOut(t, c, sb.ID, sh("cat /proc/cmdline /etc/hostname; hostname")); strings.Contains(out, worker.Hostname(first.ID)) {
+			t.Errorf("warm sandbox %s shows the name of %s, the sandbox its template was captured from: %q", sb.ID, first.ID, out)
+		}
+	}
+	if out, _, _ := execOut(t, c, first.ID, sh("hostname; cat /etc/hostname")); out != strings.Repeat(worker.Hostname(first.ID)+"\n", 2) {
+		t.Errorf("the captured sandbox's hostname = %q, want its own", out)
+	}
 }
 
 // TestIdleSuspend checks a sandbox whose timeout suspends it: it keeps
@@ -832,6 +859,8 @@ func TestIdleSuspend(t *testing.T) {
 		t.Fatalf("CreateSandbox = %+v, %v", sb, err)
 	}
 	execOut(t, c, sb.ID, sh("echo kept > /root/f"))
+	identity := sh("cat /etc/machine-id /proc/sys/kernel/random/boot_id")
+	ids, _, _ := execOut(t, c, sb.ID, identity)
 	// Used every second, it outlives its 3 s timeout (the reaper looks
 	// every 5 s).
 	for until := time.Now().Add(12 * time.Second); time.Now().Before(until); time.Sleep(time.Second) {
@@ -854,6 +883,10 @@ func TestIdleSuspend(t *testing.T) {
 	}
 	if out, _, _ := execOut(t, c, sb.ID, sh("cat /root/f")); out != "kept\n" {
 		t.Errorf("after resume /root/f = %q, want kept", out)
+	}
+	// Resumed from its own snapshot, it is the machine it was.
+	if out, _, _ := execOut(t, c, sb.ID, identity); out != ids || len(strings.Fields(ids)) != 2 {
+		t.Errorf("after resume machine-id and boot_id = %q, want %q as before", out, ids)
 	}
 }
 

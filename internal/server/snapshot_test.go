@@ -47,6 +47,8 @@ func TestSnapshotRestoreForkAPI(t *testing.T) {
 		return n
 	}
 	run(a.ID, "echo one > /root/f")
+	identity := "cat /etc/machine-id /proc/sys/kernel/random/boot_id"
+	idA := run(a.ID, identity)
 	if _, err := c.StartDetached(ctx, a.ID, api.Exec{Detach: true,
 		Shell: "echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"}); err != nil {
 		t.Fatalf("StartDetached = %v", err)
@@ -99,6 +101,10 @@ func TestSnapshotRestoreForkAPI(t *testing.T) {
 	if f := run(a.ID, "cat /root/f"); f != "one\n" {
 		t.Errorf("after restore /root/f = %q, want one", f)
 	}
+	// Rolled back to its own snapshot, it is the machine it was.
+	if got := run(a.ID, identity); got != idA {
+		t.Errorf("after restore machine-id and boot_id = %q, want %q as before", got, idA)
+	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return count(a.ID) > atSnap })
 
 	kids, err := c.ForkSandbox(ctx, a.ID, 3)
@@ -113,6 +119,16 @@ func TestSnapshotRestoreForkAPI(t *testing.T) {
 			t.Errorf("fork %d: /root/f and hostname = %q, want one and its own name", i, f)
 		}
 		testenv.Eventually(t, 30*time.Second, func() bool { return count(k.ID) > 0 })
+	}
+	// Each fork is a machine of its own.
+	seen := map[string]string{}
+	for _, id := range []string{a.ID, kids[0].ID, kids[1].ID, kids[2].ID} {
+		for _, v := range strings.Fields(run(id, identity)) {
+			if other, ok := seen[v]; ok {
+				t.Errorf("%s and %s share the machine-id or boot_id %s", id, other, v)
+			}
+			seen[v] = id
+		}
 	}
 	run(kids[0].ID, "echo mine > /root/only0")
 	for _, id := range []string{a.ID, kids[1].ID, kids[2].ID} {

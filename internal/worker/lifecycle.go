@@ -216,10 +216,25 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 	}
 	bctx, cancel := context.WithTimeout(ctx, w.cfg.BootTimeout)
 	defer cancel()
+	// A boot that may become its shape's warm template carries nothing of
+	// this sandbox's: sandboxes of other teams restore it, and its kernel
+	// command line (the hostname on it) and machine-id with it. The
+	// sandbox gets its name and ids of its own after the capture.
+	mayCapture := !spec.ColdBoot && spec.Network != nil
+	bootCfg := cfg
+	if mayCapture {
+		bootCfg.Hostname = "" // the guest's default, "sandbox"
+	}
 	var gv *guestvm.VM
 	startedBy := "boot"
 	switch {
 	case snapID != "":
+		// A sandbox restored from a snapshot of its own (a resume from
+		// suspend, a rollback to its checkpoint) is the machine it was; a
+		// restore into another sandbox (a fork, a template's sandbox)
+		// makes a new machine.
+		info, ierr := w.snapshotInfo(snapID)
+		cfg.KeepIdentity = ierr == nil && info.SandboxID == id
 		var dir string
 		if dir, err = w.snapshotDir(snapID); err == nil && take {
 			dir, err = w.spendSnapshot(snapID, id)
@@ -238,22 +253,33 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 			w.log.Warn("dropping incompatible warm template", "dir", w.warmDir(spec, img), "err", err)
 			os.RemoveAll(w.warmDir(spec, img))
 			startedBy = "boot"
-			gv, err = guestvm.Boot(bctx, cfg)
+			gv, err = guestvm.Boot(bctx, bootCfg)
 		}
 	default:
-		gv, err = guestvm.Boot(bctx, cfg)
+		gv, err = guestvm.Boot(bctx, bootCfg)
 	}
 	if err != nil {
 		return err
 	}
 	// Warm templates and pools are of sandboxes with a NIC (the NIC is
 	// part of a snapshot's device layout; see withNIC).
-	if startedBy == "boot" && !spec.ColdBoot && spec.Network != nil && !w.warmReady(spec, img) {
-		// The first sandbox of its shape: capture it, fresh from boot, as
-		// the warm template the next ones restore from.
-		if err := w.captureWarm(ctx, gv.VMM, spec, img); err != nil {
-			w.log.Warn("capture warm template", "err", err)
+	if startedBy == "boot" && mayCapture {
+		if !w.warmReady(spec, img) {
+			// The first sandbox of its shape: capture it, fresh from
+			// boot, as the warm template the next ones restore from.
+			if err := w.captureWarm(ctx, gv.VMM, spec, img); err != nil {
+				w.log.Warn("capture warm template", "err", err)
+			}
 		}
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		gv.Identity, err = guestvm.PostRestore(pctx, gv.Client, cfg.Hostname)
+		cancel()
+		if err != nil {
+			return errors.Join(fmt.Errorf("post-restore: %w", err), gv.Close(context.WithoutCancel(ctx)))
+		}
+	}
+	if gv.Identity.MachineID == "" && !cfg.KeepIdentity {
+		w.log.Warn("agent predates per-sandbox machine and boot ids; the sandbox keeps its snapshot's", "sandbox_id", id, "by", startedBy)
 	}
 	h := gv.VMM.Handle()
 	s.mu.Lock()

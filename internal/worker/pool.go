@@ -2,13 +2,13 @@ package worker
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"time"
 
 	"space/internal/agent/client"
 	"space/internal/agent/proto"
+	"space/internal/guestvm"
 	"space/internal/sandbox"
 	"space/internal/store"
 )
@@ -16,10 +16,11 @@ import (
 // The pool: for shapes the worker was asked to keep ready (KeepPool), a
 // few sandboxes restored from the shape's warm template wait, running and
 // with their agent connected. A create of that shape takes one: it gets
-// its ID, team, spec, hostname, clock and fresh entropy, and is running
-// at once; the pool then restores a replacement in the background. Pool
-// members are internal (a restart removes them) and keep the directories
-// and control group they were made with (record.Slot).
+// its ID, team, spec, hostname, machine and boot IDs, clock and fresh
+// entropy, and is running at once; the pool then restores a replacement
+// in the background. Pool members are internal (a restart removes them)
+// and keep the directories and control group they were made with
+// (record.Slot).
 //
 // Members count against the worker's capacity like any sandbox; a create
 // that finds no room takes a member's place (the member goes).
@@ -227,7 +228,7 @@ func (w *Worker) fromPool(ctx context.Context, id, team string, spec Spec) (Info
 }
 
 // handOver gives pool member s its new identity: the guest's clock,
-// entropy and hostname first, then the record, which commits it (a crash
+// entropy, hostname, machine-id and boot_id first, then the record, which commits it (a crash
 // before leaves an internal member, which a restart removes), then the
 // create's egress policy to the member's gateway (which allowed nothing
 // until then). The caller holds s.op.
@@ -242,12 +243,14 @@ func (w *Worker) handOver(ctx context.Context, s *sbx, id, team string, spec Spe
 	if err != nil {
 		return "", err
 	}
-	seed := make([]byte, 64)
-	rand.Read(seed)
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := agent.PostRestore(pctx, proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, Hostname: Hostname(id)}); err != nil {
+	ident, err := guestvm.PostRestore(pctx, agent, Hostname(id))
+	if err != nil {
 		return "", fmt.Errorf("post-restore: %w", err)
+	}
+	if ident.MachineID == "" {
+		w.log.Warn("agent predates per-sandbox machine and boot ids; the sandbox keeps its snapshot's", "sandbox_id", id)
 	}
 	w.crash("create.pool-handed-over")
 	if err := w.resealCA(s, s.id(), id); err != nil {

@@ -1,6 +1,7 @@
 // Package guestsys applies host requests that change the guest as a whole:
-// its clock, RNG, hostname, network addresses and power. It is the agent's
-// server.System inside a VM and must never run on a host.
+// its clock, RNG, hostname, machine and boot IDs, network addresses and
+// power. It is the agent's server.System inside a VM and must never run
+// on a host.
 package guestsys
 
 import (
@@ -19,8 +20,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"space/internal/agent/proto"
+	"space/internal/agent/server"
 	"space/internal/errkind"
 	"space/internal/proc"
+)
+
+var (
+	_ server.System     = (*System)(nil)
+	_ server.Identifier = (*System)(nil)
+	_ server.Reclaimer  = (*System)(nil)
 )
 
 // System implements server.System for the guest the agent runs in.
@@ -75,11 +83,19 @@ func (s *System) SetClock(t time.Time) error {
 	return nil
 }
 
-// rndAddEntropy is RNDADDENTROPY, _IOW('R', 0x03, int[2]).
-const rndAddEntropy = 0x40085203
+// rndAddEntropy is RNDADDENTROPY, _IOW('R', 0x03, int[2]);
+// rndReseedCRNG is RNDRESEEDCRNG, _IO('R', 0x07).
+const (
+	rndAddEntropy = 0x40085203
+	rndReseedCRNG = 0x5207
+)
 
-// AddEntropy mixes seed into the kernel RNG and credits it, so a clone's
-// RNG diverges from its siblings' at once.
+// AddEntropy mixes seed into the kernel RNG, credits it and reseeds the
+// kernel's generator from it, so a clone's RNG diverges from its
+// siblings' at once. A credit alone reseeds only while the RNG is not yet
+// ready; once it is, the kernel reseeds on its own schedule (every 60 s
+// after the first two minutes of uptime), and until then a restored
+// kernel's generator would go on from its origin's state.
 func (s *System) AddEntropy(seed []byte) error {
 	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
 	if err != nil {
@@ -94,6 +110,9 @@ func (s *System) AddEntropy(seed []byte) error {
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndAddEntropy, uintptr(unsafe.Pointer(&buf[0]))); errno != 0 {
 		return fmt.Errorf("RNDADDENTROPY: %w", errno)
 	}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndReseedCRNG, 0); errno != 0 {
+		return fmt.Errorf("RNDRESEEDCRNG: %w", errno)
+	}
 	return nil
 }
 
@@ -103,6 +122,72 @@ func (s *System) SetHostname(name string) error {
 		return fmt.Errorf("sethostname: %w", err)
 	}
 	return writeAtomic("/etc/hostname", []byte(name+"\n"))
+}
+
+// machineIDFiles are where a guest's software reads its machine-id:
+// systemd's file and D-Bus's older one. The second is replaced only where
+// it is a file of its own (Debian links it to the first).
+var machineIDFiles = []string{"/etc/machine-id", "/var/lib/dbus/machine-id"}
+
+// SetMachineID writes id to the guest's machine-id files.
+func (s *System) SetMachineID(id string) error {
+	if err := writeAtomicMode(machineIDFiles[0], []byte(id+"\n"), 0o444); err != nil {
+		return err
+	}
+	for _, p := range machineIDFiles[1:] {
+		if fi, err := os.Lstat(p); err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		if err := writeAtomicMode(p, []byte(id+"\n"), 0o444); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bootIDFile is where the kernel shows the boot_id it drew when it
+// booted. A restored kernel is a copy of the one that booted, so it shows
+// its origin's.
+const bootIDFile = "/proc/sys/kernel/random/boot_id"
+
+// SetBootID bind-mounts a read-only file holding id over the kernel's
+// boot_id, after removing what earlier calls (in this guest or in the
+// one it was restored from) mounted there. Every process of the agent's
+// mount namespace, running or started later, then reads id; a process
+// that mounts a procfs of its own sees the kernel's.
+func (s *System) SetBootID(id string) error {
+	for range 16 {
+		// EINVAL once the path is no mount point: the kernel's file.
+		if err := unix.Unmount(bootIDFile, unix.MNT_DETACH); err != nil {
+			break
+		}
+	}
+	f, err := os.CreateTemp("/run", ".space-boot-id-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // the mount holds the file
+	_, err = f.WriteString(id + "\n")
+	if err == nil {
+		err = f.Chmod(0o444)
+	}
+	if err = errors.Join(err, f.Close()); err != nil {
+		return err
+	}
+	if err := unix.Mount(f.Name(), bootIDFile, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s over %s: %w", f.Name(), bootIDFile, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	if err := unix.Mount("", bootIDFile, "", flags, ""); err != nil {
+		return errors.Join(fmt.Errorf("make %s read-only: %w", bootIDFile, err), unix.Unmount(bootIDFile, unix.MNT_DETACH))
+	}
+	return nil
+}
+
+// BootID is the boot_id the guest's processes read.
+func (s *System) BootID() (string, error) {
+	b, err := os.ReadFile(bootIDFile)
+	return strings.TrimSpace(string(b)), err
 }
 
 // ConfigureNetwork gives each interface (found by MAC) exactly the addresses
@@ -253,12 +338,16 @@ func othersAlive() bool {
 
 // writeAtomic replaces the file at path with data, making its directory
 // if the image has none (a minimal OCI image may lack /etc).
-func writeAtomic(path string, data []byte) error {
+func writeAtomic(path string, data []byte) error { return writeAtomicMode(path, data, 0o644) }
+
+// writeAtomicMode is writeAtomic of a file with mode perm.
+func writeAtomicMode(path string, data []byte, perm os.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".space-tmp")
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+	os.Remove(tmp) // a leftover: WriteFile keeps an existing file's mode
+	if err := os.WriteFile(tmp, data, perm); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {

@@ -3,6 +3,7 @@ package guesttest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"space/internal/agent/agenttest"
 	"space/internal/agent/client"
 	"space/internal/agent/proto"
+	"space/internal/errkind"
 	"space/internal/guestvm"
 )
 
@@ -141,6 +143,48 @@ func TestRealVM(t *testing.T) {
 		err = c.ConfigureNetwork(t.Context(), proto.NetConfig{Interfaces: []proto.Interface{{MAC: "02:00:00:00:00:01", Addresses: []string{"10.0.0.2/30"}}}})
 		if err == nil || !strings.Contains(err.Error(), "no interface") {
 			t.Errorf("ConfigureNetwork(no such NIC) = %v, want a not-found error", err)
+		}
+	})
+
+	t.Run("PostRestoreIdentity", func(t *testing.T) {
+		seed := bytes.Repeat([]byte{7}, 64)
+		ids := func() string {
+			return agenttest.Output(t, c, "cat /etc/machine-id /var/lib/dbus/machine-id /proc/sys/kernel/random/boot_id; stat -c %a /etc/machine-id; grep -c ' /proc/sys/kernel/random/boot_id ' /proc/self/mountinfo")
+		}
+		// D-Bus's own copy, a file here, is replaced too.
+		agenttest.Output(t, c, "mkdir -p /var/lib/dbus && echo 0123456789abcdef0123456789abcdef > /var/lib/dbus/machine-id")
+		for _, id := range []guestvm.Identity{guestvm.NewIdentity(), guestvm.NewIdentity()} {
+			err := c.PostRestore(t.Context(), proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, MachineID: id.MachineID, BootID: id.BootID})
+			if err != nil {
+				t.Fatalf("PostRestore = %v", err)
+			}
+			// One bind mount however many post-restores came before.
+			if got, want := ids(), id.MachineID+"\n"+id.MachineID+"\n"+id.BootID+"\n444\n1\n"; got != want {
+				t.Errorf("after post-restore: %q, want %q", got, want)
+			}
+			if h, err := c.Health(t.Context()); err != nil || h.BootID != id.BootID {
+				t.Errorf("Health() = %+v, %v, want boot_id %s", h, err, id.BootID)
+			}
+		}
+		before := ids()
+		// Guest root cannot write the boot_id in place: it is read-only.
+		agenttest.Output(t, c, "! echo 01234567-89ab-4def-8123-456789abcdef 2>/dev/null > /proc/sys/kernel/random/boot_id")
+		// A malformed id changes nothing.
+		err := c.PostRestore(t.Context(), proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, MachineID: "../../etc/passwd", BootID: guestvm.NewIdentity().BootID})
+		if !errors.Is(err, errkind.InvalidArgument) {
+			t.Errorf("PostRestore(bad machine id) = %v, want InvalidArgument", err)
+		}
+		if got := ids(); got != before {
+			t.Errorf("after a refused post-restore: %q, want %q as before", got, before)
+		}
+		// Where D-Bus's copy links to systemd's, the link stays.
+		agenttest.Output(t, c, "ln -sf /etc/machine-id /var/lib/dbus/machine-id")
+		id := guestvm.NewIdentity()
+		if err := c.PostRestore(t.Context(), proto.PostRestore{UnixNanos: time.Now().UnixNano(), Entropy: seed, MachineID: id.MachineID}); err != nil {
+			t.Fatalf("PostRestore = %v", err)
+		}
+		if got := agenttest.Output(t, c, "readlink /var/lib/dbus/machine-id; cat /var/lib/dbus/machine-id"); got != "/etc/machine-id\n"+id.MachineID+"\n" {
+			t.Errorf("D-Bus's machine-id link: %q, want it to link to the new machine-id", got)
 		}
 	})
 

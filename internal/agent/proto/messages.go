@@ -495,12 +495,22 @@ type WatchBatch struct {
 }
 
 // PostRestore is sent by the host after a restore or fork, before any other
-// call: the clock, the RNG and (when given) the network are fixed up.
+// call: the clock, the RNG and (when given) the machine's identity and the
+// network are fixed up.
 type PostRestore struct {
 	UnixNanos int64      `json:"unix_nanos"`
 	Entropy   []byte     `json:"entropy"` // 32..4096 bytes of host randomness
 	Hostname  string     `json:"hostname,omitempty"`
 	Network   *NetConfig `json:"network,omitempty"`
+	// MachineID replaces /etc/machine-id (and /var/lib/dbus/machine-id
+	// where that is a file of its own): 32 lowercase hex digits, not all
+	// zero. "" keeps the guest's. Agents from before it refuse the field.
+	MachineID string `json:"machine_id,omitempty"`
+	// BootID is what /proc/sys/kernel/random/boot_id shows from now on: a
+	// UUID in the kernel's form (36 lowercase characters, 8-4-4-4-12 hex
+	// digits). "" keeps the guest's. Agents from before it refuse the
+	// field.
+	BootID string `json:"boot_id,omitempty"`
 }
 
 // NetConfig addresses the guest's network interfaces.

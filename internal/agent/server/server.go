@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"time"
 
@@ -45,6 +44,19 @@ type System interface {
 	// PowerOff stops every process and powers the guest off (or reboots
 	// it). It is called after the reply to the host was sent.
 	PowerOff(reboot bool) error
+}
+
+// Identifier is a System that can give the guest a machine identity of
+// its own (proto.PostRestore's MachineID and BootID). A System without it
+// refuses them with FailedPrecondition.
+type Identifier interface {
+	// SetMachineID replaces the guest's machine-id files with id.
+	SetMachineID(id string) error
+	// SetBootID makes every process, those running and those started
+	// later, read id from /proc/sys/kernel/random/boot_id.
+	SetBootID(id string) error
+	// BootID is the boot_id the guest's processes read now.
+	BootID() (string, error)
 }
 
 // Reclaimer is a System that can give the guest's cached memory back to
@@ -95,7 +107,6 @@ type Server struct {
 	start   time.Time
 	reaper  *reaper
 	procs   *procTable
-	bootID  string
 	runDone chan struct{} // closed when Run returns
 	appends pathLocks     // in-place writes under way, by path
 	names   names         // user and group names of IDs
@@ -125,14 +136,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.WatchQueue <= 0 {
 		cfg.WatchQueue = proto.WatchQueue
 	}
-	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	return &Server{
 		cfg:      cfg,
 		log:      cfg.Log,
 		start:    time.Now(),
 		reaper:   newReaper(cfg.ReapAll),
 		procs:    newProcTable(cfg.Log, cfg.ExitGrace),
-		bootID:   string(trimNL(boot)),
 		runDone:  make(chan struct{}),
 		sessions: map[*yamux.Session]io.Writer{},
 	}, nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -19,10 +21,24 @@ func (s *Server) health() proto.Health {
 		AgentVersion: s.cfg.Version,
 		Protocol:     proto.Version,
 		UptimeMS:     time.Since(s.start).Milliseconds(),
-		BootID:       s.bootID,
 	}
+	h.BootID = s.bootID()
 	h.Hostname, _ = unixHostname()
 	return h
+}
+
+// kernelBootID is the file the kernel shows its boot_id in.
+const kernelBootID = "/proc/sys/kernel/random/boot_id"
+
+// bootID is the boot_id the guest's processes read now: after a
+// post-restore that gave one, that one, not the kernel's. "" if unknown.
+func (s *Server) bootID() string {
+	if id, ok := s.cfg.System.(Identifier); ok {
+		b, _ := id.BootID()
+		return b
+	}
+	b, _ := os.ReadFile(kernelBootID)
+	return string(trimNL(b))
 }
 
 func unixHostname() (string, error) {
@@ -34,7 +50,8 @@ func unixHostname() (string, error) {
 }
 
 // postRestore fixes what a restored or forked guest shares with its origin:
-// the clock, the RNG state and, when given, its name and network identity.
+// the clock, the RNG state and, when given, its name, machine and boot IDs
+// and network identity. Nothing changes unless every argument is valid.
 func (s *Server) postRestore(ctx context.Context, a proto.PostRestore) error {
 	if s.cfg.System == nil {
 		return errNoSystem
@@ -55,6 +72,16 @@ func (s *Server) postRestore(ctx context.Context, a proto.PostRestore) error {
 			return err
 		}
 	}
+	if a.MachineID != "" && !validMachineID(a.MachineID) {
+		return fmt.Errorf("post_restore: machine id %.64q, want 32 lowercase hex digits, not all zero: %w", a.MachineID, errkind.InvalidArgument)
+	}
+	if a.BootID != "" && !validBootID(a.BootID) {
+		return fmt.Errorf("post_restore: boot id %.64q, want a lowercase UUID: %w", a.BootID, errkind.InvalidArgument)
+	}
+	ident, canIdent := s.cfg.System.(Identifier)
+	if (a.MachineID != "" || a.BootID != "") && !canIdent {
+		return fmt.Errorf("post_restore: machine and boot id: %w", errNoSystem)
+	}
 	if err := s.cfg.System.SetClock(time.Unix(0, a.UnixNanos)); err != nil {
 		return fmt.Errorf("set clock: %w", err)
 	}
@@ -66,12 +93,52 @@ func (s *Server) postRestore(ctx context.Context, a proto.PostRestore) error {
 			return fmt.Errorf("set hostname: %w", err)
 		}
 	}
+	if a.MachineID != "" {
+		if err := ident.SetMachineID(a.MachineID); err != nil {
+			return fmt.Errorf("set machine id: %w", err)
+		}
+	}
+	if a.BootID != "" {
+		if err := ident.SetBootID(a.BootID); err != nil {
+			return fmt.Errorf("set boot id: %w", err)
+		}
+	}
 	if a.Network != nil {
 		if err := s.cfg.System.ConfigureNetwork(ctx, *a.Network); err != nil {
 			return fmt.Errorf("configure network: %w", err)
 		}
 	}
 	return nil
+}
+
+// validMachineID reports whether id is a machine-id as systemd writes
+// it: 32 lowercase hex digits, not all zero.
+func validMachineID(id string) bool {
+	return len(id) == 32 && isLowerHex(id) && strings.Trim(id, "0") != ""
+}
+
+// validBootID reports whether id is a UUID as the kernel shows boot_id:
+// 8-4-4-4-12 lowercase hex digits.
+func validBootID(id string) bool {
+	parts := strings.Split(id, "-")
+	if len(id) != 36 || len(parts) != 5 {
+		return false
+	}
+	for i, n := range []int{8, 4, 4, 4, 12} {
+		if len(parts[i]) != n || !isLowerHex(parts[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func isLowerHex(s string) bool {
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) network(ctx context.Context, cfg proto.NetConfig) error {

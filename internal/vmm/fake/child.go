@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -131,6 +132,8 @@ func (l listener) Accept(ctx context.Context) (io.ReadWriteCloser, error) {
 	return c, nil
 }
 
+var _ server.Identifier = system{}
+
 // system is the fake guest's server.System. A jailed process may not set
 // the host's clock, entropy pool or hostname (the jail set "jail"), and
 // has no network to configure: those requests succeed and change nothing.
@@ -143,6 +146,17 @@ func (system) AddEntropy([]byte) error { return nil }
 func (system) SetHostname(string) error { return nil }
 
 func (system) ConfigureNetwork(context.Context, proto.NetConfig) error { return nil }
+
+// SetMachineID and SetBootID change nothing either: the files are the
+// host's. BootID is the host's.
+func (system) SetMachineID(string) error { return nil }
+
+func (system) SetBootID(string) error { return nil }
+
+func (system) BootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return strings.TrimSpace(string(b)), err
+}
 
 // PowerOff ends the guest: PID 1's exit ends every process of its
 // namespace.

@@ -5,6 +5,7 @@ package vmmtest
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -18,8 +19,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"space/internal/agent/agenttest"
+	"space/internal/agent/client"
 	"space/internal/agent/guesttest"
+	"space/internal/agent/proto"
 	"space/internal/guestvm"
+	"space/internal/testenv"
 	"space/internal/vmm"
 )
 
@@ -56,6 +60,7 @@ func RunWith(t *testing.T, newDriver NewDriver, opts Options) {
 	t.Run("SnapshotRestoreClones", func(t *testing.T) { testSnapshotRestore(t, newDriver, opts) })
 	if !opts.NoGuestKernel {
 		t.Run("NetworkViaTap", func(t *testing.T) { testNetwork(t, newDriver) })
+		t.Run("ClonesOfAnOldGuestReseed", func(t *testing.T) { testClonesReseed(t, newDriver) })
 	}
 }
 
@@ -312,9 +317,24 @@ func testSnapshotRestore(t *testing.T, newDriver NewDriver, opts Options) {
 		t.Fatalf("%T does not implement vmm.Restorer", d)
 	}
 	src, closeSrc := boot(t, d, 1, 384)
+	var origin identity
+	if !opts.NoGuestKernel {
+		origin = guestIdentity(t, src)
+		if !validMachineID(origin.machineID) {
+			t.Errorf("booted guest's machine-id = %q, want 32 hex digits of its own", origin.machineID)
+		}
+		if origin.healthBootID != origin.bootID {
+			t.Errorf("booted guest's agent reports boot_id %q, its processes read %q", origin.healthBootID, origin.bootID)
+		}
+		if origin.machineID != src.Identity.MachineID {
+			t.Errorf("booted guest's machine-id = %q, want %q, the one the host gave it", origin.machineID, src.Identity.MachineID)
+		}
+	}
 	// State of three kinds: a file in tmpfs (guest memory), a file on the
 	// writable layer (disk), and a running background counter (a process).
-	agenttest.Output(t, src.Client, `echo in-memory > /tmp/mark; echo on-disk > /root/mark; (n=0; while :; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/counter; sleep 0.1; done) >/dev/null 2>&1 &`)
+	// The counter's shell also reads the boot_id itself (read is a shell
+	// builtin): what a process running since before a restore sees.
+	agenttest.Output(t, src.Client, `echo in-memory > /tmp/mark; echo on-disk > /root/mark; (n=0; while :; do n=$((n+1)); echo $n > /tmp/c.new; mv /tmp/c.new /tmp/counter; read b < /proc/sys/kernel/random/boot_id; echo $b > /tmp/b.new; mv /tmp/b.new /tmp/bootid; sleep 0.1; done) >/dev/null 2>&1 &`)
 	for deadline := time.Now().Add(30 * time.Second); counter(t, src) <= 3; {
 		if time.Now().After(deadline) {
 			t.Fatalf("counter did not start")
@@ -369,18 +389,110 @@ func testSnapshotRestore(t *testing.T, newDriver NewDriver, opts Options) {
 			}
 		}
 	}
-	// Clones diverge: what one writes, the other does not see.
+	// Clones diverge: what one writes, the other does not see, and what
+	// they draw from the kernel's RNG right after the restore differs.
 	b := restore(t, d, snapDir, "clone-b")
+	if !opts.NoGuestKernel {
+		rnd := "head -c 16 /dev/urandom | od -An -tx1"
+		if ra, rb := agenttest.Output(t, a.Client, rnd), agenttest.Output(t, b.Client, rnd); ra == rb {
+			t.Errorf("two clones read the same random bytes %q", ra)
+		}
+	}
 	agenttest.Output(t, a.Client, "echo a > /tmp/who; echo a > /root/who")
 	agenttest.Output(t, b.Client, "echo b > /tmp/who; echo b > /root/who")
 	if got := agenttest.Output(t, a.Client, "cat /tmp/who /root/who"); got != "a\na\n" {
 		t.Errorf("clone a sees %q, want its own writes", got)
 	}
-	bootID := " /proc/sys/kernel/random/boot_id"
-	if opts.NoGuestKernel {
-		bootID = "" // the host's
-	}
-	if got := agenttest.Output(t, b.Client, "cat /tmp/who /root/who"+bootID); !strings.HasPrefix(got, "b\nb\n") {
+	if got := agenttest.Output(t, b.Client, "cat /tmp/who /root/who"); got != "b\nb\n" {
 		t.Errorf("clone b sees %q, want its own writes", got)
 	}
+	if opts.NoGuestKernel {
+		return // the machine-id and boot_id are the host's
+	}
+	// Clones are machines of their own: each has its own machine-id and
+	// boot_id (what processes read, and what the agent reports), neither
+	// its sibling's nor its origin's.
+	ia, ib := guestIdentity(t, a), guestIdentity(t, b)
+	for _, c := range []struct {
+		name string
+		vm   *guestvm.VM
+		id   identity
+	}{{"a", a, ia}, {"b", b, ib}} {
+		want := identity{machineID: c.vm.Identity.MachineID, bootID: c.vm.Identity.BootID, healthBootID: c.vm.Identity.BootID}
+		if c.id != want {
+			t.Errorf("clone %s: %+v, want %+v, the ids the host gave it", c.name, c.id, want)
+		}
+	}
+	if !opts.NoProcessSnapshot {
+		// A process that ran before the restore reads the clone's boot_id.
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			return agenttest.Output(t, a.Client, "cat /tmp/bootid") == ia.bootID+"\n"
+		})
+	}
+	if ia.machineID == ib.machineID || ia.machineID == origin.machineID || ib.machineID == origin.machineID {
+		t.Errorf("machine-ids: origin %s, clone a %s, clone b %s, want three different", origin.machineID, ia.machineID, ib.machineID)
+	}
+	if ia.bootID == ib.bootID || ia.bootID == origin.bootID || ib.bootID == origin.bootID {
+		t.Errorf("boot_ids: origin %s, clone a %s, clone b %s, want three different", origin.bootID, ia.bootID, ib.bootID)
+	}
+}
+
+// testClonesReseed restores two clones of a guest that had run for over
+// two minutes and reads the kernel's RNG in each at once. Past two minutes
+// of uptime the kernel reseeds its generator only every 60 s, and
+// entropy added meanwhile waits for that: without the reseed that
+// post-restore asks for, both clones read the same bytes (measured).
+func testClonesReseed(t *testing.T, newDriver NewDriver) {
+	testenv.RequireSlow(t)
+	d := newDriver(t)
+	src, closeSrc := boot(t, d, 1, 384)
+	// The guest waits for itself: the test has nothing to poll.
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	wait := `while [ "$(cut -d. -f1 /proc/uptime)" -lt 125 ]; do sleep 1; done`
+	if exit, err := src.Client.Exec(ctx, proto.ExecRequest{Shell: wait}, client.IO{}); err != nil || exit.Code != 0 {
+		t.Fatalf("setup: wait for two minutes of uptime: %+v, %v", exit, err)
+	}
+	snapRoot, err := os.MkdirTemp("/dev/shm", "space-vmmtest-snap-")
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(snapRoot) })
+	snapDir := filepath.Join(snapRoot, "s1")
+	if _, err := src.Snapshot(t.Context(), snapDir); err != nil {
+		t.Fatalf("Snapshot = %v", err)
+	}
+	closeSrc()
+	rnd := "head -c 16 /dev/urandom | od -An -tx1"
+	a := restore(t, d, snapDir, "clone-a")
+	ra := agenttest.Output(t, a.Client, rnd)
+	b := restore(t, d, snapDir, "clone-b")
+	if rb := agenttest.Output(t, b.Client, rnd); ra == rb {
+		t.Errorf("two clones read the same random bytes %q right after their restores", ra)
+	}
+}
+
+// identity is what a guest's processes and its agent say identifies it.
+type identity struct {
+	machineID    string // cat /etc/machine-id
+	bootID       string // cat /proc/sys/kernel/random/boot_id
+	healthBootID string // the agent's health reply
+}
+
+func guestIdentity(t *testing.T, vm *guestvm.VM) identity {
+	t.Helper()
+	f := strings.Fields(agenttest.Output(t, vm.Client, "cat /etc/machine-id /proc/sys/kernel/random/boot_id"))
+	if len(f) != 2 {
+		t.Fatalf("machine-id and boot_id = %q, want two words", f)
+	}
+	h, err := vm.Client.Health(t.Context())
+	if err != nil {
+		t.Fatalf("Health = %v", err)
+	}
+	return identity{machineID: f[0], bootID: f[1], healthBootID: h.BootID}
+}
+
+func validMachineID(id string) bool {
+	_, err := hex.DecodeString(id)
+	return len(id) == 32 && err == nil && strings.Trim(id, "0") != ""
 }
