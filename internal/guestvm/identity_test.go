@@ -1,18 +1,15 @@
 package guestvm_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"regexp"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/hashicorp/yamux"
-	"golang.org/x/sys/unix"
 
 	"space/internal/agent/agenttest"
 	"space/internal/agent/client"
@@ -27,7 +24,7 @@ import (
 // applies them.
 func TestPostRestoreGivesFreshIdentity(t *testing.T) {
 	sys := agenttest.NewRecordingSystem("")
-	c := dial(t, func(ctx context.Context, conn *os.File) {
+	c := agenttest.Serve(t, func(ctx context.Context, conn *os.File) {
 		srv, err := server.New(server.Config{Version: "test", System: sys})
 		if err != nil {
 			return
@@ -75,19 +72,17 @@ func TestPostRestoreOldAgent(t *testing.T) {
 	var mu sync.Mutex
 	var accepted []oldPostRestore
 	refused := 0
-	c := dial(t, func(ctx context.Context, conn *os.File) {
-		oldAgent(conn, func(req proto.Request) error {
-			var a oldPostRestore
-			err := proto.DecodeJSON(proto.Frame{Type: proto.TypeRequest, Payload: req.Args}, 0, &a)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				refused++
-				return err
-			}
-			accepted = append(accepted, a)
-			return nil
-		})
+	c := oldAgent(t, func(req proto.Request) error {
+		var a oldPostRestore
+		err := proto.DecodeJSON(proto.Frame{Type: proto.TypeRequest, Payload: req.Args}, 0, &a)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			refused++
+			return err
+		}
+		accepted = append(accepted, a)
+		return nil
 	})
 	id, err := guestvm.PostRestore(t.Context(), c, "clone-1")
 	if err != nil || id != (guestvm.Identity{}) {
@@ -100,78 +95,18 @@ func TestPostRestoreOldAgent(t *testing.T) {
 	}
 }
 
-// dial connects a client to serve, run on the other end of a
-// socketpair as a guest's agent would be.
-func dial(t *testing.T, serve func(ctx context.Context, conn *os.File)) *client.Client {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatalf("setup: socketpair: %v", err)
-	}
-	unix.SetNonblock(fds[0], true)
-	unix.SetNonblock(fds[1], true)
-	guest, host := os.NewFile(uintptr(fds[0]), "guest"), os.NewFile(uintptr(fds[1]), "host")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer guest.Close()
-		serve(ctx, guest)
-	}()
-	dctx, dcancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer dcancel()
-	c, err := client.Dial(dctx, host)
-	if err != nil {
-		cancel()
-		guest.Close()
-		<-done
-		t.Fatalf("setup: dial: %v", err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		cancel()
-		<-done
-	})
-	return c
-}
-
-// oldAgent speaks the handshake and answers every post_restore with
-// answer's error or an empty result.
-func oldAgent(conn *os.File, answer func(proto.Request) error) {
-	br := bufio.NewReader(conn)
-	hello, err := proto.ReadHello(br, 0)
-	if err != nil {
-		return
-	}
-	if _, err := conn.Write(proto.Ready{Version: proto.Version, Nonce: hello.Nonce, AgentVersion: "old"}.Line()); err != nil {
-		return
-	}
-	if next, err := proto.ReadStart(br, hello); err != nil || next != nil {
-		return
-	}
-	sess, err := yamux.Server(proto.Buffered(br, conn), proto.YamuxConfig())
-	if err != nil {
-		return
-	}
-	defer sess.Close()
-	for {
-		st, err := sess.Accept()
+// oldAgent answers every post_restore with answer's error or an empty
+// result, and every other call as unknown.
+func oldAgent(t *testing.T, answer func(proto.Request) error) *client.Client {
+	return agenttest.Scripted(t, func(st net.Conn, req proto.Request) {
+		var err error = errkind.InvalidArgument
+		if req.Op == proto.OpPostRestore {
+			err = answer(req)
+		}
 		if err != nil {
-			return
+			proto.WriteJSON(st, proto.TypeError, proto.ErrorFrom(err))
+		} else {
+			proto.WriteJSON(st, proto.TypeResult, proto.Empty{})
 		}
-		var req proto.Request
-		if f, err := proto.NewReader(st, 0).Next(); err == nil && proto.DecodeJSON(f, 0, &req) == nil {
-			if req.Op != proto.OpPostRestore {
-				err = errkind.InvalidArgument
-			} else {
-				err = answer(req)
-			}
-			if err != nil {
-				proto.WriteJSON(st, proto.TypeError, proto.ErrorFrom(err))
-			} else {
-				proto.WriteJSON(st, proto.TypeResult, proto.Empty{})
-			}
-		}
-		st.Close()
-	}
+	})
 }

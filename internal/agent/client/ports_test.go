@@ -1,18 +1,14 @@
 package client_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
-	"golang.org/x/sys/unix"
-
+	"space/internal/agent/agenttest"
 	"space/internal/agent/client"
 	"space/internal/agent/proto"
 	"space/internal/errkind"
@@ -133,66 +129,8 @@ func TestPortOpenOldAgent(t *testing.T) {
 // call as an agent that knows no op would: invalid_argument, unknown op.
 func oldAgent(t *testing.T) *client.Client {
 	t.Helper()
-	return scriptedAgent(t, func(st net.Conn, req proto.Request) {
+	return agenttest.Scripted(t, func(st net.Conn, req proto.Request) {
 		proto.WriteJSON(st, proto.TypeError, proto.Error{
 			Code: errkind.InvalidArgument.String(), Message: fmt.Sprintf("unknown op %q", req.Op)})
 	})
-}
-
-// scriptedAgent returns a client connected to a fake agent that hands the
-// first frame of every call to answer, then closes the call's stream.
-func scriptedAgent(t *testing.T, answer func(st net.Conn, req proto.Request)) *client.Client {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatalf("setup: socketpair: %v", err)
-	}
-	unix.SetNonblock(fds[0], true)
-	unix.SetNonblock(fds[1], true)
-	guest, host := os.NewFile(uintptr(fds[0]), "guest"), os.NewFile(uintptr(fds[1]), "host")
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer guest.Close()
-		br := bufio.NewReader(guest)
-		hello, err := proto.ReadHello(br, 0)
-		if err != nil {
-			return
-		}
-		if _, err := guest.Write(proto.Ready{Version: proto.Version, Nonce: hello.Nonce, AgentVersion: "old"}.Line()); err != nil {
-			return
-		}
-		if next, err := proto.ReadStart(br, hello); err != nil || next != nil {
-			return
-		}
-		sess, err := yamux.Server(proto.Buffered(br, guest), proto.YamuxConfig())
-		if err != nil {
-			return
-		}
-		defer sess.Close()
-		for {
-			st, err := sess.Accept()
-			if err != nil {
-				return
-			}
-			var req proto.Request
-			if f, err := proto.NewReader(st, 0).Next(); err == nil && proto.DecodeJSON(f, 0, &req) == nil {
-				answer(st, req)
-			}
-			st.Close()
-		}
-	}()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	c, err := client.Dial(ctx, host)
-	if err != nil {
-		guest.Close()
-		<-done
-		t.Fatalf("setup: dial: %v", err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		<-done
-	})
-	return c
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"space/internal/agent/agenttest"
 	"space/internal/agent/client"
 	"space/internal/agent/proto"
 	"space/internal/errkind"
@@ -20,7 +21,7 @@ import (
 func TestProcTagOldAgent(t *testing.T) {
 	var mu sync.Mutex
 	var killed []proto.ProcSignal
-	c := scriptedAgent(t, func(st net.Conn, req proto.Request) {
+	c := agenttest.Scripted(t, func(st net.Conn, req proto.Request) {
 		switch req.Op {
 		case proto.OpProcStart:
 			var ps proto.ProcStart
