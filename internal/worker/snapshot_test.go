@@ -79,7 +79,9 @@ func reflinkStorage(t testing.TB) string {
 	t.Helper()
 	testenv.RequireTool(t, testenv.TierUnit, "mkfs.xfs", "xfsprogs")
 	data := t.TempDir()
-	st, err := storage.Prepare(t.Context(), storage.Config{DataDir: data, LoopSize: 4 << 30})
+	// Sparse: it costs what the tests write; large enough that the
+	// disks its sandboxes are promised (disk admission) always fit.
+	st, err := storage.Prepare(t.Context(), storage.Config{DataDir: data, LoopSize: 16 << 30})
 	if err != nil || !st.Reflinked() {
 		t.Fatalf("setup: storage.Prepare = %+v, %v; want reflink storage", st, err)
 	}
