@@ -169,6 +169,7 @@ class Sandbox:
     reason: Optional[str] = None
     recovered_from: Optional[Recovery] = None
     data_plane: Optional[DataPlane] = None
+    agent: Optional[str] = None  # one of: 'ok', 'unresponsive'
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Sandbox":
@@ -195,6 +196,7 @@ class Sandbox:
             reason=d['reason'] if d.get('reason') is not None else None,
             recovered_from=Recovery.from_dict(d['recovered_from']) if d.get('recovered_from') is not None else None,
             data_plane=DataPlane.from_dict(d['data_plane']) if d.get('data_plane') is not None else None,
+            agent=d['agent'] if d.get('agent') is not None else None,
         )
 
     def to_dict(self) -> Dict[str, Any]:
@@ -234,6 +236,8 @@ class Sandbox:
             d['recovered_from'] = self.recovered_from.to_dict()
         if self.data_plane is not None:
             d['data_plane'] = self.data_plane.to_dict()
+        if self.agent is not None:
+            d['agent'] = self.agent
         return d
 
 @dataclass
@@ -1158,6 +1162,8 @@ class Worker:
     sandboxes: int
     last_heartbeat: str  # RFC 3339 time
     healthy: bool
+    disk_mib: Optional[int] = None
+    free_disk_mib: Optional[int] = None
     protocol: Optional[int] = None
     capabilities: Optional[WorkerCapabilities] = None
 
@@ -1173,6 +1179,8 @@ class Worker:
             sandboxes=d.get('sandboxes', 0),
             last_heartbeat=d.get('last_heartbeat', ""),
             healthy=d.get('healthy', False),
+            disk_mib=d['disk_mib'] if d.get('disk_mib') is not None else None,
+            free_disk_mib=d['free_disk_mib'] if d.get('free_disk_mib') is not None else None,
             protocol=d['protocol'] if d.get('protocol') is not None else None,
             capabilities=WorkerCapabilities.from_dict(d['capabilities']) if d.get('capabilities') is not None else None,
         )
@@ -1188,6 +1196,10 @@ class Worker:
         d['sandboxes'] = self.sandboxes
         d['last_heartbeat'] = self.last_heartbeat
         d['healthy'] = self.healthy
+        if self.disk_mib is not None:
+            d['disk_mib'] = self.disk_mib
+        if self.free_disk_mib is not None:
+            d['free_disk_mib'] = self.free_disk_mib
         if self.protocol is not None:
             d['protocol'] = self.protocol
         if self.capabilities is not None:

@@ -1277,6 +1277,10 @@ export interface components {
             memory_mib?: number;
             /**
              * Format: int64
+             * @description The writable disk's size, to the MiB (the guest's file system
+             *     shows it less ext4's journal and metadata). Admitted only
+             *     where a worker can keep it whole: 400 when it is larger than
+             *     any worker can ever give, 503 when none has that much free now.
              * @default 4096
              */
             disk_mib?: number;
@@ -1433,6 +1437,11 @@ export interface components {
             /** @description Set once a sandbox whose worker was lost runs again on another worker, from its latest checkpoint. */
             recovered_from?: components["schemas"]["Recovery"];
             data_plane?: components["schemas"]["DataPlane"];
+            /**
+             * @description The state of the guest agent of a running sandbox, as its worker's heartbeat last saw it: unresponsive once the agent gave no answer for the heartbeat's timeout (15 s by default; its data-plane calls then fail at once with 503 unavailable until it answers again). Only in the answer of GET /v1/sandboxes/{id}, and only while the sandbox runs and its worker answers.
+             * @enum {string}
+             */
+            agent?: "ok" | "unresponsive";
         };
         Recovery: {
             /** @description the checkpoint it was restored from */
@@ -1860,6 +1869,16 @@ export interface components {
             /** Format: int64 */
             used_memory_mib: number;
             sandboxes: number;
+            /**
+             * Format: int64
+             * @description the largest disk (disk_mib) the worker could ever give a sandbox, its storage less its reserve; absent while unknown
+             */
+            disk_mib?: number;
+            /**
+             * Format: int64
+             * @description the largest disk it gives a new sandbox now, its storage's free space less what its sandboxes may still write and less its reserve
+             */
+            free_disk_mib?: number;
             /** Format: date-time */
             last_heartbeat: string;
             healthy: boolean;
