@@ -9,12 +9,11 @@ import (
 	"os"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"golang.org/x/sys/unix"
 
 	"space/api"
+	"space/internal/agent/agenttest"
 	"space/internal/agent/client"
 	"space/internal/agent/server"
 	"space/internal/httpapi"
@@ -28,35 +27,8 @@ func inProcessAgent(t *testing.T) *client.Client {
 	if err != nil {
 		t.Fatalf("setup: server.New: %v", err)
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatalf("setup: socketpair: %v", err)
-	}
-	unix.SetNonblock(fds[0], true)
-	unix.SetNonblock(fds[1], true)
-	guest, host := os.NewFile(uintptr(fds[0]), "guest"), os.NewFile(uintptr(fds[1]), "host")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.ServeConn(ctx, guest)
-	}()
-	dctx, dcancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer dcancel()
-	c, err := client.Dial(dctx, host)
-	if err != nil {
-		cancel()
-		guest.Close()
-		<-done
-		t.Fatalf("setup: dial: %v", err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		cancel()
-		<-done
-		srv.Close()
-	})
-	return c
+	t.Cleanup(func() { srv.Close() }) // after the client's cleanup
+	return agenttest.Serve(t, func(ctx context.Context, conn *os.File) { srv.ServeConn(ctx, conn) })
 }
 
 // TestHandlePort serves GET .../ports/{port} with an in-process agent.
