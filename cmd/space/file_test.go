@@ -57,11 +57,7 @@ func TestFileGetHostile(t *testing.T) {
 		t.Fatalf("file get = %v", err)
 	}
 	uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
-	type file struct {
-		Mode     fs.FileMode
-		UID, GID uint32
-		Target   string
-	}
+	type file = hostFile
 	want := map[string]file{
 		"tree":             {Mode: fs.ModeDir | 0o700, UID: uid, GID: gid}, // the staging directory's
 		"tree/bin":         {Mode: fs.ModeDir | 0o755, UID: uid, GID: gid},
@@ -74,7 +70,27 @@ func TestFileGetHostile(t *testing.T) {
 		"tree/etc":         {Mode: fs.ModeSymlink, UID: uid, GID: gid, Target: "/etc"},
 		"sh":               {Mode: 0o755, UID: uid, GID: gid},
 	}
-	got := map[string]file{}
+	got := hostTree(t, dir)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("files on the host after file get of a hostile guest (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(stderr.String(), "left out 3 ") {
+		t.Errorf("file get -r stderr = %q, want a warning that 3 entries were left out", stderr.String())
+	}
+}
+
+// hostFile is what the tests check of a file a download wrote on the
+// host; a symbolic link's Mode is fs.ModeSymlink alone.
+type hostFile struct {
+	Mode     fs.FileMode
+	UID, GID uint32
+	Target   string // a symbolic link's
+}
+
+// hostTree returns the files below dir, by their path relative to it.
+func hostTree(t *testing.T, dir string) map[string]hostFile {
+	t.Helper()
+	got := map[string]hostFile{}
 	err := filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
 		if err != nil || p == dir {
 			return err
@@ -85,21 +101,16 @@ func TestFileGetHostile(t *testing.T) {
 		}
 		rel, _ := filepath.Rel(dir, p)
 		st := fi.Sys().(*syscall.Stat_t)
-		fl := file{Mode: fi.Mode(), UID: st.Uid, GID: st.Gid}
+		f := hostFile{Mode: fi.Mode(), UID: st.Uid, GID: st.Gid}
 		if fi.Mode()&fs.ModeSymlink != 0 {
-			fl.Mode = fs.ModeSymlink
-			fl.Target, _ = os.Readlink(p)
+			f.Mode = fs.ModeSymlink
+			f.Target, _ = os.Readlink(p)
 		}
-		got[rel] = fl
+		got[rel] = f
 		return nil
 	})
 	if err != nil {
 		t.Fatalf("walk %s: %v", dir, err)
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("files on the host after file get of a hostile guest (-want +got):\n%s", diff)
-	}
-	if !strings.Contains(stderr.String(), "left out 3 ") {
-		t.Errorf("file get -r stderr = %q, want a warning that 3 entries were left out", stderr.String())
-	}
+	return got
 }
