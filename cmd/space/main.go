@@ -29,6 +29,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"space/internal/cachedir"
+	"space/internal/origin"
 )
 
 // Exit statuses of space's own failures.
@@ -77,7 +78,7 @@ func newGlobals(stdin io.Reader, stdout, stderr io.Writer, getenv func(string) s
 		if g.verbose {
 			level = slog.LevelDebug
 		}
-		return slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+		return slog.New(origin.LogHandler(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level})))
 	})
 	return g
 }

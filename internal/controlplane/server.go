@@ -38,6 +38,7 @@ import (
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/leader"
+	"space/internal/origin"
 	"space/internal/secrets"
 	"space/internal/store"
 	"space/internal/templatebuild"
@@ -453,7 +454,7 @@ func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		ctx := context.WithValue(r.Context(), callerKey{}, caller{team: k.TeamID, admin: k.Admin, keyID: k.ID})
-		next(w, r.WithContext(ctx))
+		next(w, r.WithContext(origin.SetActor(ctx, origin.KindKey, k.ID)))
 	}
 }
 
@@ -546,7 +547,8 @@ func (s *Server) Routes() []string {
 }
 
 // Handler returns the public API. Every request is counted and timed
-// (metrics.go) by its route's template, never its path.
+// (metrics.go) by its route's template, never its path, and gets a
+// request ID (package origin) answered in X-Request-Id.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	allowed := map[string][]string{} // path -> methods
@@ -570,18 +572,18 @@ func (s *Server) Handler() http.Handler {
 		httpapi.WriteError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errkind.NotFound))
 	})))
 	if s.plane == nil {
-		return mux
+		return origin.Middleware(mux)
 	}
 	plane := s.metrics.instrument(routeDataPlane, "", s.plane)
 	// A data-plane token is served without the database: the sandbox
 	// and its worker are in the token.
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return origin.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if dataplane.HasToken(r) {
 			plane(w, r)
 			return
 		}
 		mux.ServeHTTP(w, r)
-	})
+	}))
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
