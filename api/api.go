@@ -844,3 +844,35 @@ type Secret struct {
 type SecretList struct {
 	Secrets []Secret `json:"secrets"`
 }
+
+// UsageSample is one measurement of what a sandbox uses. The guest's
+// figures come from its own kernel (through the agent); VMMPSSBytes is
+// measured on the host. A sample older than the finest history is the
+// mean (CPU) or last value (the rest) of its minute.
+type UsageSample struct {
+	Time time.Time `json:"time"`
+	CPUs int       `json:"cpus"`
+	// CPUUsedPct is the share of the guest's CPUs busy since the sample
+	// before, 0 to 100.
+	CPUUsedPct    float64 `json:"cpu_used_pct"`
+	MemTotalBytes int64   `json:"mem_total_bytes"`
+	MemUsedBytes  int64   `json:"mem_used_bytes"`  // total less available
+	MemCacheBytes int64   `json:"mem_cache_bytes"` // page cache
+	// VMMPSSBytes is the host memory the VMM process holds (its PSS):
+	// what the sandbox costs its host.
+	VMMPSSBytes    int64 `json:"vmm_pss_bytes"`
+	DiskTotalBytes int64 `json:"disk_total_bytes"` // the root file system
+	DiskUsedBytes  int64 `json:"disk_used_bytes"`
+	// NetRxBytes and NetTxBytes count what the guest received and sent
+	// since it booted, loopback left out.
+	NetRxBytes int64 `json:"net_rx_bytes"`
+	NetTxBytes int64 `json:"net_tx_bytes"`
+}
+
+// SandboxMetrics is a sandbox's usage history over a time range.
+type SandboxMetrics struct {
+	SandboxID string `json:"sandbox_id"`
+	// IntervalSeconds is how often the sandbox is sampled.
+	IntervalSeconds float64       `json:"interval_seconds"`
+	Samples         []UsageSample `json:"samples"`
+}

@@ -38,6 +38,25 @@ func TestCLIAgainstRealServer(t *testing.T) {
 	}
 	defer space("", "sandbox", "rm", sb.ID)
 
+	// The worker's heartbeat samples the guest every 5 s: stats shows
+	// what its kernel says it uses.
+	var rows []statsRow
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, errOut, code = space("", "sandbox", "stats", "--no-stream", "-o", "json", sb.ID)
+		rows = nil
+		if code != 0 || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 1 {
+			t.Fatalf("sandbox stats = %d %q %q", code, out, errOut)
+		}
+		if rows[0].Sample != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if s := rows[0].Sample; s == nil || s.CPUs < 1 || s.MemTotalBytes < 200<<20 || s.MemUsedBytes <= 0 || s.DiskTotalBytes <= 0 || s.DiskUsedBytes <= 0 || s.VMMPSSBytes < 0 {
+		t.Errorf("sandbox stats of a real VM = %+v, want the guest's CPUs, memory and disk", s)
+	}
+
 	out, errOut, code = space("", "exec", sb.ID, "--", "sh", "-c", "echo hi; echo warn >&2; exit 42")
 	if code != 42 || out != "hi\n" || errOut != "warn\n" {
 		t.Errorf("exec = %d %q %q; want 42 \"hi\\n\" \"warn\\n\"", code, out, errOut)

@@ -27,7 +27,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		newSandboxStateCmd(g, "suspend", "Suspend sandboxes to storage (the VM stops; memory is freed)", (*client.Client).SuspendSandbox),
 		newSandboxStateCmd(g, "resume", "Resume paused or suspended sandboxes", (*client.Client).ResumeSandbox),
 		newSandboxTimeoutCmd(g), newSandboxRestoreCmd(g), newSandboxForkCmd(g),
-		newSandboxCheckpointCmd(g), newSandboxCheckpointsCmd(g), newSandboxHistoryCmd(g), newSandboxNetworkCmd(g), newSandboxSecretsCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g))
+		newSandboxCheckpointCmd(g), newSandboxCheckpointsCmd(g), newSandboxHistoryCmd(g), newSandboxNetworkCmd(g), newSandboxSecretsCmd(g), newSandboxEgressLogCmd(g), newSandboxExposeCmd(g), newSandboxStatsCmd(g))
 }
 
 func newSandboxCreateCmd(g *globals) *cobra.Command {

@@ -17,6 +17,7 @@ import (
 	"space/internal/store"
 	"space/internal/store/sqlite"
 	"space/internal/worker"
+	"space/internal/workerproto"
 )
 
 // instantWorker is a worker that creates and deletes sandboxes without
@@ -65,6 +66,9 @@ func (w *instantWorker) Sandbox(_ context.Context, id string) (worker.Info, erro
 func (w *instantWorker) List(context.Context) ([]worker.Info, error) { return nil, nil }
 func (w *instantWorker) SnapshotInfo(_ context.Context, id string) (worker.SnapshotInfo, error) {
 	return worker.SnapshotInfo{ID: id}, nil
+}
+func (w *instantWorker) Usage(_ context.Context, id string, _ workerproto.UsageRequest) (api.SandboxMetrics, error) {
+	return api.SandboxMetrics{SandboxID: id}, nil
 }
 func (w *instantWorker) Status(context.Context) (worker.Status, error) {
 	return worker.Status{ID: "instant", VCPUs: 1 << 20, MemoryMiB: 1 << 40}, nil

@@ -517,6 +517,7 @@ func (s *Server) routes() []route {
 		{"PATCH", sb + "/ports/{port}/http/{path...}", fwd, false},
 		{"DELETE", sb + "/ports/{port}/http/{path...}", fwd, false},
 		{"GET", sb + "/egress", s.handleEgressLog, false},
+		{"GET", sb + "/metrics", s.handleMetrics, false},
 		{"POST", "/v1/templates", s.handleBuildTemplate, false},
 		{"GET", "/v1/templates", s.handleListTemplates, false},
 		{"GET", "/v1/templates/{name}", s.handleGetTemplate, false},

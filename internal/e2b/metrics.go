@@ -32,12 +32,15 @@ type metric struct {
 const metricsScript = `head -n1 /proc/stat; sleep 0.2; head -n1 /proc/stat; ` +
 	`grep -E '^(MemTotal|MemAvailable|Cached):' /proc/meminfo; df -P -B1 / | tail -n1; nproc`
 
-// metrics answers E2B's metrics route with one sample of the guest taken
-// now (E2B keeps a series; SPACE measures on demand), or none while the
-// sandbox does not run.
 // rangeSlack is how far, in seconds, a metrics range may miss now and
 // still hold the sample taken now.
 const rangeSlack = 5
+
+// metrics answers E2B's metrics route from the sandbox's usage history
+// (GET /v1/sandboxes/{id}/metrics: a sample every few seconds, kept by
+// its worker). A running sandbox whose history is still empty (created
+// a moment ago) gets one sample of the guest taken now, if the range
+// holds now.
 
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request, c *client.Client) {
 	sb, ok := pathSandboxInfo(w, r, c)
@@ -62,6 +65,32 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request, c *client.Clien
 		}
 		bounds[i] = n
 	}
+	var start, end time.Time
+	if bounds[0] != 0 {
+		start = time.Unix(bounds[0], 0)
+	}
+	if bounds[1] != 0 {
+		end = time.Unix(bounds[1], 0).Add(time.Second - 1) // the whole last second
+	}
+	if bounds[0] != 0 && bounds[1] != 0 && bounds[1] < bounds[0] {
+		writeAPIError(w, badRequest("end %d is before start %d", bounds[1], bounds[0]))
+		return
+	}
+	hist, err := c.Metrics(r.Context(), id, start, end)
+	if err != nil {
+		writeAPIError(w, err)
+		return
+	}
+	var series []metric
+	for _, u := range hist.Samples {
+		if u.MemTotalBytes > 0 { // the guest's figures, not the host's alone
+			series = append(series, metricOf(u))
+		}
+	}
+	if len(series) > 0 {
+		writeJSON(w, http.StatusOK, series)
+		return
+	}
 	if sb.State != "running" || bounds[0] != 0 && bounds[0] > now.Unix()+rangeSlack || bounds[1] != 0 && bounds[1] < now.Unix()-rangeSlack {
 		writeJSON(w, http.StatusOK, []metric{})
 		return
@@ -81,6 +110,16 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request, c *client.Clien
 	}
 	m.Timestamp, m.TimestampUnix = now.Format(time.RFC3339), now.Unix()
 	writeJSON(w, http.StatusOK, []metric{m})
+}
+
+// metricOf is E2B's form of a usage sample.
+func metricOf(u api.UsageSample) metric {
+	return metric{
+		Timestamp: u.Time.UTC().Format(time.RFC3339), TimestampUnix: u.Time.Unix(),
+		CPUCount: u.CPUs, CPUUsedPct: u.CPUUsedPct,
+		MemTotal: u.MemTotalBytes, MemUsed: u.MemUsedBytes, MemCache: u.MemCacheBytes,
+		DiskTotal: u.DiskTotalBytes, DiskUsed: u.DiskUsedBytes,
+	}
 }
 
 // parseMetrics reads metricsScript's output.

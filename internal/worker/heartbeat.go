@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"space/internal/agent/client"
+	"space/internal/agent/proto"
 	"space/internal/guestvm"
 	"space/internal/sandbox"
 	"space/internal/vmm"
@@ -140,7 +141,7 @@ func (w *Worker) beat(ctx context.Context, s *sbx, vm vmm.VM, hb *silence) bool 
 	timeout := w.cfg.AgentTimeout
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	start := time.Now()
-	err := w.probe(pctx, s, vm, a)
+	h, err := w.probe(pctx, s, vm, a)
 	took := time.Since(start)
 	cancel()
 	switch {
@@ -149,6 +150,14 @@ func (w *Worker) beat(ctx context.Context, s *sbx, vm vmm.VM, hb *silence) bool 
 	case err == nil:
 		hb.reset(s)
 		w.agentAnswered(s, id)
+		if h != nil {
+			// An agent without /proc (or one that predates usage)
+			// gives none: the sample keeps the host's figures only.
+			s.mu.Lock()
+			pss := s.pss
+			s.mu.Unlock()
+			s.usage.Add(time.Now(), h.Usage, pss)
+		}
 		return true
 	case s.vmEpoch.Load() != hb.epoch || !w.vmRuns(s) || took > timeout+w.cfg.AgentHeartbeat:
 		// The VM or the worker did not run throughout: no miss.
@@ -170,8 +179,11 @@ func (w *Worker) beat(ctx context.Context, s *sbx, vm vmm.VM, hb *silence) bool 
 }
 
 // probe asks the agent for its health, on the current connection a or, if
-// there is none (or it ended), on a new one that it installs.
-func (w *Worker) probe(ctx context.Context, s *sbx, vm vmm.VM, a *client.Client) error {
+// there is none (or it ended), on a new one that it installs. It returns
+// the agent's answer, or nil after a new connection (which asked
+// nothing): the heartbeat is the usage sampler too, so sampling costs no
+// call of its own.
+func (w *Worker) probe(ctx context.Context, s *sbx, vm vmm.VM, a *client.Client) (*proto.Health, error) {
 	old := a
 	if a != nil {
 		select {
@@ -181,22 +193,25 @@ func (w *Worker) probe(ctx context.Context, s *sbx, vm vmm.VM, a *client.Client)
 		}
 	}
 	if a != nil {
-		_, err := a.Health(ctx)
-		return err
+		h, err := a.Health(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &h, nil
 	}
 	c, err := guestvm.Connect(ctx, vm)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.mu.Lock()
 	if s.vm != vm || (s.agent != nil && s.agent != old) {
 		s.mu.Unlock()
 		c.Close() // deleted meanwhile, or a request connected first
-		return nil
+		return nil, nil
 	}
 	s.agent = c
 	s.mu.Unlock()
-	return nil
+	return nil, nil
 }
 
 // agentAnswered records an answer of s's agent.

@@ -29,6 +29,7 @@ import (
 	"space/internal/hostaddr"
 	"space/internal/imagebuild"
 	"space/internal/sandbox"
+	"space/internal/usage"
 	"space/internal/secrets"
 	"space/internal/store"
 	"space/internal/vmm"
@@ -502,6 +503,9 @@ type sbx struct {
 	active int // data-plane requests in progress
 	// +checklocks:mu
 	lastExec *workerproto.ExecRecord // see Info.LastExec
+	// usage is the sandbox's usage history, sampled by the heartbeat
+	// (heartbeat.go); it has its own lock.
+	usage usage.History
 	// +checklocks:mu
 	pss int64 // bytes the VMM process held when last measured; 0 = not yet (memory.go)
 	// +checklocks:mu

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"space/api"
 	"space/internal/errkind"
 	"space/internal/httpapi"
 )
@@ -189,6 +190,9 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 }
 func (c *Client) Sandbox(ctx context.Context, id string) (Info, error) {
 	return call(ctx, c, &sandboxVerb, id, None{})
+}
+func (c *Client) Usage(ctx context.Context, id string, req UsageRequest) (api.SandboxMetrics, error) {
+	return call(ctx, c, &usageVerb, id, req)
 }
 func (c *Client) SnapshotInfo(ctx context.Context, snapshotID string) (SnapshotInfo, error) {
 	return call(ctx, c, &snapshotInfoVerb, snapshotID, None{})

@@ -2,9 +2,11 @@ package workerproto
 
 import (
 	"context"
+
 	"io"
 	"log/slog"
 	"net/http"
+	"space/api"
 	"time"
 )
 
@@ -37,6 +39,9 @@ type Inspector interface {
 	List(ctx context.Context) ([]Info, error)
 	// SnapshotInfo returns the worker's snapshot, or a NotFound error.
 	SnapshotInfo(ctx context.Context, snapshotID string) (SnapshotInfo, error)
+	// Usage returns the sandbox's usage history between req.Start and
+	// req.End, or a NotFound error.
+	Usage(ctx context.Context, id string, req UsageRequest) (api.SandboxMetrics, error)
 }
 
 // Lifecycle creates, pauses, resumes and deletes sandboxes.
@@ -140,6 +145,13 @@ var (
 			return s.SnapshotInfo(ctx, id)
 		},
 	}
+	// Usage is a read; its range travels in the body, hence POST.
+	usageVerb = Verb[UsageRequest, api.SandboxMetrics]{
+		Def{"Usage", http.MethodPost, "/sandboxes/{id}/usage", inspectTimeout, true, http.StatusOK},
+		func(ctx context.Context, s Service, id string, req UsageRequest) (api.SandboxMetrics, error) {
+			return s.Usage(ctx, id, req)
+		},
+	}
 	// Create is not idempotent: a second create of the same ID is a
 	// Conflict, even when the first one succeeded.
 	createVerb = Verb[CreateRequest, Info]{
@@ -218,6 +230,13 @@ var (
 	}
 )
 
+// UsageRequest is the range of a Usage call; a zero time leaves its side
+// open.
+type UsageRequest struct {
+	Start time.Time `json:"start,omitzero"`
+	End   time.Time `json:"end,omitzero"`
+}
+
 // EgressLog is the answer of the EgressLog verb.
 type EgressLog struct {
 	ID   string
@@ -238,6 +257,7 @@ var verbs = []route{
 	&createVerb, &pauseVerb, &resumeVerb, &deleteVerb,
 	&snapshotVerb, &restoreVerb, &deleteSnapshotVerb,
 	&setNetworkVerb, &setSecretsVerb, &egressLogVerb, &leaseVerb,
+	&usageVerb,
 }
 
 // Defs returns the definitions of every verb.

@@ -73,6 +73,9 @@ func (f *fake) List(ctx context.Context) ([]Info, error) {
 func (f *fake) SnapshotInfo(ctx context.Context, id string) (SnapshotInfo, error) {
 	return SnapshotInfo{ID: id, SandboxID: "a", Created: time.Unix(1, 0).UTC()}, f.do(ctx, "SnapshotInfo")
 }
+func (f *fake) Usage(ctx context.Context, id string, req UsageRequest) (api.SandboxMetrics, error) {
+	return api.SandboxMetrics{SandboxID: id, IntervalSeconds: 5, Samples: []api.UsageSample{{Time: req.Start, CPUs: 1}}}, f.do(ctx, "Usage")
+}
 func (f *fake) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	inf := info(req.ID)
 	inf.Spec = req.Spec
@@ -223,6 +226,9 @@ func TestClientRoundTrip(t *testing.T) {
 		},
 		"Lease": func(s Service) (any, error) {
 			return s.Lease(ctx, LeaseRequest{Epoch: 3, TTLMS: 5000, Keep: []string{"sbx_1"}})
+		},
+		"Usage": func(s Service) (any, error) {
+			return s.Usage(ctx, "sbx_1", UsageRequest{Start: time.Unix(1700000000, 0).UTC()})
 		},
 		"EgressLog": func(s Service) (any, error) {
 			id, rc, err := s.EgressLog(ctx, "sbx_1")

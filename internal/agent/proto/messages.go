@@ -164,6 +164,34 @@ type Health struct {
 	UptimeMS     int64  `json:"uptime_ms"`
 	BootID       string `json:"boot_id,omitempty"`
 	Hostname     string `json:"hostname,omitempty"`
+	// Usage is what the guest uses now, as its kernel counts it; nil
+	// from an agent that predates it or could not read it. The worker's
+	// heartbeat keeps these as the sandbox's usage history.
+	Usage *GuestUsage `json:"usage,omitempty"`
+}
+
+// GuestUsage is a reading of the guest's own counters. CPU and network
+// figures are cumulative since the guest booted (the reader takes the
+// difference of two readings); the others are levels.
+type GuestUsage struct {
+	CPUs int `json:"cpus"` // online CPUs
+	// CPUBusy and CPUTotal are clock ticks summed over every CPU from
+	// /proc/stat: busy is every kind of time but idle and iowait.
+	CPUBusy  uint64 `json:"cpu_busy"`
+	CPUTotal uint64 `json:"cpu_total"`
+	// Memory in bytes, from /proc/meminfo: used is MemTotal less
+	// MemAvailable; cache is Cached.
+	MemTotal uint64 `json:"mem_total"`
+	MemUsed  uint64 `json:"mem_used"`
+	MemCache uint64 `json:"mem_cache"`
+	// The root file system in bytes (statfs of /): used is what is not
+	// free.
+	DiskTotal uint64 `json:"disk_total"`
+	DiskUsed  uint64 `json:"disk_used"`
+	// Bytes received and sent by every interface but loopback
+	// (/proc/net/dev).
+	NetRx uint64 `json:"net_rx"`
+	NetTx uint64 `json:"net_tx"`
 }
 
 // ExecRequest starts a process. Exactly one of Argv and Shell is set.

@@ -24,6 +24,7 @@ func (s *Server) health() proto.Health {
 	}
 	h.BootID = s.bootID()
 	h.Hostname, _ = unixHostname()
+	h.Usage = readUsage()
 	return h
 }
 

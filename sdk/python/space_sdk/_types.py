@@ -1690,6 +1690,76 @@ class Network:
         return d
 
 @dataclass
+class SandboxMetrics:
+    """A sandbox's usage history over a time range."""
+
+    sandbox_id: str
+    interval_seconds: float
+    samples: List[UsageSample]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SandboxMetrics":
+        return cls(
+            sandbox_id=d.get('sandbox_id', ""),
+            interval_seconds=d.get('interval_seconds', 0.0),
+            samples=[UsageSample.from_dict(x0) for x0 in d.get('samples', [])],
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['sandbox_id'] = self.sandbox_id
+        d['interval_seconds'] = self.interval_seconds
+        d['samples'] = [x0.to_dict() for x0 in self.samples]
+        return d
+
+@dataclass
+class UsageSample:
+    """One measurement of what a sandbox uses."""
+
+    time: str  # RFC 3339 time
+    cpus: int
+    cpu_used_pct: float
+    mem_total_bytes: int
+    mem_used_bytes: int
+    mem_cache_bytes: int
+    vmm_pss_bytes: int
+    disk_total_bytes: int
+    disk_used_bytes: int
+    net_rx_bytes: int
+    net_tx_bytes: int
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "UsageSample":
+        return cls(
+            time=d.get('time', ""),
+            cpus=d.get('cpus', 0),
+            cpu_used_pct=d.get('cpu_used_pct', 0.0),
+            mem_total_bytes=d.get('mem_total_bytes', 0),
+            mem_used_bytes=d.get('mem_used_bytes', 0),
+            mem_cache_bytes=d.get('mem_cache_bytes', 0),
+            vmm_pss_bytes=d.get('vmm_pss_bytes', 0),
+            disk_total_bytes=d.get('disk_total_bytes', 0),
+            disk_used_bytes=d.get('disk_used_bytes', 0),
+            net_rx_bytes=d.get('net_rx_bytes', 0),
+            net_tx_bytes=d.get('net_tx_bytes', 0),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['time'] = self.time
+        d['cpus'] = self.cpus
+        d['cpu_used_pct'] = self.cpu_used_pct
+        d['mem_total_bytes'] = self.mem_total_bytes
+        d['mem_used_bytes'] = self.mem_used_bytes
+        d['mem_cache_bytes'] = self.mem_cache_bytes
+        d['vmm_pss_bytes'] = self.vmm_pss_bytes
+        d['disk_total_bytes'] = self.disk_total_bytes
+        d['disk_used_bytes'] = self.disk_used_bytes
+        d['net_rx_bytes'] = self.net_rx_bytes
+        d['net_tx_bytes'] = self.net_tx_bytes
+        return d
+
+@dataclass
 class EgressEvent:
     """One line of a sandbox's egress log: a decision of its egress gateway."""
 
@@ -1766,5 +1836,6 @@ __all__ = [
     "Quota", "QuotaUsage", "RegisterWorker", "WorkerCapabilities", "Worker",
     "WorkerList", "CreateSnapshot", "Snapshot", "SnapshotList", "RestoreSandbox",
     "SetTimeout", "CheckpointPolicy", "Checkpoint", "CheckpointList", "ForkSandbox",
-    "Template", "TemplateList", "BuildReport", "BuildEvent", "Network", "EgressEvent"
+    "Template", "TemplateList", "BuildReport", "BuildEvent", "Network",
+    "SandboxMetrics", "UsageSample", "EgressEvent"
 ]

@@ -18,6 +18,8 @@ from typing import (
     Union,
 )
 
+import datetime as _dt
+
 from . import _types as T
 from ._errors import NotFoundError
 from ._http import Req, sandbox_path
@@ -204,6 +206,12 @@ class Sandbox(_Base):
         return T.CheckpointList.from_dict(
             self._space._http.json(Req("GET", sandbox_path(self.id, "/checkpoints"), idempotent=True)))
 
+    def metrics(self, start: TimeArg = None, end: TimeArg = None) -> T.SandboxMetrics:
+        """Usage history (CPU, memory, disk, network) between start and end, oldest first.
+
+        start and end are datetimes, unix seconds or RFC 3339 strings; None leaves that side open."""
+        return T.SandboxMetrics.from_dict(self._space._http.json(_metrics_req(self.id, start, end)))
+
     def checkpoint(self) -> T.Checkpoint:
         """Take a checkpoint now."""
         return T.Checkpoint.from_dict(self._space._http.json(_op(self.id, "checkpoints", expect=(201,))))
@@ -319,6 +327,10 @@ class AsyncSandbox(_Base):
     async def checkpoints(self) -> T.CheckpointList:
         return T.CheckpointList.from_dict(
             await self._space._http.json(Req("GET", sandbox_path(self.id, "/checkpoints"), idempotent=True)))
+
+    async def metrics(self, start: TimeArg = None, end: TimeArg = None) -> T.SandboxMetrics:
+        """Usage history between start and end, oldest first (see Sandbox.metrics)."""
+        return T.SandboxMetrics.from_dict(await self._space._http.json(_metrics_req(self.id, start, end)))
 
     async def checkpoint(self) -> T.Checkpoint:
         return T.Checkpoint.from_dict(await self._space._http.json(_op(self.id, "checkpoints", expect=(201,))))
@@ -490,3 +502,20 @@ class AsyncSandboxes:
             Req("GET", "/v1/sandboxes", params=_list_params(state, labels), idempotent=True))
         return [AsyncSandbox(self._space, s.id, s) for s in T.SandboxList.from_dict(doc).sandboxes]
 
+
+TimeArg = Union[None, int, float, str, _dt.datetime]
+
+
+def _instant(v: Union[int, float, str, _dt.datetime]) -> str:
+    if isinstance(v, _dt.datetime):
+        if v.tzinfo is None:
+            v = v.replace(tzinfo=_dt.timezone.utc)
+        return v.astimezone(_dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    if isinstance(v, (int, float)):
+        return str(int(v))
+    return v
+
+
+def _metrics_req(sid: str, start: TimeArg, end: TimeArg) -> Req:
+    params = [(k, _instant(v)) for k, v in (("start", start), ("end", end)) if v is not None]
+    return Req("GET", sandbox_path(sid, "/metrics"), params=params, idempotent=True)

@@ -121,3 +121,18 @@ def test_context_manager_deletes(space: Space) -> None:
     sb.delete(missing_ok=True)  # gone already: fine
     with pytest.raises(NotFoundError):
         sb.delete()
+
+
+def test_metrics(sandbox: Sandbox) -> None:
+    # The worker samples every few seconds: wait for the first sample.
+    deadline = time.monotonic() + 60
+    m = sandbox.metrics()
+    while not m.samples and time.monotonic() < deadline:
+        time.sleep(1)
+        m = sandbox.metrics()
+    assert m.sandbox_id == sandbox.id and m.interval_seconds > 0
+    assert m.samples, "no usage sample within a minute"
+    last = m.samples[-1]
+    assert last.time and 0 <= last.cpu_used_pct <= 100
+    assert sandbox.metrics(start=0, end=1).samples == []
+    assert sandbox.metrics(start=time.time() - 3600).samples

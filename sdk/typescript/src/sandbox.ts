@@ -14,6 +14,7 @@ import type {
   EgressEvent,
   Network,
   SandboxInfo,
+  SandboxMetrics,
   SandboxState,
   Snapshot,
 } from "./types.js";
@@ -205,6 +206,20 @@ export class Sandbox implements SandboxRef {
   /** checkpoints lists the sandbox's checkpoints and its policy. */
   checkpoints(): Promise<CheckpointList> {
     return this.http.json<CheckpointList>({ method: "GET", path: sandboxPath(this.id, "/checkpoints"), idempotent: true });
+  }
+
+  /**
+   * metrics returns the sandbox's usage history (CPU, memory, disk, network)
+   * between start and end, oldest first; either may be left out. The worker
+   * samples a running sandbox every few seconds.
+   */
+  metrics(opts: { start?: Date | number; end?: Date | number } = {}): Promise<SandboxMetrics> {
+    const query: [string, string][] = [];
+    for (const [k, v] of [["start", opts.start], ["end", opts.end]] as const) {
+      if (v === undefined) continue;
+      query.push([k, v instanceof Date ? v.toISOString() : String(Math.trunc(v))]);
+    }
+    return this.http.json<SandboxMetrics>({ method: "GET", path: sandboxPath(this.id, "/metrics"), query, idempotent: true });
   }
 
   /** checkpoint takes a checkpoint now. */

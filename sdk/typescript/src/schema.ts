@@ -1009,6 +1009,36 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox's ID. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Read a sandbox's usage history.
+         * @description What the sandbox used over time: its worker samples every running
+         *     sandbox's CPU, memory (the guest's used and cache, the VMM
+         *     process's PSS on the host), disk and network every few seconds
+         *     (`interval_seconds`) and keeps the last hour of samples and, before
+         *     that, one sample per minute for a day. The history lives with the
+         *     sandbox's VM: a sandbox without one (suspended, stopped) has none,
+         *     and it starts anew when the sandbox is resumed or recovered on
+         *     another worker.
+         */
+        get: operations["sandboxMetrics"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/templates": {
         parameters: {
             query?: never;
@@ -2173,6 +2203,61 @@ export interface components {
              * @description Throughput of all connections together, each direction (0 = unlimited).
              */
             bytes_per_second?: number;
+        };
+        /** @description A sandbox's usage history over a time range. */
+        SandboxMetrics: {
+            sandbox_id: string;
+            /** @description How often the sandbox is sampled. */
+            interval_seconds: number;
+            samples: components["schemas"]["UsageSample"][];
+        };
+        /**
+         * @description One measurement of what a sandbox uses. The guest's figures come
+         *     from its own kernel, through the agent; `vmm_pss_bytes` is measured
+         *     on the host. A sample older than an hour stands for its minute: the
+         *     mean CPU share and the last value of the rest.
+         */
+        UsageSample: {
+            /** Format: date-time */
+            time: string;
+            /** @description The guest's online CPUs. */
+            cpus: number;
+            /** @description Share of the guest's CPUs busy since the sample before, 0 to 100. */
+            cpu_used_pct: number;
+            /** Format: int64 */
+            mem_total_bytes: number;
+            /**
+             * Format: int64
+             * @description Total less available.
+             */
+            mem_used_bytes: number;
+            /**
+             * Format: int64
+             * @description The guest's page cache.
+             */
+            mem_cache_bytes: number;
+            /**
+             * Format: int64
+             * @description Host memory the VMM process holds (PSS), what the sandbox costs its host.
+             */
+            vmm_pss_bytes: number;
+            /**
+             * Format: int64
+             * @description The root file system's size.
+             */
+            disk_total_bytes: number;
+            /** Format: int64 */
+            disk_used_bytes: number;
+            /**
+             * Format: int64
+             * @description Received by the guest since it booted
+             */
+            net_rx_bytes: number;
+            /**
+             * Format: int64
+             * @description Sent by the guest since it booted
+             */
+            net_tx_bytes: number;
         };
         /**
          * @description One line of a sandbox's egress log: a decision of its egress
@@ -3824,6 +3909,38 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["FailedPrecondition"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    sandboxMetrics: {
+        parameters: {
+            query?: {
+                /** @description Oldest sample wanted, as unix seconds or RFC 3339; default the oldest kept. */
+                start?: string;
+                /** @description Newest sample wanted, as unix seconds or RFC 3339; default now. */
+                end?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The sandbox's ID. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The samples, oldest first. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxMetrics"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
             503: components["responses"]["Unavailable"];
         };
     };

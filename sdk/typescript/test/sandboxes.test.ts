@@ -122,3 +122,18 @@ test("Sandbox.create, await using, kill and delete", { skip }, async () => {
   await sb.delete({ missingOk: true }); // gone already: fine
   await assert.rejects(sb.kill(), NotFoundError);
 });
+
+test("metrics: the usage history fills as the worker samples", { skip }, async () => {
+  await using sb = await space.sandboxes.create(sandboxArgs());
+  let m = await sb.metrics();
+  for (let i = 0; i < 60 && m.samples.length === 0; i++) {
+    await sleep(1000);
+    m = await sb.metrics();
+  }
+  assert.equal(m.sandbox_id, sb.id);
+  assert.ok(m.interval_seconds > 0 && m.samples.length > 0, JSON.stringify(m));
+  const last = m.samples[m.samples.length - 1];
+  assert.ok(last.cpu_used_pct >= 0 && last.cpu_used_pct <= 100, JSON.stringify(last));
+  assert.deepEqual((await sb.metrics({ start: 0, end: 1 })).samples, []);
+  assert.ok((await sb.metrics({ start: new Date(Date.now() - 3600_000) })).samples.length > 0);
+});
