@@ -29,9 +29,9 @@ import (
 	"space/internal/hostaddr"
 	"space/internal/imagebuild"
 	"space/internal/sandbox"
-	"space/internal/usage"
 	"space/internal/secrets"
 	"space/internal/store"
+	"space/internal/usage"
 	"space/internal/vmm"
 	"space/internal/workerproto"
 )
