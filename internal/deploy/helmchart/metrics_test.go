@@ -86,7 +86,7 @@ func TestMetricsDefaults(t *testing.T) {
 			t.Errorf("%s metrics Service label space/metrics = %q, want %q", tc.component, got, want)
 		}
 	}
-	assertAPIServiceHidesMetrics(t, r)
+	assertAPIServiceHidesMetrics(t, r, 9464, 9465)
 	for _, o := range r.Objects {
 		switch o := o.(type) {
 		case *ServiceMonitor, *PrometheusRule:
@@ -98,8 +98,9 @@ func TestMetricsDefaults(t *testing.T) {
 }
 
 // assertAPIServiceHidesMetrics checks the Services that are not metrics
-// Services (the API's, the proxy's) expose no metrics port.
-func assertAPIServiceHidesMetrics(t *testing.T, r *Rendered) {
+// Services (the API's, the proxy's) expose no metrics port: by name, or
+// by number (ports, the metrics ports of the values rendered).
+func assertAPIServiceHidesMetrics(t *testing.T, r *Rendered, ports ...int32) {
 	t.Helper()
 	for _, o := range r.Objects {
 		svc, ok := o.(*corev1.Service)
@@ -107,8 +108,11 @@ func assertAPIServiceHidesMetrics(t *testing.T, r *Rendered) {
 			continue
 		}
 		for _, p := range svc.Spec.Ports {
-			if p.Name == "metrics" || p.TargetPort == intstr.FromString("metrics") || p.Port == 9464 || p.Port == 9465 ||
-				p.TargetPort == intstr.FromInt32(9464) || p.TargetPort == intstr.FromInt32(9465) {
+			bad := p.Name == "metrics" || p.TargetPort == intstr.FromString("metrics")
+			for _, n := range ports {
+				bad = bad || p.Port == n || p.TargetPort == intstr.FromInt32(n)
+			}
+			if bad {
 				t.Errorf("Service %s exposes the metrics: %+v", svc.Name, p)
 			}
 		}
@@ -179,6 +183,7 @@ func TestServiceMonitors(t *testing.T) {
 		components []string
 	}{
 		{"defaults", metricsOn(nil), []string{"server", "worker"}},
+		{"ci monitoring", ciValues(t, "monitoring"), []string{"server", "worker"}},
 		{"no workers", func() map[string]any {
 			v := metricsOn(nil)
 			v["worker"] = map[string]any{"enabled": false}
@@ -202,8 +207,8 @@ func TestServiceMonitors(t *testing.T) {
 			}
 			for _, component := range tc.components {
 				sm := must[*ServiceMonitor](t, r, "prod-space-"+component)
-				if got := sm.Labels["release"]; got != "kps" {
-					t.Errorf("ServiceMonitor %s label release = %q, want the value's kps", sm.Name, got)
+				if got := sm.Labels["release"]; got != "kps" && got != "kube-prometheus-stack" {
+					t.Errorf("ServiceMonitor %s label release = %q, want the value's", sm.Name, got)
 				}
 				if diff := cmp.Diff([]string{rel.Namespace}, sm.Spec.NamespaceSelector.MatchNames); diff != "" {
 					t.Errorf("ServiceMonitor %s namespaces (-want +got):\n%s", sm.Name, diff)
@@ -241,7 +246,7 @@ func TestServiceMonitors(t *testing.T) {
 					t.Errorf("ServiceMonitor %s job (label %q of %s) = %q, want %q", sm.Name, sm.Spec.JobLabel, svc.Name, got, want)
 				}
 			}
-			assertAPIServiceHidesMetrics(t, r)
+			assertAPIServiceHidesMetrics(t, r, 9464, 9465, 9100, 9101)
 		})
 	}
 }
