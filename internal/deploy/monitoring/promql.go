@@ -21,30 +21,30 @@ import (
 // may be.
 
 // functions are PromQL's functions.
-var functions = map[string]bool{}
+var functions = words(`abs absent absent_over_time avg_over_time ceil changes clamp clamp_max
+	clamp_min count_over_time day_of_month day_of_week day_of_year days_in_month delta deriv exp floor
+	histogram_avg histogram_count histogram_fraction histogram_quantile histogram_stddev histogram_stdvar
+	histogram_sum hour idelta increase irate label_join label_replace last_over_time ln log10 log2
+	mad_over_time max_over_time min_over_time minute month predict_linear present_over_time
+	quantile_over_time rate resets round scalar sgn sort sort_by_label sort_by_label_desc sort_desc sqrt
+	stddev_over_time stdvar_over_time sum_over_time time timestamp vector year`)
 
 // aggregations are PromQL's aggregation operators, which take by or
 // without.
-var aggregations = map[string]bool{}
-
-func init() {
-	for _, f := range strings.Fields(`abs absent absent_over_time avg_over_time ceil changes clamp clamp_max
-		clamp_min count_over_time day_of_month day_of_week day_of_year days_in_month delta deriv exp floor
-		histogram_avg histogram_count histogram_fraction histogram_quantile histogram_stddev histogram_stdvar
-		histogram_sum hour idelta increase irate label_join label_replace last_over_time ln log10 log2
-		mad_over_time max_over_time min_over_time minute month predict_linear present_over_time
-		quantile_over_time rate resets round scalar sgn sort sort_by_label sort_by_label_desc sort_desc sqrt
-		stddev_over_time stdvar_over_time sum_over_time time timestamp vector year`) {
-		functions[f] = true
-	}
-	for _, a := range strings.Fields(`sum avg min max count group stddev stdvar topk bottomk quantile
-		count_values limitk limit_ratio`) {
-		aggregations[a] = true
-	}
-}
+var aggregations = words(`sum avg min max count group stddev stdvar topk bottomk quantile
+	count_values limitk limit_ratio`)
 
 // setOps are the keywords that are binary operators.
-var setOps = map[string]bool{"and": true, "or": true, "unless": true}
+var setOps = words("and or unless")
+
+// words is the set of the whitespace-separated words of s.
+func words(s string) map[string]bool {
+	m := map[string]bool{}
+	for _, w := range strings.Fields(s) {
+		m[w] = true
+	}
+	return m
+}
 
 // token kinds.
 const (
