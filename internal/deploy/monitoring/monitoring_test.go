@@ -127,7 +127,7 @@ func TestMetrics(t *testing.T) {
 	for expr, want := range map[string][]string{
 		`histogram_quantile(0.99, sum by (namespace, le) (rate(space_sandbox_operation_seconds_bucket{op="create"}[5m]))) > 10`:              {"space_sandbox_operation_seconds"},
 		`sum(rate(space_x_total[$__rate_interval])) / sum(rate(space_y_count{a=~"$ns"}[${__rate_interval}])) or up{job="space-worker"} == 0`: {"space_x_total", "space_y"},
-		`a and on (instance) group_left (x) space_b_sum offset 5m`:                                                                           {"space_b"},
+		`a / on (instance) group_left (x) space_b_sum offset 5m`:                                                                             {"space_b"},
 		`sum without (le) (space_c) by (x)`:                                                nil,
 		`max by (state) (space_sandboxes) - -1 * 2e3 > bool 0 unless absent(space_leader)`: {"space_sandboxes", "space_leader"},
 	} {
@@ -158,7 +158,8 @@ func TestCheckExprRejects(t *testing.T) {
 		`space_a{job=x}`,
 		`space_a{job=="x"}`,
 		`space_a{job=~"("}`,
-		`rate(space_a[5])`,
+		`rate(space_a[5x])`,
+		`space_a and on (x) group_left space_b`,
 		`rate(space_a[5m1h])`,
 		`space_a space_b`,
 		`space_a >`,

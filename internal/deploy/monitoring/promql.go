@@ -11,14 +11,16 @@ import (
 )
 
 // CheckExpr and Metrics read PromQL lexically: Prometheus's own parser
-// (github.com/prometheus/prometheus/promql/parser) lives in the module of
-// the whole Prometheus server, whose dependencies would outweigh SPACE's.
-// The check is strict enough to catch what a hand edit breaks: brackets
-// that do not pair, a function PromQL lacks, a malformed label matcher or
+// (github.com/prometheus/prometheus/promql/parser) comes in the module of
+// the whole Prometheus server, and adding it upgrades dependencies SPACE
+// shares with Kubernetes' and Helm's packages (go-openapi, x/exp). The
+// check is strict enough to catch what a hand edit breaks: brackets that
+// do not pair, a function PromQL lacks, a malformed label matcher or
 // regular expression, a bad range, two operands without an operator
-// between them or an operator without an operand. It accepts Grafana's
-// variables ($name, ${name}, $__rate_interval) where a string or a range
-// may be.
+// between them or an operator without an operand, grouping where PromQL
+// takes none. It accepts Grafana's variables ($name, ${name},
+// $__rate_interval) where a string or a range may be. It is stricter than
+// Prometheus in one place: a range needs a unit ([5m], not [300]).
 
 // functions are PromQL's functions.
 var functions = words(`abs absent absent_over_time avg_over_time ceil changes clamp clamp_max
@@ -227,28 +229,33 @@ func (c *checker) expr() error {
 		if !ok || (t.kind == tPunct && (t.text == ")" || t.text == ",")) {
 			return nil
 		}
+		set := t.kind == tIdent && setOps[t.text]
 		switch {
 		case t.kind == tOp && t.text != "=" && t.text != "=~" && t.text != "!~":
 			c.pos++
 			if c.is(tIdent, "bool") {
 				c.pos++
 			}
-		case t.kind == tIdent && setOps[t.text]:
+		case set:
 			c.pos++
 		default:
 			return c.errorf("%q where an operator belongs", t.text)
 		}
-		if err := c.matching(); err != nil {
+		if err := c.matching(set); err != nil {
 			return err
 		}
 	}
 }
 
 // matching reads on/ignoring (labels) and group_left/group_right (labels)
-// after a binary operator.
-func (c *checker) matching() error {
+// after a binary operator; set operators (set) match many-to-many and
+// take no group_left or group_right.
+func (c *checker) matching(set bool) error {
 	for _, kw := range [][]string{{"on", "ignoring"}, {"group_left", "group_right"}} {
 		if t, ok := c.peek(); ok && t.kind == tIdent && slices.Contains(kw, t.text) {
+			if set && kw[0] == "group_left" {
+				return c.errorf("%s after a set operator", t.text)
+			}
 			c.pos++
 			if c.is(tPunct, "(") || kw[0] == "on" {
 				if err := c.labelList(); err != nil {
