@@ -713,8 +713,15 @@ func TestNotes(t *testing.T) {
 		dontWant []string
 	}{
 		{"defaults", nil,
-			[]string{"create secret generic prod-space-postgres", "--from-literal=dsn=", "kubectl label node NODE space/vm-host=true\n", "admin.key"},
+			[]string{"create secret generic prod-space-postgres", "--from-literal=dsn=", "kubectl label node NODE space/vm-host=true\n", "admin.key",
+				"svc/prod-space-server-metrics port 9464\n", "svc/prod-space-worker-metrics port 9465\n", "metrics.serviceMonitor.enabled"},
 			nil},
+		{"monitoring", ciValues(t, "monitoring"),
+			[]string{"svc/prod-space-server-metrics port 9100\n"},
+			[]string{"metrics.serviceMonitor.enabled"}},
+		{"metrics off", map[string]any{"metrics": map[string]any{"enabled": false}},
+			nil,
+			[]string{"Prometheus metrics"}},
 		{"postgres-3-replicas", ciValues(t, "postgres-3-replicas"),
 			[]string{"3 replica(s)"},
 			[]string{"create secret generic", "secret@"}},

@@ -143,6 +143,7 @@ var scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		corev1.AddToScheme, appsv1.AddToScheme, batchv1.AddToScheme, policyv1.AddToScheme, rbacv1.AddToScheme,
+		addMonitoringTypes,
 	} {
 		if err := add(s); err != nil {
 			panic(err)
@@ -153,7 +154,8 @@ var scheme = func() *runtime.Scheme {
 
 // Decode decodes a stream of YAML manifests into API objects, leaving out
 // documents with nothing but comments. An unknown field, a kind outside
-// core/v1, apps/v1, policy/v1 and rbac.authorization.k8s.io/v1, or a value
+// core/v1, apps/v1, batch/v1, policy/v1, rbac.authorization.k8s.io/v1 and
+// the Prometheus Operator's ServiceMonitor and PrometheusRule, or a value
 // of the wrong type fails.
 func Decode(manifests string) ([]runtime.Object, error) {
 	dec := serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()

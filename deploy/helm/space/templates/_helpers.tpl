@@ -176,3 +176,25 @@ space.chunksEnv).
       - key: worker-token
         path: worker-token
 {{- end }}
+
+{{/*
+The prometheus.io annotations of one component's pods, for a Prometheus
+that discovers targets by them; "" when metrics or the annotations are off.
+Call with (dict "ctx" $ "port" PORT).
+*/}}
+{{- define "space.scrapeAnnotations" -}}
+{{- if and .ctx.Values.metrics.enabled .ctx.Values.metrics.scrapeAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
+{{/*
+The job name of one component's metrics, and the value of the space/metrics
+label of its metrics Service: space-server or space-worker. The alerting
+rules (files/alerts.yaml) expect these jobs.
+*/}}
+{{- define "space.metricsJob" -}}
+{{- printf "space-%s" . }}
+{{- end }}
