@@ -49,7 +49,7 @@ type fakeHost struct {
 
 // newFakeHost returns a host for fake-VMM workers; when the test ends,
 // whatever its workers left (guests included) is removed.
-func newFakeHost(t *testing.T) *fakeHost {
+func newFakeHost(t testing.TB) *fakeHost {
 	t.Helper()
 	testenv.RequireRoot(t, testenv.TierNetns) // the fake jails its guests
 	cg, _ := cgroup.Detect()
@@ -75,13 +75,13 @@ func newFakeHost(t *testing.T) *fakeHost {
 }
 
 // start starts a worker on h, closed when the test ends.
-func (h *fakeHost) start(t *testing.T) *Worker {
+func (h *fakeHost) start(t testing.TB) *Worker {
 	t.Helper()
 	return h.startWith(t, func(*Config) {})
 }
 
 // startWith is start with the worker's config changed by set.
-func (h *fakeHost) startWith(t *testing.T, set func(*Config)) *Worker {
+func (h *fakeHost) startWith(t testing.TB, set func(*Config)) *Worker {
 	t.Helper()
 	drv, err := fake.New(fake.Config{})
 	if err != nil {
