@@ -308,7 +308,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 		return errors.Join(err, gv.Close(context.WithoutCancel(ctx)))
 	}
 	w.watch(s, gv.VMM)
-	w.log.Info("sandbox started", "sandbox_id", id, "vm_pid", h.PID, "by", startedBy, "took", gv.BootTime, "confinement", h.Confinement)
+	w.log.InfoContext(ctx, "sandbox started", "sandbox_id", id, "vm_pid", h.PID, "by", startedBy, "took", gv.BootTime, "confinement", h.Confinement)
 	w.holdFence(ctx, s) // the lease ran out while it started
 	return nil
 }
@@ -443,7 +443,7 @@ func (w *Worker) Delete(ctx context.Context, id string) error {
 	w.mu.Lock()
 	delete(w.sandboxes, id)
 	w.mu.Unlock()
-	w.log.Info("sandbox deleted", "sandbox_id", id)
+	w.log.InfoContext(ctx, "sandbox deleted", "sandbox_id", id)
 	return nil
 }
 
@@ -604,6 +604,6 @@ func (w *Worker) setRunning(ctx context.Context, id string, run bool) (Info, err
 	if err := s.save(); err != nil {
 		return Info{}, err
 	}
-	w.log.Info("sandbox "+to.String(), "sandbox_id", id)
+	w.log.InfoContext(ctx, "sandbox "+to.String(), "sandbox_id", id)
 	return s.info(), nil
 }

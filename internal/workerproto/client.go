@@ -16,6 +16,7 @@ import (
 
 	"space/api"
 	"space/internal/errkind"
+	"space/internal/origin"
 	"space/internal/httpapi"
 )
 
@@ -326,6 +327,7 @@ func roundTrip[Req, Resp any](ctx context.Context, c *Client, v *Verb[Req, Resp]
 	if c.token != "" {
 		hr.Header.Set("Authorization", "Bearer "+c.token)
 	}
+	setOrigin(hr.Header, origin.From(ctx))
 	if !noReq {
 		hr.Header.Set("Content-Type", "application/json")
 	}

@@ -1,14 +1,17 @@
 package workerproto
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"space/internal/errkind"
 	"space/internal/httpapi"
+	"space/internal/origin"
 )
 
 // Mount serves every verb of s on mux, below PathPrefix. Requests are
@@ -40,7 +43,7 @@ func (v *Verb[Req, Resp]) handler(s Service, log *slog.Logger) http.HandlerFunc 
 			httpapi.WriteError(rw, err)
 			return
 		}
-		resp, err := v.serve(r.Context(), s, r.PathValue("id"), req)
+		resp, err := v.serve(originOf(r), s, r.PathValue("id"), req)
 		if err != nil {
 			httpapi.WriteError(rw, err)
 			return
@@ -72,4 +75,44 @@ func noBody(r *http.Request) error {
 		return fmt.Errorf("read body: %w", errors.Join(err, errkind.InvalidArgument))
 	}
 	return nil
+}
+
+// ActorHeader carries the actor of the call's origin (origin.Origin.Actor)
+// to the worker, beside the request ID in origin.Header, so the worker's
+// log lines of one API request carry the same request_id and actor as
+// the control plane's.
+const ActorHeader = "Space-Actor"
+
+// setOrigin writes o into the headers of a call.
+func setOrigin(h http.Header, o origin.Origin) {
+	if o.RequestID != "" {
+		h.Set(origin.Header, o.RequestID)
+	}
+	if a := o.Actor(); a != "" {
+		h.Set(ActorHeader, a)
+	}
+}
+
+// originOf is r's context with the origin its headers carry, if any.
+// They are the control plane's word (the call is authenticated), kept
+// only if well formed.
+func originOf(r *http.Request) context.Context {
+	ctx := r.Context()
+	if r.Header.Get(origin.Header) == "" {
+		return ctx
+	}
+	o := origin.Origin{RequestID: origin.RequestIDOf(r)}
+	if kind, id, ok := strings.Cut(r.Header.Get(ActorHeader), ":"); ok && len(kind) <= 16 && len(id) <= 128 && printable(kind+id) {
+		o.Kind, o.ID = kind, id
+	}
+	return origin.With(ctx, o)
+}
+
+func printable(s string) bool {
+	for _, c := range []byte(s) {
+		if c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
 }

@@ -21,6 +21,7 @@ import (
 	"space/api"
 	"space/internal/errkind"
 	"space/internal/httpapi"
+	"space/internal/origin"
 	"space/internal/sandbox"
 )
 
@@ -33,6 +34,8 @@ type fake struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	calls map[string]int
+	// +checklocks:mu
+	origin origin.Origin // of the last call
 }
 
 func (f *fake) do(ctx context.Context, name string) error {
@@ -41,6 +44,7 @@ func (f *fake) do(ctx context.Context, name string) error {
 		f.calls = map[string]int{}
 	}
 	f.calls[name]++
+	f.origin = origin.From(ctx)
 	f.mu.Unlock()
 	if f.hang {
 		<-ctx.Done()
@@ -492,5 +496,32 @@ func TestCapabilitiesValidate(t *testing.T) {
 				t.Errorf("Validate(%+v) = %v, want invalid argument", tt.caps, err)
 			}
 		})
+	}
+}
+
+// TestOriginTravels: a call's request ID and actor reach the worker, so
+// its log lines of one API request carry the control plane's; a forged
+// malformed one is dropped.
+func TestOriginTravels(t *testing.T) {
+	f := &fake{}
+	c, _ := serve(t, f, Config{})
+	ctx := origin.With(t.Context(), origin.Origin{RequestID: "req_abc", Kind: origin.KindKey, ID: "key_1"})
+	if _, err := c.Status(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	got := f.origin
+	f.mu.Unlock()
+	if got.RequestID != "req_abc" || got.Actor() != "api_key:key_1" {
+		t.Errorf("origin on the worker = %+v, want req_abc and api_key:key_1", got)
+	}
+	if _, err := c.Status(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	got = f.origin
+	f.mu.Unlock()
+	if got != (origin.Origin{}) {
+		t.Errorf("origin of a call without one = %+v, want none", got)
 	}
 }
