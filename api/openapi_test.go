@@ -185,7 +185,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"BuildReport": BuildReport{}, "BuildEvent": BuildEvent{},
 		"Network": Network{}, "EgressEvent": EgressEvent{},
 		"CreateSecret": CreateSecret{}, "Secret": Secret{}, "SecretList": SecretList{}, "SecretGrants": SecretGrants{},
-		"SetTimeout": SetTimeout{},
+		"SetTimeout":     SetTimeout{},
+		"LifecycleEvent": LifecycleEvent{}, "LifecycleEventList": LifecycleEventList{},
 	}
 	doc := loadSpec(t)
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)

@@ -289,6 +289,7 @@ func (s *Server) checkpoint(ctx context.Context, sb store.Sandbox, wk Worker, cm
 		return store.Snapshot{}, errors.Join(fmt.Errorf("sandbox %s was deleted while it was checkpointed: %w", sb.ID, errkind.NotFound),
 			s.deleteSnapshot(ctx, sn))
 	}
+	s.event(ctx, sandbox.EventCheckpointed, sb, map[string]string{"snapshot_id": sn.ID, "trigger": cm.Trigger})
 	return sn, nil
 }
 

@@ -396,6 +396,12 @@ func (s *Server) transition(ctx context.Context, rec store.Sandbox, to sandbox.S
 	if edit != nil {
 		edit(&rec)
 	}
+	if to == sandbox.Failed && store.ReasonFrom(ctx) == "" {
+		// The failure's event says what the record says.
+		if st, err := handleOf(rec); err == nil && st.Reason != "" {
+			ctx = store.WithReason(ctx, st.Reason)
+		}
+	}
 	return s.writes(ctx).UpdateSandbox(ctx, rec)
 }
 

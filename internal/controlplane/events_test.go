@@ -1,0 +1,348 @@
+package controlplane
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"space/api"
+	"space/internal/origin"
+	"space/internal/store"
+)
+
+// eventsServer is a lifecycle server on a real loopback listener, with a
+// key of the default team (not admin), an admin key, and a key of
+// another team.
+type eventsServer struct {
+	s                    *Server
+	st                   store.Store
+	url                  string
+	key, admin, stranger string // secrets
+	keyID                string
+}
+
+func newEventsServer(t *testing.T) *eventsServer {
+	t.Helper()
+	s, st, _ := configuredServer(t, &instantWorker{}, Config{})
+	ctx := t.Context()
+	_, adminSecret, err := s.newKey(ctx, DefaultTeam, "admin 2", true)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	k, secret, err := s.newKey(ctx, DefaultTeam, "user", false)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	if _, err := st.CreateTeam(ctx, store.Team{ID: "other", Name: "other"}); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	_, stranger, err := s.newKey(ctx, "other", "stranger", false)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	return &eventsServer{s: s, st: st, url: srv.URL, key: secret, admin: adminSecret, stranger: stranger, keyID: k.ID}
+}
+
+// call sends a request with key and returns the status, body and the
+// request ID answered.
+func (es *eventsServer) call(t *testing.T, key, method, path, body string) (int, []byte, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, es.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read: %v", method, path, err)
+	}
+	return resp.StatusCode, b, resp.Header.Get(origin.Header)
+}
+
+// must is call that wants status want.
+func (es *eventsServer) must(t *testing.T, want int, method, path, body string) ([]byte, string) {
+	t.Helper()
+	code, b, req := es.call(t, es.key, method, path, body)
+	if code != want {
+		t.Fatalf("%s %s = %d %s, want %d", method, path, code, b, want)
+	}
+	return b, req
+}
+
+func (es *eventsServer) events(t *testing.T, key, query string) (int, api.LifecycleEventList) {
+	t.Helper()
+	code, b, _ := es.call(t, key, "GET", query, "")
+	var out api.LifecycleEventList
+	if code == 200 {
+		if err := json.Unmarshal(b, &out); err != nil {
+			t.Fatalf("GET %s: decode %s: %v", query, b, err)
+		}
+	}
+	return code, out
+}
+
+// brief is what the tests compare of an event.
+type brief struct{ Type, State, Prev, Actor, RequestID string }
+
+func briefs(evs []api.LifecycleEvent) []brief {
+	out := []brief{}
+	for _, e := range evs {
+		out = append(out, brief{e.Type, e.State, e.PreviousState, e.Actor, e.RequestID})
+	}
+	return out
+}
+
+// TestEvents: a sandbox's create, pause, resume and delete are recorded
+// in order with the key that asked and the request ID answered; another
+// team sees none of them; the filters, cursor and limit work, and bad
+// ones are refused.
+func TestEvents(t *testing.T) {
+	es := newEventsServer(t)
+	b, createReq := es.must(t, 201, "POST", "/v1/sandboxes", `{}`)
+	var sb api.Sandbox
+	if err := json.Unmarshal(b, &sb); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	_, pauseReq := es.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/pause", "")
+	_, resumeReq := es.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/resume", "")
+	_, deleteReq := es.must(t, 204, "DELETE", "/v1/sandboxes/"+sb.ID, "")
+
+	actor := "api_key:" + es.keyID
+	want := []brief{
+		{"created", "creating", "", actor, createReq},
+		{"running", "running", "creating", actor, createReq},
+		{"paused", "paused", "running", actor, pauseReq},
+		{"resumed", "running", "paused", actor, resumeReq},
+		{"stopping", "stopping", "running", actor, deleteReq},
+		{"deleted", "deleted", "stopping", actor, deleteReq},
+	}
+	code, all := es.events(t, es.key, "/v1/events")
+	if code != 200 {
+		t.Fatalf("GET /v1/events = %d", code)
+	}
+	if diff := cmp.Diff(want, briefs(all.Events)); diff != "" {
+		t.Fatalf("GET /v1/events (-want +got):\n%s", diff)
+	}
+	for i, e := range all.Events {
+		if e.SandboxID != sb.ID || e.Team != DefaultTeam || e.ID != "evt_"+e.Cursor || e.Time.IsZero() {
+			t.Errorf("event %d = %+v, want sandbox %s, team %s, id evt_<cursor>, a time", i, e, sb.ID, DefaultTeam)
+		}
+	}
+	last := all.Events[len(all.Events)-1].Cursor
+	if all.Next != last {
+		t.Errorf("next = %q, want the last cursor %q", all.Next, last)
+	}
+	// The sandbox is gone; its history is still served, to its team.
+	if code, one := es.events(t, es.key, "/v1/sandboxes/"+sb.ID+"/events"); code != 200 || len(one.Events) != len(want) {
+		t.Errorf("GET /v1/sandboxes/{id}/events = %d, %d events; want 200, %d", code, len(one.Events), len(want))
+	}
+
+	// Another team sees nothing of it.
+	if code, got := es.events(t, es.stranger, "/v1/events"); code != 200 || len(got.Events) != 0 || got.Next != "0" {
+		t.Errorf("GET /v1/events as another team = %d %+v, want 200, none, next 0", code, got)
+	}
+	if code, _ := es.events(t, es.stranger, "/v1/sandboxes/"+sb.ID+"/events"); code != 404 {
+		t.Errorf("GET /v1/sandboxes/{id}/events as another team = %d, want 404", code)
+	}
+	if code, _ := es.events(t, es.stranger, "/v1/events?team="+DefaultTeam); code != 403 {
+		t.Errorf("GET /v1/events?team=<another> with a plain key = %d, want 403", code)
+	}
+	if code, _ := es.events(t, es.key, "/v1/events?all=true"); code != 403 {
+		t.Errorf("GET /v1/events?all=true with a plain key = %d, want 403", code)
+	}
+	// An admin may look at every team, or one.
+	if code, got := es.events(t, es.admin, "/v1/events?all=true"); code != 200 || len(got.Events) != len(want) {
+		t.Errorf("GET /v1/events?all=true as admin = %d, %d events; want %d", code, len(got.Events), len(want))
+	}
+	if code, got := es.events(t, es.admin, "/v1/events?team=other"); code != 200 || len(got.Events) != 0 {
+		t.Errorf("GET /v1/events?team=other as admin = %d, %d events; want none", code, len(got.Events))
+	}
+
+	for _, tc := range []struct {
+		query string
+		want  []brief
+		next  string
+	}{
+		{"type=paused,resumed", want[2:4], all.Events[3].Cursor},
+		{"type=paused&type=deleted", []brief{want[2], want[5]}, last},
+		{"after=" + all.Events[3].Cursor, want[4:], last},
+		{"limit=2", want[:2], all.Events[1].Cursor},
+		{"after=" + last, []brief{}, last},
+		{"sandbox=" + sb.ID + "&type=created", want[:1], all.Events[0].Cursor},
+		{"sandbox=" + store.NewSandboxID(), []brief{}, "0"},
+	} {
+		code, got := es.events(t, es.key, "/v1/events?"+tc.query)
+		if code != 200 {
+			t.Errorf("GET /v1/events?%s = %d, want 200", tc.query, code)
+			continue
+		}
+		if diff := cmp.Diff(tc.want, briefs(got.Events)); diff != "" || got.Next != tc.next {
+			t.Errorf("GET /v1/events?%s: next %q (want %q); events (-want +got):\n%s", tc.query, got.Next, tc.next, diff)
+		}
+	}
+	for _, q := range []string{"type=exploded", "type=created,nope", "after=abc", "after=-1", "limit=0", "limit=1001", "sandbox=x", "all=maybe", "follow=perhaps"} {
+		if code, b, _ := es.call(t, es.key, "GET", "/v1/events?"+q, ""); code != 400 {
+			t.Errorf("GET /v1/events?%s = %d %s, want 400", q, code, b)
+		}
+	}
+}
+
+// sse is one server-sent event.
+type sse struct{ id, event, data string }
+
+// readSSE sends the events of a stream to the returned channel until it
+// ends, then closes it. Comments (keepalives) are skipped.
+func readSSE(body io.Reader) <-chan sse {
+	out := make(chan sse)
+	go func() {
+		defer close(out)
+		sc := bufio.NewScanner(body)
+		var cur sse
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				if cur != (sse{}) {
+					out <- cur
+				}
+				cur = sse{}
+			case strings.HasPrefix(line, ":"):
+			case strings.HasPrefix(line, "id: "):
+				cur.id = strings.TrimPrefix(line, "id: ")
+			case strings.HasPrefix(line, "event: "):
+				cur.event = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: "):
+				cur.data = strings.TrimPrefix(line, "data: ")
+			}
+		}
+	}()
+	return out
+}
+
+// follow opens the follow stream with key, sending lastID as
+// Last-Event-ID unless it is "", and returns its events and a func that
+// disconnects.
+func (es *eventsServer) follow(t *testing.T, query, lastID string) (<-chan sse, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	req, err := http.NewRequestWithContext(ctx, "GET", es.url+"/v1/events?follow=true&"+query, nil)
+	if err != nil {
+		t.Fatalf("follow: %v", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+es.key)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("follow: %v", err)
+	}
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("follow = %d %s, want 200 text/event-stream", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	evs := readSSE(resp.Body)
+	stop := func() {
+		cancel()
+		resp.Body.Close()
+		for range evs { // the reader ends with the body
+		}
+	}
+	t.Cleanup(stop)
+	return evs, stop
+}
+
+// next returns the next n events of a stream, failing after a while.
+func next(t *testing.T, evs <-chan sse, n int) []sse {
+	t.Helper()
+	var got []sse
+	timeout := time.After(10 * time.Second)
+	for len(got) < n {
+		select {
+		case e, ok := <-evs:
+			if !ok {
+				t.Fatalf("stream ended after %v, want %d events", got, n)
+			}
+			got = append(got, e)
+		case <-timeout:
+			t.Fatalf("got %v within 10s, want %d events", got, n)
+		}
+	}
+	return got
+}
+
+func types(evs []sse) []string {
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.event)
+	}
+	return out
+}
+
+// TestEventsFollow: a follower gets events as they happen; once it
+// reconnects with the last ID it got, it gets exactly those it missed,
+// none twice, and then the live ones again.
+func TestEventsFollow(t *testing.T) {
+	es := newEventsServer(t)
+	evs, disconnect := es.follow(t, "after=0", "")
+	b, _ := es.must(t, 201, "POST", "/v1/sandboxes", `{}`)
+	var sb api.Sandbox
+	if err := json.Unmarshal(b, &sb); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	first := next(t, evs, 2)
+	if diff := cmp.Diff([]string{"created", "running"}, types(first)); diff != "" {
+		t.Fatalf("live events (-want +got):\n%s", diff)
+	}
+	var e api.LifecycleEvent
+	if err := json.Unmarshal([]byte(first[1].data), &e); err != nil || e.Cursor != first[1].id || e.SandboxID != sb.ID || e.Type != "running" {
+		t.Fatalf("event data %s (%v), want the running event of %s with cursor %s", first[1].data, err, sb.ID, first[1].id)
+	}
+	disconnect()
+
+	// Missed while away.
+	es.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/pause", "")
+	es.must(t, 200, "POST", "/v1/sandboxes/"+sb.ID+"/resume", "")
+
+	// A reconnecting EventSource sends its first URL again and the last
+	// ID it got: that wins over after=.
+	evs, _ = es.follow(t, "after=0", first[1].id)
+	missed := next(t, evs, 2)
+	if diff := cmp.Diff([]string{"paused", "resumed"}, types(missed)); diff != "" {
+		t.Fatalf("events after reconnecting (-want +got):\n%s", diff)
+	}
+	es.must(t, 204, "DELETE", "/v1/sandboxes/"+sb.ID, "")
+	live := next(t, evs, 2)
+	if diff := cmp.Diff([]string{"stopping", "deleted"}, types(live)); diff != "" {
+		t.Fatalf("live events after reconnecting (-want +got):\n%s", diff)
+	}
+	seen := map[string]bool{}
+	prev := int64(0)
+	for _, e := range append(append(first, missed...), live...) {
+		n, err := strconv.ParseInt(e.id, 10, 64)
+		if err != nil || n <= prev || seen[e.id] {
+			t.Errorf("event id %q after %d: want increasing, each once", e.id, prev)
+		}
+		seen[e.id], prev = true, n
+	}
+	// Nothing more is pending: a store that has six events sent six.
+	all, err := es.st.ListEvents(t.Context(), store.EventQuery{})
+	if err != nil || len(all) != 6 {
+		t.Errorf("stored events = %d, %v; want 6", len(all), err)
+	}
+}
