@@ -98,3 +98,13 @@ func (c *Client) FollowEvents(ctx context.Context, opts EventOptions, fn func(ap
 	}
 	return fmt.Errorf("follow events: the server ended the stream")
 }
+
+// SandboxEvents lists sandbox id's lifecycle events, as Events does
+// (opts.Sandbox, Team and All aside). A sandbox that is gone is listed
+// while its events are kept.
+func (c *Client) SandboxEvents(ctx context.Context, id string, opts EventOptions) (api.LifecycleEventList, error) {
+	opts.Sandbox, opts.Team, opts.All = "", "", false
+	var l api.LifecycleEventList
+	err := c.call(ctx, request{method: http.MethodGet, path: sandboxPath(id, "/events"), query: opts.query()}, &l)
+	return l, err
+}
