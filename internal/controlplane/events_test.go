@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,10 +14,15 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"gopkg.in/yaml.v3"
 
 	"space/api"
+	"space/internal/errkind"
 	"space/internal/origin"
+	"space/internal/sandbox"
 	"space/internal/store"
+	"space/internal/testenv"
+	"space/internal/worker"
 )
 
 // eventsServer is a lifecycle server on a real loopback listener, with a
@@ -344,5 +350,94 @@ func TestEventsFollow(t *testing.T) {
 	all, err := es.st.ListEvents(t.Context(), store.EventQuery{})
 	if err != nil || len(all) != 6 {
 		t.Errorf("stored events = %d, %v; want 6", len(all), err)
+	}
+}
+
+// lostVMs is an instantWorker that has no VM any more.
+type lostVMs struct{ instantWorker }
+
+func (w *lostVMs) Sandbox(_ context.Context, id string) (worker.Info, error) {
+	return worker.Info{}, fmt.Errorf("sandbox %s: %w", id, errkind.NotFound)
+}
+
+// TestEventsOfBackgroundWork: what the control plane does on its own is
+// recorded with its actor: a timeout (policy:timeout, expired first),
+// a VM reconcile found gone (leader:<replica>, with the reason).
+func TestEventsOfBackgroundWork(t *testing.T) {
+	s, st, do := configuredServer(t, &instantWorker{}, Config{ReplicaID: "cp-1", ReapInterval: time.Minute})
+	lost := mustCreate(t, do)
+	s.AddWorker(&lostVMs{}) // the same ID: the VMs are gone
+	if err := s.Reconcile(t.Context()); err != nil {
+		t.Fatalf("Reconcile() = %v", err)
+	}
+	evs, err := st.ListEvents(t.Context(), store.EventQuery{SandboxID: lost.ID, Types: []string{"failed"}})
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("failed events = %v, %v; want one", evs, err)
+	}
+	if e := evs[0]; e.Actor != "leader:cp-1" || e.RequestID == "" || !strings.Contains(e.Reason, "no longer has the VM") {
+		t.Errorf("failed event = %+v, want actor leader:cp-1, a request ID, a reason saying the VM is gone", e)
+	}
+
+	s.AddWorker(&instantWorker{})
+	code, body := do("POST", "/v1/sandboxes", `{"timeout_seconds":1}`)
+	var short api.Sandbox
+	if code != 201 || json.Unmarshal(body, &short) != nil {
+		t.Fatalf("setup: create = %d %s", code, body)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var got []store.Event
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		got, err = st.ListEvents(t.Context(), store.EventQuery{SandboxID: short.ID, Types: []string{"expired", "stopping", "deleted"}})
+		return err == nil && len(got) == 3
+	})
+	for i, want := range []string{"expired", "stopping", "deleted"} {
+		if e := got[i]; e.Type != want || e.Actor != "policy:timeout" || e.RequestID != got[0].RequestID {
+			t.Errorf("event %d = %+v, want %s by policy:timeout in one request", i, e, want)
+		}
+	}
+	if got[0].Reason == "" {
+		t.Errorf("expired event has no reason")
+	}
+}
+
+// TestEventRetention: the leader's prune removes events older than the
+// retention, and keeps them all when it is negative.
+func TestEventRetention(t *testing.T) {
+	later := time.Now().Add(3 * time.Hour)
+	for _, tc := range []struct {
+		retention time.Duration
+		left      int
+	}{{-1, 2}, {time.Hour, 0}, {5 * time.Hour, 2}} {
+		s, st, do := configuredServer(t, &instantWorker{}, Config{EventRetention: tc.retention})
+		mustCreate(t, do) // created, running
+		s.now = func() time.Time { return later }
+		s.pruneEvents(t.Context())
+		if evs, err := st.ListEvents(t.Context(), store.EventQuery{}); err != nil || len(evs) != tc.left {
+			t.Errorf("retention %v, 3h later: %d events left (%v), want %d", tc.retention, len(evs), err, tc.left)
+		}
+	}
+}
+
+// TestEventTypesDocumented: the OpenAPI document lists exactly the
+// event types the server knows.
+func TestEventTypesDocumented(t *testing.T) {
+	var doc struct {
+		Components struct {
+			Schemas map[string]struct {
+				Properties map[string]struct {
+					Enum []string `yaml:"enum"`
+				} `yaml:"properties"`
+			} `yaml:"schemas"`
+		} `yaml:"components"`
+	}
+	if err := yaml.Unmarshal(api.OpenAPI, &doc); err != nil {
+		t.Fatalf("parse openapi.yaml: %v", err)
+	}
+	got := doc.Components.Schemas["LifecycleEvent"].Properties["type"].Enum
+	if diff := cmp.Diff(sandbox.EventTypes, got); diff != "" {
+		t.Errorf("LifecycleEvent.type enum (-sandbox.EventTypes +openapi.yaml):\n%s", diff)
 	}
 }
