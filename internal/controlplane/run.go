@@ -195,7 +195,7 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 	case sandbox.Creating:
 		if missing || inf.State != sandbox.Running {
 			log.Info("rolling back interrupted create")
-			return s.rollback(ctx, wk, rec)
+			return s.rollback(store.WithReason(ctx, "reconcile: the create was interrupted; rolled back"), wk, rec)
 		}
 		log.Info("completing interrupted create")
 		_, err := s.transition(ctx, rec, sandbox.Running, func(sb *store.Sandbox) { setVM(sb, inf.VM) })
