@@ -13,6 +13,7 @@ import (
 	"space/internal/checkpoint"
 	"space/internal/errkind"
 	"space/internal/httpapi"
+	"space/internal/origin"
 	"space/internal/sandbox"
 	"space/internal/store"
 )
@@ -87,7 +88,9 @@ func (s *Server) runCheckpoints(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.checkpointRound(ctx, ck)
+			// Automatic checkpoints are the sandboxes' policy acting;
+			// each round is one request.
+			s.checkpointRound(origin.Background(ctx, origin.KindPolicy, "checkpoints"), ck)
 		}
 	}
 }

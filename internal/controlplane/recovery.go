@@ -125,7 +125,7 @@ func (s *Server) runFencing(ctx context.Context) {
 	t := time.NewTicker(s.leaseTimes().every)
 	defer t.Stop()
 	for {
-		s.fenceRound(ctx, f) // at once in a new term: the workers wait for it
+		s.fenceRound(s.leaderOrigin(ctx), f) // at once in a new term: the workers wait for it
 		select {
 		case <-ctx.Done():
 			return

@@ -278,8 +278,8 @@ func (s *Server) lead(ctx context.Context) {
 	round()
 	var ckpts sync.WaitGroup
 	defer ckpts.Wait()
-	ckpts.Go(func() { s.runCheckpoints(origin.Background(ctx, origin.KindPolicy, "checkpoints")) })
-	ckpts.Go(func() { s.runFencing(s.leaderOrigin(ctx)) })
+	ckpts.Go(func() { s.runCheckpoints(ctx) })
+	ckpts.Go(func() { s.runFencing(ctx) })
 	watch := time.NewTicker(deadClaimsEvery)
 	defer watch.Stop()
 	for {

@@ -288,6 +288,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = store.NewID("cp-")
+		s.cfg.ReplicaID = cfg.ReplicaID // the leader's actor in events names it
 	}
 	if err := store.ValidateLease("leader", holderOf(cfg.ReplicaID), time.Second); err != nil || strings.Contains(cfg.ReplicaID, "/") {
 		return nil, fmt.Errorf("controlplane: replica id %q: want printable ASCII without spaces or slashes: %w", cfg.ReplicaID, errkind.InvalidArgument)
