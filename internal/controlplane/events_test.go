@@ -441,3 +441,48 @@ func TestEventTypesDocumented(t *testing.T) {
 		t.Errorf("LifecycleEvent.type enum (-sandbox.EventTypes +openapi.yaml):\n%s", diff)
 	}
 }
+
+// TestEventsOfSnapshots: a snapshot, a restore from it, a checkpoint and
+// a fork each record their event, with the snapshot or child in data.
+func TestEventsOfSnapshots(t *testing.T) {
+	_, st, do := configuredServer(t, &failsNthCreate{}, Config{})
+	sb := mustCreate(t, do)
+	code, body := do("POST", "/v1/sandboxes/"+sb.ID+"/snapshots", `{"name":"snap"}`)
+	var sn api.Snapshot
+	if code != 201 || json.Unmarshal(body, &sn) != nil {
+		t.Fatalf("snapshot = %d %s", code, body)
+	}
+	if code, body := do("POST", "/v1/sandboxes/"+sb.ID+"/restore", `{"snapshot":"snap"}`); code != 200 {
+		t.Fatalf("restore = %d %s", code, body)
+	}
+	code, body = do("POST", "/v1/sandboxes/"+sb.ID+"/checkpoints", "")
+	var cp api.Checkpoint
+	if code != 201 || json.Unmarshal(body, &cp) != nil {
+		t.Fatalf("checkpoint = %d %s", code, body)
+	}
+	code, body = do("POST", "/v1/sandboxes/"+sb.ID+"/fork", `{"count":2}`)
+	var kids api.SandboxList
+	if code != 201 || json.Unmarshal(body, &kids) != nil || len(kids.Sandboxes) != 2 {
+		t.Fatalf("fork = %d %s", code, body)
+	}
+	evs, err := st.ListEvents(t.Context(), store.EventQuery{SandboxID: sb.ID})
+	if err != nil {
+		t.Fatalf("ListEvents() = %v", err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.Type+" "+string(e.Data))
+	}
+	want := []string{
+		"created ", "running ",
+		`snapshotted {"snapshot_id":"` + sn.ID + `"}`,
+		"restoring ", "running ",
+		`restored {"snapshot_id":"` + sn.ID + `"}`,
+		`checkpointed {"snapshot_id":"` + cp.ID + `","trigger":"manual"}`,
+		`forked {"child_id":"` + kids.Sandboxes[0].ID + `"}`,
+		`forked {"child_id":"` + kids.Sandboxes[1].ID + `"}`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
