@@ -6,7 +6,10 @@
 // with a new API version.
 package api
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Version is the API version in every path ("/v1/...").
 const Version = "v1"
@@ -875,4 +878,45 @@ type SandboxMetrics struct {
 	// IntervalSeconds is how often the sandbox is sampled.
 	IntervalSeconds float64       `json:"interval_seconds"`
 	Samples         []UsageSample `json:"samples"`
+}
+
+// LifecycleEvent is one lifecycle event of a sandbox, as GET /v1/events and
+// GET /v1/sandboxes/{id}/events list it and the follow stream sends it.
+// Types are listed in docs/operations.md ("Events").
+type LifecycleEvent struct {
+	// ID is "evt_" and the cursor.
+	ID string `json:"id"`
+	// Cursor orders the events: a decimal integer, increasing. Pass the
+	// last one seen as after= (or Last-Event-ID) to get what follows.
+	Cursor    string    `json:"cursor"`
+	Time      time.Time `json:"time"`
+	Type      string    `json:"type"`
+	SandboxID string    `json:"sandbox_id"`
+	Team      string    `json:"team"`
+	// State is the state the sandbox reached, PreviousState the one it
+	// left; "" for an event that is not a change of state.
+	State         string `json:"state"`
+	PreviousState string `json:"previous_state"`
+	// Actor is who or what caused it: "api_key:<key id>",
+	// "policy:timeout", "policy:checkpoints", "leader:<replica>"; ""
+	// if unknown.
+	Actor string `json:"actor"`
+	// RequestID is the request (X-Request-Id) or round of background
+	// work it came in.
+	RequestID string `json:"request_id"`
+	// Reason says why, where there is more to say than the type.
+	Reason string `json:"reason"`
+	// Data holds details of some types: snapshot_id and trigger
+	// (checkpointed), snapshot_id (snapshotted, restored), child_id
+	// (forked).
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// LifecycleEventList is the reply of GET /v1/events and
+// GET /v1/sandboxes/{id}/events, oldest first. Next is the cursor of
+// the last event, or the after= given when there is none: pass it as
+// after= to continue.
+type LifecycleEventList struct {
+	Events []LifecycleEvent `json:"events"`
+	Next   string           `json:"next"`
 }

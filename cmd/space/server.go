@@ -30,7 +30,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		checkpoints, onTimeout                      string
 		timeout                                     time.Duration
 		chunkGCInterval                             time.Duration
-		recoverAfter                                time.Duration
+		recoverAfter, eventRetention                time.Duration
 		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
@@ -113,7 +113,7 @@ server stops, and the next start re-adopts them.`,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, DiskReserveMiB: diskReserve, StorageGiB: storageGiB, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
 				AgentHeartbeat: hb.every, AgentTimeout: hb.timeout,
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
-				DefaultCheckpoints: defaultCheckpoints, DefaultTimeout: timeout, DefaultOnTimeout: onTimeout, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter,
+				DefaultCheckpoints: defaultCheckpoints, DefaultTimeout: timeout, DefaultOnTimeout: onTimeout, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter, EventRetention: eventRetention,
 				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
@@ -138,6 +138,7 @@ server stops, and the next start re-adopts them.`,
 	chunksFlag(f, &chunks, "")
 	f.DurationVar(&chunkGCInterval, "chunk-gc-interval", server.DefaultChunkGCInterval, "how often the chunk store's garbage collection frees the chunks no snapshot uses")
 	f.DurationVar(&recoverAfter, "recover-after", controlplane.DefaultRecoverAfter, "how long a standalone worker may go without the leader's lease before its sandboxes are restored elsewhere from their latest checkpoints (at least 6s; negative: never; docs/recovery.md)")
+	f.DurationVar(&eventRetention, "event-retention", controlplane.DefaultEventRetention, "how long sandboxes' lifecycle events are kept (negative: for ever)")
 	f.DurationVar(&timeout, "timeout", controlplane.DefaultLimits.DefaultTTL, "the timeout of sandboxes created without one (at most 168h)")
 	f.StringVar(&onTimeout, "on-timeout", "delete", "what the timeout of sandboxes created without on_timeout does: delete, or suspend (the timeout becomes an idle time after which the sandbox is written to storage and its memory freed; resume brings it back)")
 	f.StringVar(&checkpoints, "checkpoints", "", "the checkpoint `policy` of sandboxes created without one, e.g. every=5m,after_exec,keep=20,keep_for=24h (also min_exec=D; default: none)")

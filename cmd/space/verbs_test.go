@@ -205,6 +205,21 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 		enc.Encode(api.FileEvent{Type: api.FileEventOverflow})
 		enc.Encode(api.FileEvent{Type: api.FileEventRemove, Path: root, Name: "."})
 	})
+	handle("GET /v1/events", func(w http.ResponseWriter, r *http.Request, body []byte) {
+		evs := []api.LifecycleEvent{
+			{ID: "evt_7", Cursor: "7", Time: t0, Type: "created", SandboxID: "sb-1", Team: "t", State: "creating", Actor: "api_key:k1", RequestID: "req_1"},
+			{ID: "evt_8", Cursor: "8", Time: t0, Type: "failed", SandboxID: "sb-1", Team: "t", State: "failed", PreviousState: "creating", Actor: "leader:cp-1", Reason: "boot: no kernel"},
+		}
+		if r.URL.Query().Get("follow") == "true" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, e := range evs {
+				b, _ := json.Marshal(e)
+				fmt.Fprintf(w, ": keepalive\n\nid: %s\nevent: %s\ndata: %s\n\n", e.Cursor, e.Type, b)
+			}
+			return // the stream ends: the client says so
+		}
+		writeJSON(w, http.StatusOK, api.LifecycleEventList{Events: evs, Next: "8"})
+	})
 	handle("POST /v1/apikeys", func(w http.ResponseWriter, r *http.Request, body []byte) {
 		writeJSON(w, http.StatusCreated, api.APIKey{ID: "k2", Team: "t", CreatedAt: t0, Secret: "sk-secret"})
 	})
@@ -357,6 +372,11 @@ func TestJSONOutput(t *testing.T) {
 			&api.ProcessList{Processes: []api.Process{
 				{ID: 5, PID: 99, Command: []string{"sleep", "9"}, StartedAt: t0, Running: true},
 				{ID: 6, PID: 100, Shell: "exit 2", StartedAt: t0, Exit: &api.Exit{Code: 2}},
+			}}},
+		{[]string{"events", "--json"}, func() any { return new(api.LifecycleEventList) },
+			&api.LifecycleEventList{Next: "8", Events: []api.LifecycleEvent{
+				{ID: "evt_7", Cursor: "7", Time: t0, Type: "created", SandboxID: "sb-1", Team: "t", State: "creating", Actor: "api_key:k1", RequestID: "req_1"},
+				{ID: "evt_8", Cursor: "8", Time: t0, Type: "failed", SandboxID: "sb-1", Team: "t", State: "failed", PreviousState: "creating", Actor: "leader:cp-1", Reason: "boot: no kernel"},
 			}}},
 		{[]string{"apikey", "create", "-o", "json"}, func() any { return new(api.APIKey) },
 			&api.APIKey{ID: "k2", Team: "t", CreatedAt: t0, Secret: "sk-secret"}},
@@ -527,5 +547,46 @@ func TestDefaultDataDir(t *testing.T) {
 	t.Setenv("HOME", "/home/u")
 	if got := defaultDataDir(); got != "/home/u/.local/share/space" {
 		t.Errorf("defaultDataDir() with HOME=/home/u = %q, want /home/u/.local/share/space", got)
+	}
+}
+
+// TestEventsVerb checks space events: its filters go to the query, the
+// table shows each event's change and cause, and --follow prints the
+// stream's events as they come (and says when the server ends it).
+func TestEventsVerb(t *testing.T) {
+	f := newFakeAPI(t)
+	g, stdout, _ := newTestGlobals(t, f.env())
+	g.now = func() time.Time { return t0.Add(time.Minute) }
+	if _, err := run(t.Context(), g, []string{"events", "--sandbox", "sb-1", "--type", "created,failed", "--after", "6", "--limit", "5"}); err != nil {
+		t.Fatalf("space events = %v", err)
+	}
+	if q := f.query("GET /v1/events"); q != "after=6&limit=5&sandbox=sb-1&type=created%2Cfailed" {
+		t.Errorf("space events sent query %q", q)
+	}
+	out := stdout.String()
+	for _, want := range []string{"CURSOR", "created", "creating", "creating->failed", "leader:cp-1", "boot: no kernel"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("space events printed %q, want it to contain %q", out, want)
+		}
+	}
+	g, stdout, _ = newTestGlobals(t, f.env())
+	_, err := run(t.Context(), g, []string{"events", "--follow", "--json"})
+	if err == nil || !strings.Contains(err.Error(), "ended the stream") {
+		t.Errorf("space events --follow = %v, want the end of the stream reported", err)
+	}
+	var got []string
+	dec := json.NewDecoder(stdout)
+	for {
+		var e api.LifecycleEvent
+		if dec.Decode(&e) != nil {
+			break
+		}
+		got = append(got, e.Cursor+" "+e.Type)
+	}
+	if diff := cmp.Diff([]string{"7 created", "8 failed"}, got); diff != "" {
+		t.Errorf("space events --follow --json (-want +got):\n%s", diff)
+	}
+	if q := f.query("GET /v1/events"); q != "follow=true" {
+		t.Errorf("space events --follow sent query %q", q)
 	}
 }

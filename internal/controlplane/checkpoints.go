@@ -13,6 +13,7 @@ import (
 	"space/internal/checkpoint"
 	"space/internal/errkind"
 	"space/internal/httpapi"
+	"space/internal/origin"
 	"space/internal/sandbox"
 	"space/internal/store"
 )
@@ -87,7 +88,9 @@ func (s *Server) runCheckpoints(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.checkpointRound(ctx, ck)
+			// Automatic checkpoints are the sandboxes' policy acting;
+			// each round is one request.
+			s.checkpointRound(origin.Background(ctx, origin.KindPolicy, "checkpoints"), ck)
 		}
 	}
 }
@@ -289,6 +292,7 @@ func (s *Server) checkpoint(ctx context.Context, sb store.Sandbox, wk Worker, cm
 		return store.Snapshot{}, errors.Join(fmt.Errorf("sandbox %s was deleted while it was checkpointed: %w", sb.ID, errkind.NotFound),
 			s.deleteSnapshot(ctx, sn))
 	}
+	s.event(ctx, sandbox.EventCheckpointed, sb, map[string]string{"snapshot_id": sn.ID, "trigger": cm.Trigger})
 	return sn, nil
 }
 

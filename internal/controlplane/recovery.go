@@ -125,7 +125,7 @@ func (s *Server) runFencing(ctx context.Context) {
 	t := time.NewTicker(s.leaseTimes().every)
 	defer t.Stop()
 	for {
-		s.fenceRound(ctx, f) // at once in a new term: the workers wait for it
+		s.fenceRound(s.leaderOrigin(ctx), f) // at once in a new term: the workers wait for it
 		select {
 		case <-ctx.Done():
 			return
@@ -376,7 +376,8 @@ func (s *Server) markRecovering(ctx context.Context, lost string, rec store.Sand
 		return err
 	}
 	plan := &recovery{LostWorker: lost, LastSeen: seen, LostAt: lostAt, Checkpoint: cps[0].ID, CheckpointAt: cps[0].Created}
-	_, err = s.transition(ctx, rec, sandbox.Recovering, func(sb *store.Sandbox) { setHandle(sb, stored{Recovery: plan}) })
+	why := fmt.Sprintf("worker %s was lost at %s; restoring from checkpoint %s", lost, lostAt.Format(time.RFC3339), cps[0].ID)
+	_, err = s.transition(store.WithReason(ctx, why), rec, sandbox.Recovering, func(sb *store.Sandbox) { setHandle(sb, stored{Recovery: plan}) })
 	return err
 }
 

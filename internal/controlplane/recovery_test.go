@@ -246,6 +246,31 @@ func TestRecoverLostWorker(t *testing.T) {
 	if r := get(gone.ID).Reason; !strings.Contains(r, "no checkpoint") {
 		t.Errorf("failed sandbox's reason = %q, want it to say it had no checkpoint", r)
 	}
+	// The events tell it, with who did what and why.
+	leader := "leader:" + s.cfg.ReplicaID
+	byType := map[string]store.Event{}
+	evs, err := st.ListEvents(ctx, store.EventQuery{SandboxID: kept.ID})
+	if err != nil {
+		t.Fatalf("ListEvents() = %v", err)
+	}
+	for _, e := range evs {
+		if _, ok := byType[e.Type]; !ok {
+			byType[e.Type] = e
+		}
+	}
+	if e := byType["checkpointed"]; e.Actor != "policy:checkpoints" || !strings.Contains(string(e.Data), `"snapshot_id":"snp_`) || !strings.Contains(string(e.Data), `"trigger":"schedule"`) {
+		t.Errorf("checkpointed event = %+v, want policy:checkpoints with the snapshot and trigger schedule", e)
+	}
+	if e := byType["recovering"]; e.Actor != leader || e.Prev != "running" || !strings.Contains(e.Reason, "wa was lost") {
+		t.Errorf("recovering event = %+v, want %s from running saying wa was lost", e, leader)
+	}
+	if e := byType["recovered"]; e.Actor != leader || e.Prev != "recovering" || e.State != "running" {
+		t.Errorf("recovered event = %+v, want %s from recovering to running", e, leader)
+	}
+	evs, err = st.ListEvents(ctx, store.EventQuery{SandboxID: gone.ID, Types: []string{"failed"}})
+	if err != nil || len(evs) != 1 || evs[0].Actor != leader || !strings.Contains(evs[0].Reason, "no checkpoint") {
+		t.Errorf("failed events of the sandbox without checkpoint = %+v, %v; want one by %s saying it had no checkpoint", evs, err, leader)
+	}
 	ws, err := st.ListWorkers(ctx)
 	if err != nil || len(ws) != 2 || ws[0].ID != "wa" || ws[0].Epoch != 1 || ws[1].Epoch != 0 {
 		t.Errorf("workers after the fence = %+v, %v; want wa at epoch 1", ws, err)

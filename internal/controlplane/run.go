@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"space/internal/errkind"
+	"space/internal/origin"
 	"space/internal/sandbox"
 	"space/internal/store"
 )
@@ -18,6 +19,9 @@ import (
 // under way is finished; a running sandbox its worker lost is failed. Run
 // it before serving.
 func (s *Server) Reconcile(ctx context.Context) error {
+	if origin.From(ctx).Kind == "" {
+		ctx = s.leaderOrigin(ctx)
+	}
 	// What any replica works on is left alone (claims.go).
 	busy, err := s.claims.all(ctx)
 	if err != nil {
@@ -191,7 +195,7 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 	case sandbox.Creating:
 		if missing || inf.State != sandbox.Running {
 			log.Info("rolling back interrupted create")
-			return s.rollback(ctx, wk, rec)
+			return s.rollback(store.WithReason(ctx, "reconcile: the create was interrupted; rolled back"), wk, rec)
 		}
 		log.Info("completing interrupted create")
 		_, err := s.transition(ctx, rec, sandbox.Running, func(sb *store.Sandbox) { setVM(sb, inf.VM) })
@@ -202,7 +206,14 @@ func (s *Server) reconcile(ctx context.Context, wk Worker, rec store.Sandbox) er
 	case sandbox.Running, sandbox.Paused:
 		if missing || inf.State == sandbox.Failed {
 			log.Warn("worker lost the sandbox", "error", inf.Error)
-			_, err := s.transition(ctx, rec, sandbox.Failed, nil)
+			reason := fmt.Sprintf("reconcile: worker %s no longer has the VM", wk.ID())
+			if !missing {
+				reason = fmt.Sprintf("reconcile: worker %s reports the VM failed", wk.ID())
+				if inf.Error != "" {
+					reason += ": " + inf.Error
+				}
+			}
+			_, err := s.transition(store.WithReason(ctx, reason), rec, sandbox.Failed, nil)
 			return err
 		}
 		if inf.State != rec.State && (inf.State == sandbox.Running || inf.State == sandbox.Paused) {
@@ -258,10 +269,11 @@ func (s *Server) lead(ctx context.Context) {
 	rec := time.NewTicker(s.cfg.ReconcileInterval)
 	defer rec.Stop()
 	round := func() {
-		if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+		if err := s.Reconcile(s.leaderOrigin(ctx)); err != nil && ctx.Err() == nil {
 			s.log.Warn("reconcile", "err", err)
 		}
 		s.pruneEgressLogs(ctx)
+		s.pruneEvents(ctx)
 	}
 	round()
 	var ckpts sync.WaitGroup
@@ -347,7 +359,7 @@ func (s *Server) reapExpired(ctx context.Context) (next time.Time) {
 			soon(now.Add(retrySkipped)) // an operation is under way: look again soon
 			continue
 		}
-		if err := s.settle(ctx, sb.ID, s.expire(sb)); err != nil {
+		if err := s.settle(origin.Background(ctx, origin.KindPolicy, "timeout"), sb.ID, s.expire(sb)); err != nil {
 			s.log.Error("expired sandbox", "sandbox_id", sb.ID, "err", err)
 		}
 	}
@@ -381,6 +393,7 @@ func (s *Server) expire(listed store.Sandbox) func(context.Context) error {
 			s.idleTimeout(ctx, sb, time.Duration(sp.TimeoutSeconds)*time.Second)
 			return nil
 		}
+		s.event(store.WithReason(ctx, "timeout passed; deleting"), sandbox.EventExpired, sb, nil)
 		if err := s.delete(ctx, sb); err != nil {
 			return err
 		}
@@ -422,6 +435,7 @@ func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time
 		}
 		return
 	}
+	s.event(store.WithReason(ctx, fmt.Sprintf("idle for %v; suspending", timeout)), sandbox.EventExpired, sb, nil)
 	if _, err = s.suspend(ctx, sb, wk); err != nil {
 		// It keeps running: deleting it would lose the work the caller
 		// asked to keep. The next round tries again.
@@ -429,6 +443,12 @@ func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time
 		return
 	}
 	s.log.Info("suspended idle sandbox", "sandbox_id", sb.ID, "idle_for", timeout)
+}
+
+// leaderOrigin returns ctx with this replica as the actor of the
+// leader's background work, and a new request ID for the round.
+func (s *Server) leaderOrigin(ctx context.Context) context.Context {
+	return origin.Background(ctx, origin.KindLeader, s.cfg.ReplicaID)
 }
 
 // Leading reports whether this replica does the background work now.

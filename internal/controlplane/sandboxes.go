@@ -347,12 +347,12 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 	s.crash("api.create.recorded")
 	values, err := s.secretValues(ctx, team, sp.Secrets)
 	if err != nil {
-		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
+		return store.Sandbox{}, errors.Join(err, s.rollback(store.WithReason(ctx, "create failed: "+err.Error()), wk, rec))
 	}
 	inf, err := wk.Create(ctx, worker.CreateRequest{ID: rec.ID, Team: team, Spec: sp.Spec, FromSnapshot: pl.snapshot, TakeSnapshot: pl.take, SecretValues: values})
 	if err != nil {
 		s.log.Warn("create failed", "sandbox_id", rec.ID, "worker_id", wk.ID(), "err", err)
-		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
+		return store.Sandbox{}, errors.Join(err, s.rollback(store.WithReason(ctx, "create failed: "+err.Error()), wk, rec))
 	}
 	s.crash("api.create.worker-done")
 	running, err := s.transition(ctx, rec, sandbox.Running, func(sb *store.Sandbox) { setVM(sb, inf.VM) })
@@ -363,7 +363,7 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		return store.Sandbox{}, fmt.Errorf("create %s: interrupted; the control plane settles it: %w", rec.ID, err)
 	}
 	if err != nil {
-		return store.Sandbox{}, errors.Join(err, s.rollback(ctx, wk, rec))
+		return store.Sandbox{}, errors.Join(err, s.rollback(store.WithReason(ctx, "create failed: "+err.Error()), wk, rec))
 	}
 	s.log.Info("sandbox created", "sandbox_id", running.ID, "team", team, "worker_id", wk.ID())
 	return running, nil
@@ -395,6 +395,12 @@ func (s *Server) transition(ctx context.Context, rec store.Sandbox, to sandbox.S
 	rec.State = to
 	if edit != nil {
 		edit(&rec)
+	}
+	if to == sandbox.Failed && store.ReasonFrom(ctx) == "" {
+		// The failure's event says what the record says.
+		if st, err := handleOf(rec); err == nil && st.Reason != "" {
+			ctx = store.WithReason(ctx, st.Reason)
+		}
 	}
 	return s.writes(ctx).UpdateSandbox(ctx, rec)
 }

@@ -115,6 +115,9 @@ type Config struct {
 	// EgressLogRetention is how long sandboxes' archived egress logs are
 	// kept; 0 = DefaultEgressLogRetention, negative = for ever.
 	EgressLogRetention time.Duration
+	// EventRetention is how long sandboxes' lifecycle events are kept;
+	// 0 = DefaultEventRetention, negative = for ever.
+	EventRetention time.Duration
 	// DataPlaneURL is where clients send the data-plane requests of
 	// sandboxes on standalone workers (a `space proxy` in front of them,
 	// see package dataplane); "" = this server. Sandboxes on this
@@ -187,6 +190,9 @@ type Server struct {
 	// elector decides which replica does the background work (Run).
 	elector leader.Elector
 	metrics *metrics
+	// bell wakes this replica's event followers (events.go); every
+	// write through cfg.Store that may record an event rings it.
+	bell *bell
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -216,6 +222,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.EgressLogRetention == 0 {
 		cfg.EgressLogRetention = DefaultEgressLogRetention
+	}
+	if cfg.EventRetention == 0 {
+		cfg.EventRetention = DefaultEventRetention
 	}
 	if cfg.ReconcileInterval == 0 {
 		cfg.ReconcileInterval = 30 * time.Second
@@ -265,7 +274,10 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("controlplane: data-plane url %q: want http(s)://host[:port][/prefix]: %w", cfg.DataPlaneURL, errkind.InvalidArgument)
 		}
 	}
+	bell := newBell()
+	cfg.Store = ringing{cfg.Store, bell}
 	s := &Server{
+		bell:    bell,
 		cfg:     cfg,
 		log:     cfg.Log.With("component", "controlplane"),
 		now:     now,
@@ -276,6 +288,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = store.NewID("cp-")
+		s.cfg.ReplicaID = cfg.ReplicaID // the leader's actor in events names it
 	}
 	if err := store.ValidateLease("leader", holderOf(cfg.ReplicaID), time.Second); err != nil || strings.Contains(cfg.ReplicaID, "/") {
 		return nil, fmt.Errorf("controlplane: replica id %q: want printable ASCII without spaces or slashes: %w", cfg.ReplicaID, errkind.InvalidArgument)
@@ -518,6 +531,8 @@ func (s *Server) routes() []route {
 		{"DELETE", sb + "/ports/{port}/http/{path...}", fwd, false},
 		{"GET", sb + "/egress", s.handleEgressLog, false},
 		{"GET", sb + "/metrics", s.handleMetrics, false},
+		{"GET", sb + "/events", s.handleSandboxEvents, false},
+		{"GET", "/v1/events", s.handleEvents, false},
 		{"POST", "/v1/templates", s.handleBuildTemplate, false},
 		{"GET", "/v1/templates", s.handleListTemplates, false},
 		{"GET", "/v1/templates/{name}", s.handleGetTemplate, false},

@@ -84,11 +84,13 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
-	sn, err := s.snapshot(context.WithoutCancel(r.Context()), sb, wk, req.Name)
+	ctx := context.WithoutCancel(r.Context())
+	sn, err := s.snapshot(ctx, sb, wk, req.Name)
 	if err != nil {
 		httpapi.WriteError(w, err)
 		return
 	}
+	s.event(ctx, sandbox.EventSnapshotted, sb, map[string]string{"snapshot_id": sn.ID})
 	v, _ := s.snapshotView(sn) // its metadata was just encoded
 	httpapi.WriteJSON(w, http.StatusCreated, v)
 }
@@ -387,6 +389,7 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
+	s.event(ctx, sandbox.EventRestored, sb, map[string]string{"snapshot_id": sn.ID})
 	s.writeView(w, http.StatusOK, sb)
 }
 
@@ -468,6 +471,9 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sn = done
+	for _, child := range children {
+		s.event(ctx, sandbox.EventForked, sb, map[string]string{"child_id": child.ID})
+	}
 	s.log.Info("sandbox forked", "sandbox_id", sb.ID, "children", req.Count, "local", local,
 		"snapshot_ms", sn.Updated.Sub(t0).Milliseconds(), "total_ms", s.now().Sub(t0).Milliseconds())
 	httpapi.WriteJSON(w, http.StatusCreated, out)

@@ -43,6 +43,8 @@ func (s *Server) apiRoutes() {
 	h("DELETE /templates/{id}", s.deleteSnapshot)
 	h("PUT /sandboxes/{id}/network", s.setNetwork)
 	h("GET /sandboxes/{id}/metrics", s.metrics)
+	h("GET /events/sandboxes", s.teamEvents)
+	h("GET /events/sandboxes/{id}", s.sandboxEvents)
 	s.api.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"message": "Health check successful"})
 	})

@@ -141,6 +141,10 @@ type Config struct {
 	// from their latest checkpoints (controlplane.Config.RecoverAfter);
 	// 0 = 30s, negative = never.
 	RecoverAfter time.Duration
+	// EventRetention is how long sandboxes' lifecycle events are kept
+	// (controlplane.Config.EventRetention): 0 = its default, negative =
+	// for ever.
+	EventRetention time.Duration
 	// NoWorker runs the control plane alone, with no embedded worker:
 	// sandboxes run on standalone workers only (`space worker`). For
 	// replicas of one control plane on PostgreSQL.
@@ -366,7 +370,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints, RecoverAfter: cfg.RecoverAfter,
-		Metrics: reg,
+		EventRetention: cfg.EventRetention, Metrics: reg,
 	})
 	if err != nil {
 		return err

@@ -1,7 +1,8 @@
 // Package store defines the control plane's durable state: teams, API keys,
 // sandboxes, snapshots, templates, the build cache, sealed secrets,
-// archived egress logs, workers and the leases replicas coordinate with,
-// and the [Store] contract its backends implement.
+// archived egress logs, sandboxes' lifecycle events, workers and the
+// leases replicas coordinate with, and the [Store] contract its backends
+// implement.
 //
 // Backends live in subpackages (sqlite for the embedded single-host setup,
 // postgres for scale-out); both pass the conformance suite in storetest.
@@ -55,6 +56,7 @@ type Store interface {
 	TemplateIndex
 	Secrets
 	EgressLogs
+	Events
 	Workers
 	Leases
 	Quotas
@@ -98,7 +100,9 @@ type APIKeys interface {
 }
 
 // Sandboxes manages sandbox records on behalf of one team at a time. A
-// sandbox of another team is reported as ErrNotFound.
+// sandbox of another team is reported as ErrNotFound. Each write that
+// creates a sandbox, changes its State or deletes it also records the
+// lifecycle event of that change, in its transaction (see [Events]).
 type Sandboxes interface {
 	// CreateSandbox stores sb with Version 1 and Created/Updated set to now.
 	// ErrNotFound if sb.TeamID does not exist, ErrAlreadyExists if the ID
@@ -352,8 +356,9 @@ type Quotas interface {
 }
 
 // FencedWrites are the writes of [Store.Fenced]. Each behaves as the
-// method of the same name on [Store], and also returns ErrLeaseLost,
-// writing nothing, when the fencing lease is no longer held.
+// method of the same name on [Store] (the sandbox writes record their
+// events too), and also returns ErrLeaseLost, writing nothing (no event
+// either), when the fencing lease is no longer held.
 type FencedWrites interface {
 	CreateSandbox(ctx context.Context, sb Sandbox) (Sandbox, error)
 	CreateSandboxWithinQuota(ctx context.Context, sb Sandbox, q Quota) (Sandbox, error)

@@ -1826,6 +1826,77 @@ class EgressEvent:
             d['count'] = self.count
         return d
 
+@dataclass
+class LifecycleEvent:
+    """One lifecycle event of a sandbox."""
+
+    id: str
+    cursor: str
+    time: str  # RFC 3339 time
+    type: str  # one of: 'created', 'running', 'paused', 'resumed', 'resuming', 'restoring', 'recovering', 'recovered', 'stopping', 'stopped', 'suspended', 'failed', 'deleted', 'checkpointed', 'snapshotted', 'restored', 'forked', 'expired'
+    sandbox_id: str
+    team: str
+    state: str
+    previous_state: str
+    actor: str
+    request_id: str
+    reason: str
+    data: Optional[Dict[str, str]] = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LifecycleEvent":
+        return cls(
+            id=d.get('id', ""),
+            cursor=d.get('cursor', ""),
+            time=d.get('time', ""),
+            type=d.get('type', ""),
+            sandbox_id=d.get('sandbox_id', ""),
+            team=d.get('team', ""),
+            state=d.get('state', ""),
+            previous_state=d.get('previous_state', ""),
+            actor=d.get('actor', ""),
+            request_id=d.get('request_id', ""),
+            reason=d.get('reason', ""),
+            data=dict(d['data']) if d.get('data') is not None else None,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['id'] = self.id
+        d['cursor'] = self.cursor
+        d['time'] = self.time
+        d['type'] = self.type
+        d['sandbox_id'] = self.sandbox_id
+        d['team'] = self.team
+        d['state'] = self.state
+        d['previous_state'] = self.previous_state
+        d['actor'] = self.actor
+        d['request_id'] = self.request_id
+        d['reason'] = self.reason
+        if self.data is not None:
+            d['data'] = dict(self.data)
+        return d
+
+@dataclass
+class LifecycleEventList:
+    """The LifecycleEventList schema."""
+
+    events: List[LifecycleEvent]
+    next: str
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LifecycleEventList":
+        return cls(
+            events=[LifecycleEvent.from_dict(x0) for x0 in d.get('events', [])],
+            next=d.get('next', ""),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['events'] = [x0.to_dict() for x0 in self.events]
+        d['next'] = self.next
+        return d
+
 
 __all__ = [
     "Error", "ErrorBody", "Health", "CreateSandbox", "Sandbox", "Recovery", "DataPlane",
@@ -1837,5 +1908,6 @@ __all__ = [
     "WorkerList", "CreateSnapshot", "Snapshot", "SnapshotList", "RestoreSandbox",
     "SetTimeout", "CheckpointPolicy", "Checkpoint", "CheckpointList", "ForkSandbox",
     "Template", "TemplateList", "BuildReport", "BuildEvent", "Network",
-    "SandboxMetrics", "UsageSample", "EgressEvent"
+    "SandboxMetrics", "UsageSample", "EgressEvent", "LifecycleEvent",
+    "LifecycleEventList"
 ]

@@ -1039,6 +1039,64 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The sandbox's ID. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List or follow one sandbox's lifecycle events.
+         * @description GET /v1/events for one sandbox of the caller's team (the same
+         *     query, but `sandbox`, `team` and `all`). A sandbox that is gone is
+         *     served while its events are kept; one the team never had is 404.
+         */
+        get: operations["sandboxEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List or follow sandboxes' lifecycle events.
+         * @description The lifecycle events of the caller's team's sandboxes, oldest
+         *     first: every change of a sandbox's state (recorded in the same
+         *     transaction as the change), and checkpoints, snapshots, restores,
+         *     forks and timeouts. Each has a cursor; pass the last one you have
+         *     as `after` to get what follows (`next` in the reply is the one to
+         *     pass). Events are kept for the server's event retention (30 days
+         *     by default), also after their sandbox is gone.
+         *
+         *     With `follow=true` the reply is a text/event-stream (server-sent
+         *     events) that does not end: every event from `after` (or the
+         *     `Last-Event-ID` header a reconnecting EventSource sends) on, then
+         *     each new one as it is recorded, as `id: <cursor>`, `event: <type>`
+         *     and `data: <LifecycleEvent JSON>`, and a `: keepalive` comment
+         *     every 15 seconds. `limit` does not apply.
+         */
+        get: operations["listEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/templates": {
         parameters: {
             query?: never;
@@ -2306,6 +2364,48 @@ export interface components {
             /** @description how many events the line stands for (absent: one); repeated refusals, DNS answers and pings to one destination are counted into one line every few seconds, the first written alone; time is then the last one's, and port is absent when they went to several ports (reason says which) */
             count?: number;
         };
+        /** @description One lifecycle event of a sandbox. */
+        LifecycleEvent: {
+            /** @description evt_ and the cursor */
+            id: string;
+            /** @description Orders the events; pass it as after= (or Last-Event-ID) to get what follows. */
+            cursor: string;
+            /** Format: date-time */
+            time: string;
+            /**
+             * @description A lifecycle event type. State changes: created, running (a create
+             *     or restore finished), paused, resumed (paused to running), resuming
+             *     (a suspended one being started), restoring (its VM being replaced
+             *     from a snapshot), recovering, recovered, stopping, stopped,
+             *     suspended, failed, deleted. Others: checkpointed (data:
+             *     snapshot_id, trigger), snapshotted (snapshot_id), restored
+             *     (snapshot_id), forked (child_id; the child gets its own created),
+             *     expired (its timeout passed; it is deleted or suspended next).
+             * @enum {string}
+             */
+            type: "created" | "running" | "paused" | "resumed" | "resuming" | "restoring" | "recovering" | "recovered" | "stopping" | "stopped" | "suspended" | "failed" | "deleted" | "checkpointed" | "snapshotted" | "restored" | "forked" | "expired";
+            sandbox_id: string;
+            team: string;
+            /** @description The state the sandbox reached; empty for an event that is not a change of state. */
+            state: string;
+            /** @description The state it left; empty for none. */
+            previous_state: string;
+            /** @description Who or what caused it: api_key:<key id>, policy:timeout, policy:checkpoints, leader:<replica>; empty if unknown. */
+            actor: string;
+            /** @description The request (X-Request-Id) or round of background work it came in. */
+            request_id: string;
+            /** @description Why, where there is more to say than the type (a failure's cause). */
+            reason: string;
+            /** @description Details of some types: snapshot_id and trigger (checkpointed), snapshot_id (snapshotted, restored), child_id (forked). */
+            data?: {
+                [key: string]: string;
+            };
+        };
+        LifecycleEventList: {
+            events: components["schemas"]["LifecycleEvent"][];
+            /** @description The cursor of the last event, or the after given when there is none: pass it as after= to continue. */
+            next: string;
+        };
     };
     responses: {
         /** @description The request is malformed (code invalid_argument; `field` names the culprit). */
@@ -2389,6 +2489,16 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
+        /** @description The events (a LifecycleEventList), or with follow=true a stream of them. */
+        Events: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["LifecycleEventList"];
+                "text/event-stream": string;
+            };
+        };
     };
     parameters: {
         /** @description The sandbox's ID. */
@@ -2407,6 +2517,19 @@ export interface components {
         FilePath: string;
         /** @description A TCP port number. */
         Port: number;
+        /**
+         * @description Only events of these types: repeat it or separate them by commas.
+         *     An unknown type is refused (400).
+         */
+        EventType: ("created" | "running" | "paused" | "resumed" | "resuming" | "restoring" | "recovering" | "recovered" | "stopping" | "stopped" | "suspended" | "failed" | "deleted" | "checkpointed" | "snapshotted" | "restored" | "forked" | "expired")[];
+        /** @description A cursor; only events after it. Absent or 0 = from the oldest kept. */
+        EventAfter: string;
+        /** @description The most events to return. */
+        EventLimit: number;
+        /** @description true streams the events as server-sent events, live (see GET /v1/events). */
+        EventFollow: boolean;
+        /** @description The cursor of the last event a reconnecting EventSource got; takes precedence over `after`. */
+        LastEventID: string;
     };
     requestBodies: never;
     headers: never;
@@ -3942,6 +4065,75 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             503: components["responses"]["Unavailable"];
+        };
+    };
+    sandboxEvents: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Only events of these types: repeat it or separate them by commas.
+                 *     An unknown type is refused (400).
+                 */
+                type?: components["parameters"]["EventType"];
+                /** @description A cursor; only events after it. Absent or 0 = from the oldest kept. */
+                after?: components["parameters"]["EventAfter"];
+                /** @description The most events to return. */
+                limit?: components["parameters"]["EventLimit"];
+                /** @description true streams the events as server-sent events, live (see GET /v1/events). */
+                follow?: components["parameters"]["EventFollow"];
+            };
+            header?: {
+                /** @description The cursor of the last event a reconnecting EventSource got; takes precedence over `after`. */
+                "Last-Event-ID"?: components["parameters"]["LastEventID"];
+            };
+            path: {
+                /** @description The sandbox's ID. */
+                id: components["parameters"]["SandboxID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: components["responses"]["Events"];
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    listEvents: {
+        parameters: {
+            query?: {
+                /** @description Another team's events (admin keys only). */
+                team?: string;
+                /** @description Every team's events (admin keys only). */
+                all?: boolean;
+                /** @description One sandbox's events. */
+                sandbox?: string;
+                /**
+                 * @description Only events of these types: repeat it or separate them by commas.
+                 *     An unknown type is refused (400).
+                 */
+                type?: components["parameters"]["EventType"];
+                /** @description A cursor; only events after it. Absent or 0 = from the oldest kept. */
+                after?: components["parameters"]["EventAfter"];
+                /** @description The most events to return. */
+                limit?: components["parameters"]["EventLimit"];
+                /** @description true streams the events as server-sent events, live (see GET /v1/events). */
+                follow?: components["parameters"]["EventFollow"];
+            };
+            header?: {
+                /** @description The cursor of the last event a reconnecting EventSource got; takes precedence over `after`. */
+                "Last-Event-ID"?: components["parameters"]["LastEventID"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: components["responses"]["Events"];
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["PermissionDenied"];
         };
     };
     listTemplates: {
