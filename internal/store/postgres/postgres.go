@@ -354,18 +354,17 @@ func (s *Store) createSandbox(ctx context.Context, fence *store.Lease, q *store.
 	sb.Created = store.StoredTime(time.Now())
 	sb.Updated = sb.Created
 	sb.Version = 1
-	if fence != nil || q != nil {
-		err = s.tx(ctx, fence, func(tx pgx.Tx) error {
-			if q != nil {
-				if err := admit(ctx, tx, *q, &sb); err != nil {
-					return err
-				}
+	err = s.tx(ctx, fence, func(tx pgx.Tx) error {
+		if q != nil {
+			if err := admit(ctx, tx, *q, &sb); err != nil {
+				return err
 			}
-			return insertSandbox(ctx, tx, &sb, labels)
-		})
-	} else {
-		err = insertSandbox(ctx, s.pool, &sb, labels)
-	}
+		}
+		if err := insertSandbox(ctx, tx, &sb, labels); err != nil {
+			return err
+		}
+		return recordState(ctx, tx, "", sb)
+	})
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
@@ -450,20 +449,22 @@ func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, q *store.
 	sb = clean(sb)
 	sb.Updated = store.StoredTime(time.Now())
 	var out store.Sandbox
-	if fence != nil || q != nil {
-		err = s.tx(ctx, fence, func(tx pgx.Tx) error {
-			if q != nil {
-				if err := admitResume(ctx, tx, *q, &sb); err != nil {
-					return err
-				}
+	err = s.tx(ctx, fence, func(tx pgx.Tx) error {
+		if q != nil {
+			if err := admitResume(ctx, tx, *q, &sb); err != nil {
+				return err
 			}
-			var err error
-			out, err = casSandbox(ctx, tx, &sb, labels)
+		}
+		var (
+			prev string
+			err  error
+		)
+		out, prev, err = casSandbox(ctx, tx, &sb, labels)
+		if err != nil {
 			return err
-		})
-	} else {
-		out, err = casSandbox(ctx, s.pool, &sb, labels)
-	}
+		}
+		return recordState(ctx, tx, store.SandboxState(prev), out)
+	})
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("update sandbox %s: %w", sb.ID, err)
 	}
@@ -471,28 +472,30 @@ func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, q *store.
 }
 
 // casSandbox writes sb's mutable fields if the stored version is still
-// sb.Version.
-func casSandbox(ctx context.Context, q querier, sb *store.Sandbox, labels string) (store.Sandbox, error) {
-	// One statement: the row lock makes a concurrent update with the
-	// same version re-check the WHERE clause and match nothing.
-	out, err := scanSandbox(q.QueryRow(ctx, `UPDATE sandboxes
+// sb.Version, and returns the new record and the state it replaced. It
+// runs in a transaction: it locks the row first, so the state it reads is
+// the one the update replaces (the update, a new statement under READ
+// COMMITTED, sees the row as locked).
+func casSandbox(ctx context.Context, tx pgx.Tx, sb *store.Sandbox, labels string) (store.Sandbox, string, error) {
+	var prev string
+	err := tx.QueryRow(ctx, `SELECT state FROM sandboxes WHERE team_id = $1 AND id = $2 FOR NO KEY UPDATE`,
+		sb.TeamID, sb.ID).Scan(&prev)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Sandbox{}, "", store.ErrNotFound
+	}
+	if err != nil {
+		return store.Sandbox{}, "", fmt.Errorf("lock sandbox: %w", err)
+	}
+	out, err := scanSandbox(tx.QueryRow(ctx, `UPDATE sandboxes
 		SET state = $1, worker_id = $2, spec = $3, handle = $4, labels = $5::jsonb, updated = $6, expires = $7, version = version + 1
 		WHERE team_id = $8 AND id = $9 AND version = $10
 		RETURNING `+sandboxColumns,
 		string(sb.State), sb.WorkerID, []byte(sb.Spec), []byte(sb.Handle), labels, sb.Updated, nullTime(sb.Expires),
 		sb.TeamID, sb.ID, sb.Version))
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return out, err
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Sandbox{}, "", fmt.Errorf("at version %d: %w", sb.Version, store.ErrVersionConflict)
 	}
-	var exists bool
-	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE team_id = $1 AND id = $2)`,
-		sb.TeamID, sb.ID).Scan(&exists); err != nil {
-		return store.Sandbox{}, err
-	}
-	if !exists {
-		return store.Sandbox{}, store.ErrNotFound
-	}
-	return store.Sandbox{}, fmt.Errorf("at version %d: %w", sb.Version, store.ErrVersionConflict)
+	return out, prev, err
 }
 
 // DeleteSandbox implements [store.Sandboxes].
@@ -502,8 +505,13 @@ func (s *Store) DeleteSandbox(ctx context.Context, teamID, id string) error {
 
 // deleteSandbox is DeleteSandbox, fenced by fence unless it is nil.
 func (s *Store) deleteSandbox(ctx context.Context, fence *store.Lease, teamID, id string) error {
-	err := s.write(ctx, fence, func(q querier) error {
-		return deleted(q.Exec(ctx, `DELETE FROM sandboxes WHERE team_id = $1 AND id = $2`, teamID, id))
+	err := s.tx(ctx, fence, func(tx pgx.Tx) error {
+		var prev string
+		err := tx.QueryRow(ctx, `DELETE FROM sandboxes WHERE team_id = $1 AND id = $2 RETURNING state`, teamID, id).Scan(&prev)
+		if err != nil {
+			return notFound(err)
+		}
+		return recordState(ctx, tx, store.SandboxState(prev), store.Sandbox{ID: id, TeamID: teamID, State: store.StateDeleted})
 	})
 	if err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)

@@ -458,7 +458,10 @@ func (s *Store) createSandbox(ctx context.Context, fence *store.Lease, q *store.
 		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			sb.ID, sb.TeamID, sb.Template, sb.State, sb.WorkerID, []byte(sb.Spec), nullBytes(sb.Handle),
 			labels, micros(sb.Created), micros(sb.Updated), nullMicros(sb.Expires), sb.Version, sb.VCPUs, sb.MemoryMiB)
-		return mapErr(err, "team "+sb.TeamID)
+		if err != nil {
+			return mapErr(err, "team "+sb.TeamID)
+		}
+		return recordState(ctx, tx, "", sb)
 	})
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("create sandbox %s: %w", sb.ID, err)
@@ -588,12 +591,23 @@ func (s *Store) updateSandbox(ctx context.Context, fence *store.Lease, q *store.
 				return err
 			}
 		}
+		// The write connection serializes transactions: the state read
+		// here is the one the update replaces.
+		var prev string
+		err := tx.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE team_id = ? AND id = ? AND version = ?`,
+			sb.TeamID, sb.ID, sb.Version).Scan(&prev)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("read state: %w", err)
+		}
 		out, err = scanSandbox(tx.QueryRowContext(ctx, `UPDATE sandboxes
 			SET state = ?, worker_id = ?, spec = ?, handle = ?, labels = ?, updated_us = ?, expires_us = ?, version = version + 1
 			WHERE team_id = ? AND id = ? AND version = ?
 			RETURNING `+sandboxColumns,
 			sb.State, sb.WorkerID, []byte(sb.Spec), nullBytes(sb.Handle), labels, micros(sb.Updated), nullMicros(sb.Expires),
 			sb.TeamID, sb.ID, sb.Version))
+		if err == nil {
+			return recordState(ctx, tx, store.SandboxState(prev), out)
+		}
 		if !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
@@ -620,7 +634,15 @@ func (s *Store) DeleteSandbox(ctx context.Context, teamID, id string) error {
 // deleteSandbox is DeleteSandbox, fenced by fence unless it is nil.
 func (s *Store) deleteSandbox(ctx context.Context, fence *store.Lease, teamID, id string) error {
 	err := s.writeFenced(ctx, fence, func(tx *sql.Tx) error {
-		return deleted(tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE team_id = ? AND id = ?`, teamID, id))
+		var prev string
+		err := tx.QueryRowContext(ctx, `DELETE FROM sandboxes WHERE team_id = ? AND id = ? RETURNING state`, teamID, id).Scan(&prev)
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		return recordState(ctx, tx, store.SandboxState(prev), store.Sandbox{ID: id, TeamID: teamID, State: store.StateDeleted})
 	})
 	if err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
