@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -169,4 +170,18 @@ func TruncatedDeliveryError(e string) string {
 		return e[:maxDeliveryError]
 	}
 	return e
+}
+
+// WebhookDisabledReason is the DisabledReason of a webhook the store
+// disabled after failures consecutive failed attempts, the last being d.
+func WebhookDisabledReason(failures int, d WebhookDelivery) string {
+	last := d.Error
+	if last == "" {
+		last = fmt.Sprintf("status %d", d.StatusCode)
+	}
+	r := fmt.Sprintf("disabled after %d consecutive failed delivery attempts; the last (event %d, attempt %d): %s", failures, d.EventSeq, d.Attempt, last)
+	if len(r) > maxDisabledMessage {
+		r = r[:maxDisabledMessage]
+	}
+	return r
 }
