@@ -186,6 +186,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"Network": Network{}, "EgressEvent": EgressEvent{},
 		"CreateSecret": CreateSecret{}, "Secret": Secret{}, "SecretList": SecretList{}, "SecretGrants": SecretGrants{},
 		"SetTimeout": SetTimeout{},
+		"CreateWebhook": CreateWebhook{}, "UpdateWebhook": UpdateWebhook{}, "Webhook": Webhook{}, "WebhookList": WebhookList{},
+		"WebhookDelivery": WebhookDelivery{}, "WebhookDeliveryList": WebhookDeliveryList{},
 	}
 	doc := loadSpec(t)
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -183,6 +184,9 @@ func (d *Dispatcher) deliverAll(ctx context.Context, h store.Webhook) {
 		for _, ev := range evs {
 			if ev.ID == "" {
 				ev.ID = EventID(ev.Seq)
+			}
+			if ev.Cursor == "" {
+				ev.Cursor = strconv.FormatInt(ev.Seq, 10)
 			}
 			if !d.deliver(ctx, log, h, ev) {
 				return

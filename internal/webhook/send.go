@@ -11,25 +11,29 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"space/internal/store"
 )
 
 // Event is one lifecycle event as a webhook receives it: the body of a
-// delivery.
+// delivery. Its JSON is the events API's (api.LifecycleEvent), so a
+// receiver parses both alike.
 type Event struct {
 	// ID is "evt_<seq>", or "ping_…" for a ping; also sent as HeaderID.
 	ID string `json:"id"`
-	// Seq is the event's position in the control plane's event log (its
-	// cursor); 0 for a ping.
-	Seq           int64           `json:"seq"`
-	Type          string          `json:"type"`
+	// Seq is the event's position in the control plane's event log; 0
+	// for a ping. It is sent as Cursor, a decimal string.
+	Seq           int64           `json:"-"`
+	Cursor        string          `json:"cursor"`
 	Time          time.Time       `json:"time"`
-	SandboxID     string          `json:"sandbox_id,omitempty"`
+	Type          string          `json:"type"`
+	SandboxID     string          `json:"sandbox_id"`
 	Team          string          `json:"team"`
-	State         string          `json:"state,omitempty"`
-	PreviousState string          `json:"previous_state,omitempty"`
-	Actor         string          `json:"actor,omitempty"`
-	RequestID     string          `json:"request_id,omitempty"`
-	Reason        string          `json:"reason,omitempty"`
+	State         string          `json:"state"`
+	PreviousState string          `json:"previous_state"`
+	Actor         string          `json:"actor"`
+	RequestID     string          `json:"request_id"`
+	Reason        string          `json:"reason"`
 	Data          json.RawMessage `json:"data,omitempty"`
 }
 
@@ -149,4 +153,46 @@ func (s *Sender) send(ctx context.Context, url, secret string, ev Event) Result 
 		return Result{StatusCode: resp.StatusCode, Err: fmt.Errorf("receiver answered %s", resp.Status)}
 	}
 	return Result{StatusCode: resp.StatusCode}
+}
+
+// FromStore is e as a webhook receives it.
+func FromStore(e store.Event) Event {
+	return Event{
+		ID:            EventID(e.Seq),
+		Seq:           e.Seq,
+		Cursor:        strconv.FormatInt(e.Seq, 10),
+		Time:          e.Time.UTC(),
+		Type:          e.Type,
+		SandboxID:     e.SandboxID,
+		Team:          e.TeamID,
+		State:         string(e.State),
+		PreviousState: string(e.Prev),
+		Actor:         e.Actor,
+		RequestID:     e.RequestID,
+		Reason:        e.Reason,
+		Data:          e.Data,
+	}
+}
+
+// StoreEvents is a [Source] reading the store's event log.
+type StoreEvents struct {
+	Store interface {
+		ListEvents(ctx context.Context, q store.EventQuery) ([]store.Event, error)
+	}
+}
+
+// Events implements [Source].
+func (s StoreEvents) Events(ctx context.Context, teamID string, types []string, after int64, limit int) ([]Event, error) {
+	if teamID == "" {
+		return nil, errors.New("webhook events: no team") // "" would list every team's
+	}
+	evs, err := s.Store.ListEvents(ctx, store.EventQuery{TeamID: teamID, Types: types, After: after, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Event, len(evs))
+	for i, e := range evs {
+		out[i] = FromStore(e)
+	}
+	return out, nil
 }
