@@ -185,7 +185,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"BuildReport": BuildReport{}, "BuildEvent": BuildEvent{},
 		"Network": Network{}, "EgressEvent": EgressEvent{},
 		"CreateSecret": CreateSecret{}, "Secret": Secret{}, "SecretList": SecretList{}, "SecretGrants": SecretGrants{},
-		"SetTimeout": SetTimeout{},
+		"SetTimeout":    SetTimeout{},
 		"CreateWebhook": CreateWebhook{}, "UpdateWebhook": UpdateWebhook{}, "Webhook": Webhook{}, "WebhookList": WebhookList{},
 		"WebhookDelivery": WebhookDelivery{}, "WebhookDeliveryList": WebhookDeliveryList{},
 	}
