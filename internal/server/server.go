@@ -141,6 +141,11 @@ type Config struct {
 	// from their latest checkpoints (controlplane.Config.RecoverAfter);
 	// 0 = 30s, negative = never.
 	RecoverAfter time.Duration
+	// Webhooks configures the delivery of the teams' webhooks
+	// (controlplane.WebhookConfig: whether they may reach private
+	// addresses, how many failures disable one); the zero value is the
+	// production setting.
+	Webhooks controlplane.WebhookConfig
 	// NoWorker runs the control plane alone, with no embedded worker:
 	// sandboxes run on standalone workers only (`space worker`). For
 	// replicas of one control plane on PostgreSQL.
@@ -366,7 +371,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints, RecoverAfter: cfg.RecoverAfter,
-		Metrics: reg,
+		Webhooks: cfg.Webhooks, Metrics: reg,
 	})
 	if err != nil {
 		return err
