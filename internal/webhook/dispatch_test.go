@@ -3,126 +3,87 @@ package webhook
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"space/internal/store"
+	"space/internal/store/sqlite"
 	"space/internal/testenv"
 )
 
 func testNow() time.Time { return time.Now() }
 
-// memSource is an in-memory event log.
-type memSource struct {
-	mu sync.Mutex
-	// +checklocks:mu
-	evs []Event
+// testStore is a real store (SQLite) holding teams t1 and t2, the
+// dispatcher's event source and webhooks.
+type testStore struct {
+	t  *testing.T
+	st store.Store
 }
 
-func (s *memSource) add(team, typ, sandboxID string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.evs = append(s.evs, Event{Seq: int64(len(s.evs) + 1), Type: typ, Time: time.Now().UTC(), Team: team, SandboxID: sandboxID})
-}
-
-func (s *memSource) Events(_ context.Context, team string, types []string, after int64, limit int) ([]Event, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []Event
-	for _, e := range s.evs {
-		if e.Seq > after && e.Team == team && (len(types) == 0 || slices.Contains(types, e.Type)) && len(out) < limit {
-			out = append(out, e)
+func newTestStore(t *testing.T) *testStore {
+	t.Helper()
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "space.db"))
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	for _, team := range []string{"t1", "t2"} {
+		if _, err := st.CreateTeam(t.Context(), store.Team{ID: team}); err != nil {
+			t.Fatalf("setup: %v", err)
 		}
 	}
-	return out, nil
+	return &testStore{t: t, st: st}
 }
 
-// memHooks keeps webhooks as the store does (see store.Webhooks), in
-// memory: the store's own conformance suite checks the real ones.
-type memHooks struct {
-	mu sync.Mutex
-	// +checklocks:mu
-	hooks []store.Webhook
-	// +checklocks:mu
-	log []store.WebhookDelivery
-}
-
-func (m *memHooks) add(h store.Webhook) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	h.Enabled = true
-	h.Updated = time.Now()
-	m.hooks = append(m.hooks, h)
-}
-
-func (m *memHooks) hook(id string) store.Webhook {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, h := range m.hooks {
-		if h.ID == id {
-			return h
-		}
+// add appends an event of type typ about sandbox sbx of team and returns
+// its ID.
+func (ts *testStore) add(team, typ, sbx string) string {
+	ts.t.Helper()
+	e, err := ts.st.AppendEvent(ts.t.Context(), store.Event{Type: typ, TeamID: team, SandboxID: sbx})
+	if err != nil {
+		ts.t.Fatalf("setup: AppendEvent: %v", err)
 	}
-	return store.Webhook{}
+	return EventID(e.Seq)
 }
 
-func (m *memHooks) deliveries(id string) []store.WebhookDelivery {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []store.WebhookDelivery
-	for _, d := range m.log {
-		if d.WebhookID == id {
-			out = append(out, d)
-		}
+// hook creates an enabled webhook of team t1 to url with types.
+func (ts *testStore) hook(url string, types ...string) store.Webhook {
+	ts.t.Helper()
+	h, err := ts.st.CreateWebhook(ts.t.Context(), store.Webhook{ID: store.NewWebhookID(), TeamID: "t1", URL: url,
+		Secret: NewSecret(), Types: types, Enabled: true})
+	if err != nil {
+		ts.t.Fatalf("setup: CreateWebhook: %v", err)
 	}
-	return out
+	return h
 }
 
-func (m *memHooks) EnabledWebhooks(context.Context) ([]store.Webhook, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []store.Webhook
-	for _, h := range m.hooks {
-		if h.Enabled {
-			out = append(out, h)
-		}
+// get returns webhook h as stored now.
+func (ts *testStore) get(h store.Webhook) store.Webhook {
+	ts.t.Helper()
+	got, err := ts.st.Webhook(context.Background(), h.TeamID, h.ID)
+	if err != nil {
+		ts.t.Fatalf("Webhook(%s) = %v", h.ID, err)
 	}
-	return out, nil
+	return got
 }
 
-func (m *memHooks) AddWebhookDelivery(_ context.Context, d store.WebhookDelivery, disableAfter int) (store.Webhook, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	d.ID = int64(len(m.log) + 1)
-	d.Time = time.Now()
-	m.log = append(m.log, d)
-	for i := range m.hooks {
-		h := &m.hooks[i]
-		if h.ID != d.WebhookID {
-			continue
-		}
-		switch {
-		case d.EventSeq == 0:
-		case d.Delivered:
-			h.Cursor = max(h.Cursor, d.EventSeq)
-			h.Failures = 0
-		default:
-			h.Failures++
-			if disableAfter > 0 && h.Failures >= disableAfter {
-				h.Enabled = false
-				h.DisabledReason = fmt.Sprintf("%d consecutive failed attempts", h.Failures)
-			}
-		}
-		return *h, nil
+// deliveries returns h's delivery log, oldest first.
+func (ts *testStore) deliveries(h store.Webhook) []store.WebhookDelivery {
+	ts.t.Helper()
+	log, err := ts.st.WebhookDeliveries(context.Background(), h.TeamID, h.ID, 0)
+	if err != nil {
+		ts.t.Fatalf("WebhookDeliveries(%s) = %v", h.ID, err)
 	}
-	return store.Webhook{}, store.ErrNotFound
+	slices.Reverse(log)
+	return log
 }
 
 // received is one request a receiver got.
@@ -185,13 +146,13 @@ func (rc *receiver) delivered() []string {
 
 // startDispatcher runs a dispatcher with millisecond timings until the
 // test ends.
-func startDispatcher(t *testing.T, src Source, hooks Hooks, mod func(*Config)) {
+func startDispatcher(t *testing.T, ts *testStore, mod func(*Config)) {
 	t.Helper()
 	s, err := NewSender(SenderConfig{Guard: &Guard{AllowPrivate: true}, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	cfg := Config{Source: src, Hooks: hooks, Sender: s, Poll: 5 * time.Millisecond, FirstBackoff: 5 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}
+	cfg := Config{Source: StoreEvents{Store: ts.st}, Hooks: ts.st, Sender: s, Poll: 5 * time.Millisecond, FirstBackoff: 5 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -212,38 +173,38 @@ func startDispatcher(t *testing.T, src Source, hooks Hooks, mod func(*Config)) {
 }
 
 func TestDispatcherDeliversSignedInOrder(t *testing.T) {
-	src, hooks := &memSource{}, &memHooks{}
+	ts := newTestStore(t)
 	rc := newReceiver(t, nil)
-	secret := NewSecret()
-	hooks.add(store.Webhook{ID: "whk_a", TeamID: "t1", URL: rc.srv.URL, Secret: secret, Types: []string{"sandbox.created", "sandbox.running"}})
-	src.add("t1", "sandbox.created", "sbx_1")
-	src.add("t2", "sandbox.created", "sbx_other") // another team's
-	src.add("t1", "sandbox.deleted", "sbx_1")     // a type not subscribed
-	src.add("t1", "sandbox.running", "sbx_1")
-	startDispatcher(t, src, hooks, nil)
+	h := ts.hook(rc.srv.URL, "created", "running")
+	sbx := store.NewSandboxID()
+	first := ts.add("t1", "created", sbx)
+	ts.add("t2", "created", store.NewSandboxID()) // another team's
+	ts.add("t1", "deleted", sbx)                  // a type not subscribed
+	last := ts.add("t1", "running", sbx)
+	startDispatcher(t, ts, nil)
 
-	testenv.Eventually(t, 5*time.Second, func() bool { return hooks.hook("whk_a").Cursor == 4 })
-	if got, want := rc.delivered(), []string{"evt_1", "evt_4"}; !slices.Equal(got, want) {
+	testenv.Eventually(t, 5*time.Second, func() bool { return EventID(ts.get(h).Cursor) == last })
+	if got, want := rc.delivered(), []string{first, last}; !slices.Equal(got, want) {
 		t.Fatalf("delivered %v, want %v", got, want)
 	}
 	for _, r := range rc.requests() {
-		if err := Verify(secret, r.header, r.body, time.Now(), 0); err != nil {
+		if err := Verify(h.Secret, r.header, r.body, time.Now(), 0); err != nil {
 			t.Errorf("Verify(delivery of %s) = %v, want nil", r.ev.ID, err)
 		}
 		if err := Verify(NewSecret(), r.header, r.body, time.Now(), 0); err == nil {
 			t.Errorf("Verify(delivery of %s, another secret) = nil, want an error", r.ev.ID)
 		}
-		if err := Verify(secret, r.header, r.body, time.Now().Add(10*time.Minute), 0); err == nil {
+		if err := Verify(h.Secret, r.header, r.body, time.Now().Add(10*time.Minute), 0); err == nil {
 			t.Errorf("Verify(delivery of %s, 10 minutes later) = nil, want an error", r.ev.ID)
 		}
 		if got := r.header.Get(HeaderID); got != r.ev.ID {
 			t.Errorf("%s = %q, want the event's ID %q", HeaderID, got, r.ev.ID)
 		}
-		if r.ev.Team != "t1" || r.ev.SandboxID != "sbx_1" || r.header.Get("Content-Type") != "application/json" {
-			t.Errorf("delivery %s: team %q sandbox %q content type %q", r.ev.ID, r.ev.Team, r.ev.SandboxID, r.header.Get("Content-Type"))
+		if r.ev.Team != "t1" || r.ev.SandboxID != sbx || r.ev.Cursor == "" || r.header.Get("Content-Type") != "application/json" {
+			t.Errorf("delivery %s: team %q sandbox %q cursor %q content type %q", r.ev.ID, r.ev.Team, r.ev.SandboxID, r.ev.Cursor, r.header.Get("Content-Type"))
 		}
 	}
-	for _, d := range hooks.deliveries("whk_a") {
+	for _, d := range ts.deliveries(h) {
 		if !d.Delivered || d.Attempt != 1 || d.StatusCode != http.StatusNoContent {
 			t.Errorf("delivery log entry %+v, want a first attempt delivered with 204", d)
 		}
@@ -261,12 +222,13 @@ func TestDispatcherRetriesUntilUp(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close() // down: connections are refused
 
-	src, hooks := &memSource{}, &memHooks{}
-	hooks.add(store.Webhook{ID: "whk_down", TeamID: "t1", URL: "http://" + addr + "/hook", Secret: "whsec_s"})
-	src.add("t1", "sandbox.created", "sbx_1")
-	src.add("t1", "sandbox.running", "sbx_1")
-	startDispatcher(t, src, hooks, nil)
-	testenv.Eventually(t, 5*time.Second, func() bool { return len(hooks.deliveries("whk_down")) >= 3 })
+	ts := newTestStore(t)
+	h := ts.hook("http://" + addr + "/hook")
+	sbx := store.NewSandboxID()
+	first := ts.add("t1", "created", sbx)
+	second := ts.add("t1", "running", sbx)
+	startDispatcher(t, ts, nil)
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(ts.deliveries(h)) >= 3 })
 
 	// Up again, but failing twice more before it takes the event.
 	rc := &receiver{answer: func(n int) int {
@@ -284,37 +246,37 @@ func TestDispatcherRetriesUntilUp(t *testing.T) {
 	go srv.Serve(l2)
 	t.Cleanup(func() { srv.Close() })
 
-	testenv.Eventually(t, 5*time.Second, func() bool { return hooks.hook("whk_down").Cursor == 2 })
+	testenv.Eventually(t, 5*time.Second, func() bool { return EventID(ts.get(h).Cursor) == second })
 	reqs := rc.requests()
 	if len(reqs) != 4 {
-		t.Fatalf("receiver got %d requests, want 4 (two refused, evt_1, evt_2)", len(reqs))
+		t.Fatalf("receiver got %d requests, want 4 (two refused, then both events)", len(reqs))
 	}
-	for i, want := range []string{"evt_1", "evt_1", "evt_1", "evt_2"} {
+	for i, want := range []string{first, first, first, second} {
 		if got := reqs[i].header.Get(HeaderID); got != want {
 			t.Errorf("request %d: %s = %q, want %q", i+1, HeaderID, got, want)
 		}
 	}
-	log := hooks.deliveries("whk_down")
+	log := ts.deliveries(h)
 	var attempts []int
 	for _, d := range log {
-		if d.EventSeq == 1 {
+		if EventID(d.EventSeq) == first {
 			attempts = append(attempts, d.Attempt)
 		}
 	}
 	for i, a := range attempts {
 		if a != i+1 {
-			t.Fatalf("attempts logged for evt_1: %v, want 1, 2, 3, …", attempts)
+			t.Fatalf("attempts logged for %s: %v, want 1, 2, 3, …", first, attempts)
 		}
 	}
-	first, last := log[0], log[len(log)-1]
-	if first.Delivered || first.StatusCode != 0 || first.Error == "" {
-		t.Errorf("first attempt logged as %+v, want a connection error", first)
+	head, tail := log[0], log[len(log)-1]
+	if head.Delivered || head.StatusCode != 0 || head.Error == "" {
+		t.Errorf("first attempt logged as %+v, want a connection error", head)
 	}
-	if !last.Delivered || last.EventSeq != 2 || last.StatusCode != http.StatusOK {
-		t.Errorf("last attempt logged as %+v, want evt_2 delivered with 200", last)
+	if !tail.Delivered || EventID(tail.EventSeq) != second || tail.StatusCode != http.StatusOK {
+		t.Errorf("last attempt logged as %+v, want %s delivered with 200", tail, second)
 	}
-	if h := hooks.hook("whk_down"); h.Failures != 0 || !h.Enabled {
-		t.Errorf("hook after delivery: failures %d enabled %v, want 0 and true", h.Failures, h.Enabled)
+	if got := ts.get(h); got.Failures != 0 || !got.Enabled {
+		t.Errorf("hook after delivery: failures %d enabled %v, want 0 and true", got.Failures, got.Enabled)
 	}
 }
 
@@ -330,42 +292,42 @@ func TestDispatcherHungReceiver(t *testing.T) {
 	}))
 	t.Cleanup(hung.Close)
 	t.Cleanup(func() { close(release) })
-	src, hooks := &memSource{}, &memHooks{}
+	ts := newTestStore(t)
 	rc := newReceiver(t, nil)
-	hooks.add(store.Webhook{ID: "whk_hung", TeamID: "t1", URL: hung.URL, Secret: "whsec_s"})
-	hooks.add(store.Webhook{ID: "whk_fine", TeamID: "t1", URL: rc.srv.URL, Secret: "whsec_s"})
-	startDispatcher(t, src, hooks, nil)
+	stuck := ts.hook(hung.URL)
+	ts.hook(rc.srv.URL)
+	startDispatcher(t, ts, nil)
 	start := time.Now()
 	for range 5 {
-		src.add("t1", "sandbox.created", "sbx_1")
+		ts.add("t1", "created", store.NewSandboxID())
 	}
 	testenv.Eventually(t, 5*time.Second, func() bool { return len(rc.delivered()) == 5 })
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("the fine receiver got 5 events in %v while the other hung, want well under 3s", d)
 	}
-	if h := hooks.hook("whk_hung"); h.Cursor != 0 {
-		t.Errorf("hung hook's cursor = %d, want 0", h.Cursor)
+	if got := ts.get(stuck); got.Cursor != 0 {
+		t.Errorf("hung hook's cursor = %d, want 0", got.Cursor)
 	}
 }
 
 func TestDispatcherDisablesAfterFailures(t *testing.T) {
-	src, hooks := &memSource{}, &memHooks{}
+	ts := newTestStore(t)
 	rc := newReceiver(t, func(int) int { return http.StatusInternalServerError })
-	hooks.add(store.Webhook{ID: "whk_bad", TeamID: "t1", URL: rc.srv.URL, Secret: "whsec_s"})
-	src.add("t1", "sandbox.created", "sbx_1")
-	startDispatcher(t, src, hooks, func(c *Config) { c.DisableAfter = 3 })
+	h := ts.hook(rc.srv.URL)
+	first := ts.add("t1", "created", store.NewSandboxID())
+	startDispatcher(t, ts, func(c *Config) { c.DisableAfter = 3 })
 
-	testenv.Eventually(t, 5*time.Second, func() bool { return !hooks.hook("whk_bad").Enabled })
-	h := hooks.hook("whk_bad")
-	if h.DisabledReason == "" || h.Cursor != 0 || h.Failures != 3 {
-		t.Errorf("disabled hook: %+v, want a reason, cursor 0 and 3 failures", h)
+	testenv.Eventually(t, 5*time.Second, func() bool { return !ts.get(h).Enabled })
+	got := ts.get(h)
+	if !strings.Contains(got.DisabledReason, "3 consecutive failed") || got.Cursor != 0 || got.Failures != 3 {
+		t.Errorf("disabled hook: %+v, want a reason, cursor 0 and 3 failures", got)
 	}
-	log := hooks.deliveries("whk_bad")
+	log := ts.deliveries(h)
 	if len(log) != 3 {
 		t.Fatalf("delivery log has %d attempts, want 3", len(log))
 	}
 	for i, d := range log {
-		if d.Attempt != i+1 || d.StatusCode != http.StatusInternalServerError || d.Delivered || d.Error == "" || d.EventSeq != 1 {
+		if d.Attempt != i+1 || d.StatusCode != http.StatusInternalServerError || d.Delivered || d.Error == "" || EventID(d.EventSeq) != first {
 			t.Errorf("attempt %d logged as %+v", i+1, d)
 		}
 	}
@@ -374,5 +336,15 @@ func TestDispatcherDisablesAfterFailures(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // ten polls: nothing may happen, so there is nothing to wait for
 	if got := len(rc.requests()); got != n {
 		t.Errorf("a disabled hook's receiver got %d more requests", got-n)
+	}
+
+	// Enabled again, it resumes with the same event.
+	got.Enabled, got.DisabledReason = true, ""
+	if _, err := ts.st.UpdateWebhook(t.Context(), got); err != nil {
+		t.Fatalf("UpdateWebhook(enable) = %v", err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(rc.requests()) > n })
+	if id := rc.requests()[n].header.Get(HeaderID); id != first {
+		t.Errorf("after re-enabling, the first delivery is %s, want %s", id, first)
 	}
 }
