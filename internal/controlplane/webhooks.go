@@ -296,7 +296,7 @@ func (s *Server) handleTestWebhook(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res := s.hookSender.Send(r.Context(), hook.URL, hook.Secret, webhook.Ping(hook.TeamID, s.now()))
+	res := s.hookSender.Send(r.Context(), hook, webhook.Ping(hook.TeamID, s.now()))
 	d := store.WebhookDelivery{WebhookID: hook.ID, EventType: webhook.PingType, Attempt: 1,
 		StatusCode: res.StatusCode, Duration: res.Duration, Delivered: res.Delivered()}
 	if res.Err != nil {

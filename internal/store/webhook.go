@@ -24,7 +24,7 @@ type Webhooks interface {
 	// by creation: what the dispatcher delivers to.
 	EnabledWebhooks(ctx context.Context) ([]Webhook, error)
 	// UpdateWebhook replaces the fields a user changes (URL, Types,
-	// Description, Enabled, DisabledReason) of w.TeamID's webhook w.ID
+	// Description, Secret, Enabled, DisabledReason) of w.TeamID's webhook w.ID
 	// and returns the new record with Updated set to now. Enabling a
 	// disabled webhook sets its Failures to 0. The delivery state
 	// (Cursor, Failures otherwise) is the store's: see
@@ -65,6 +65,9 @@ type Webhook struct {
 	Description string
 	// Secret keys the signatures: 1 to 256 bytes.
 	Secret string
+	// Format is how deliveries are written and signed: "" for SPACE's
+	// (package webhook), "e2b" for E2B's (served by the E2B facade).
+	Format string
 	// Enabled is false once the user or the dispatcher disabled it.
 	Enabled bool
 	// DisabledReason says why the dispatcher disabled it, or "".
@@ -97,6 +100,9 @@ type WebhookDelivery struct {
 	// Delivered is whether the receiver took it (a 2xx status).
 	Delivered bool
 }
+
+// WebhookFormatE2B is the [Webhook.Format] of E2B's deliveries.
+const WebhookFormatE2B = "e2b"
 
 // WebhookDeliveriesKept is how many delivery attempts the log keeps per
 // webhook: older ones are pruned as new ones come.
@@ -135,6 +141,8 @@ func (w *Webhook) Validate() error {
 		return invalid("webhook %s: description longer than %d bytes", w.ID, maxWebhookNote)
 	case w.Secret == "" || len(w.Secret) > maxWebhookSecret:
 		return invalid("webhook %s: secret of %d bytes (1 to %d)", w.ID, len(w.Secret), maxWebhookSecret)
+	case w.Format != "" && w.Format != WebhookFormatE2B:
+		return invalid("webhook %s: format %q", w.ID, w.Format)
 	case len(w.DisabledReason) > maxDisabledMessage:
 		return invalid("webhook %s: disabled reason longer than %d bytes", w.ID, maxDisabledMessage)
 	case w.Cursor < 0 || w.Failures < 0:

@@ -206,7 +206,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, h store.Webhook) {
 // or h is disabled or deleted (false). Every attempt is logged.
 func (d *Dispatcher) deliver(ctx context.Context, log *slog.Logger, h store.Webhook, ev Event) bool {
 	for attempt := 1; ; attempt++ {
-		res := d.cfg.Sender.Send(ctx, h.URL, h.Secret, ev)
+		res := d.cfg.Sender.Send(ctx, h, ev)
 		if ctx.Err() != nil {
 			return false // cut short by our own shutdown: not the receiver's failure
 		}

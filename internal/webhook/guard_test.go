@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"space/internal/errkind"
+	"space/internal/store"
 )
 
 // fakeResolver answers from a map.
@@ -122,7 +123,7 @@ func TestSendRefusesPrivateAtDial(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	// "localhost" stands for a name that now resolves to loopback.
 	url := strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)
-	res := s.Send(t.Context(), url, "whsec_x", Ping("team", testNow()))
+	res := s.Send(t.Context(), store.Webhook{ID: "whk_x", URL: url, Secret: "whsec_x"}, Ping("team", testNow()))
 	if res.Delivered() || res.Err == nil || !strings.Contains(res.Err.Error(), "loopback") || res.StatusCode != 0 {
 		t.Errorf("Send(%s) = %+v, want refused as loopback", url, res)
 	}
@@ -144,7 +145,7 @@ func TestSendDoesNotFollowRedirects(t *testing.T) {
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
-	res := s.Send(t.Context(), redirect.URL, "whsec_x", Ping("team", testNow()))
+	res := s.Send(t.Context(), store.Webhook{ID: "whk_x", URL: redirect.URL, Secret: "whsec_x"}, Ping("team", testNow()))
 	if res.Delivered() || res.StatusCode != http.StatusTemporaryRedirect {
 		t.Errorf("Send(redirect) = %+v, want a failed attempt with status 307", res)
 	}

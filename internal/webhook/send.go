@@ -121,28 +121,41 @@ func (r Result) Delivered() bool { return r.Err == nil }
 // connection can be reused); the rest is dropped.
 const maxResponse = 64 << 10
 
-// Send POSTs ev to url signed with secret, once, and reports how it went.
-func (s *Sender) Send(ctx context.Context, url, secret string, ev Event) Result {
+// Send POSTs ev to h.URL, once, written and signed as h.Format says
+// with h.Secret, and reports how it went.
+func (s *Sender) Send(ctx context.Context, h store.Webhook, ev Event) Result {
 	start := time.Now()
-	res := s.send(ctx, url, secret, ev)
+	res := s.send(ctx, h, ev)
 	res.Duration = time.Since(start)
 	return res
 }
 
-func (s *Sender) send(ctx context.Context, url, secret string, ev Event) Result {
-	body, err := json.Marshal(ev)
+func (s *Sender) send(ctx context.Context, h store.Webhook, ev Event) Result {
+	var (
+		body []byte
+		err  error
+	)
+	if h.Format == store.WebhookFormatE2B {
+		body, err = e2bBody(ev)
+	} else {
+		body, err = json.Marshal(ev)
+	}
 	if err != nil {
 		return Result{Err: fmt.Errorf("encode event %s: %w", ev.ID, err)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.URL, bytes.NewReader(body))
 	if err != nil {
 		return Result{Err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", s.cfg.UserAgent)
-	Sign(req.Header, ev.ID, []string{secret}, s.cfg.Now(), body)
+	if h.Format == store.WebhookFormatE2B {
+		signE2B(req.Header, h.ID, ev.ID, h.Secret, body)
+	} else {
+		Sign(req.Header, ev.ID, []string{h.Secret}, s.cfg.Now(), body)
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return Result{Err: err}

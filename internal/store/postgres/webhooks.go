@@ -11,11 +11,11 @@ import (
 	"space/internal/store"
 )
 
-const webhookColumns = `id, team_id, url, types, description, secret, enabled, disabled_reason, event_cursor, failures, created, updated`
+const webhookColumns = `id, team_id, url, types, description, secret, format, enabled, disabled_reason, event_cursor, failures, created, updated`
 
 func scanWebhook(row pgx.Row) (store.Webhook, error) {
 	var w store.Webhook
-	if err := row.Scan(&w.ID, &w.TeamID, &w.URL, &w.Types, &w.Description, &w.Secret, &w.Enabled, &w.DisabledReason,
+	if err := row.Scan(&w.ID, &w.TeamID, &w.URL, &w.Types, &w.Description, &w.Secret, &w.Format, &w.Enabled, &w.DisabledReason,
 		&w.Cursor, &w.Failures, &w.Created, &w.Updated); err != nil {
 		return store.Webhook{}, err
 	}
@@ -45,8 +45,8 @@ func (s *Store) CreateWebhook(ctx context.Context, w store.Webhook) (store.Webho
 	}
 	w.Created = store.StoredTime(time.Now())
 	w.Updated = w.Created
-	_, err := s.pool.Exec(ctx, `INSERT INTO webhooks (`+webhookColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		w.ID, w.TeamID, w.URL, webhookTypes(w.Types), w.Description, w.Secret, w.Enabled, w.DisabledReason,
+	_, err := s.pool.Exec(ctx, `INSERT INTO webhooks (`+webhookColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
+		w.ID, w.TeamID, w.URL, webhookTypes(w.Types), w.Description, w.Secret, w.Format, w.Enabled, w.DisabledReason,
 		w.Cursor, w.Failures, w.Created, w.Updated)
 	if err != nil {
 		return store.Webhook{}, fmt.Errorf("create webhook %s: %w", w.ID, mapErr(err, "team "+w.TeamID))
@@ -95,11 +95,11 @@ func (s *Store) UpdateWebhook(ctx context.Context, w store.Webhook) (store.Webho
 		return store.Webhook{}, fmt.Errorf("update webhook: %w", err)
 	}
 	now := store.StoredTime(time.Now())
-	out, err := scanWebhook(s.pool.QueryRow(ctx, `UPDATE webhooks SET url = $1, types = $2, description = $3,
+	out, err := scanWebhook(s.pool.QueryRow(ctx, `UPDATE webhooks SET url = $1, types = $2, description = $3, secret = $9,
 		failures = CASE WHEN NOT enabled AND $4 THEN 0 ELSE failures END,
 		enabled = $4, disabled_reason = $5, updated = $6
 		WHERE team_id = $7 AND id = $8 RETURNING `+webhookColumns,
-		w.URL, webhookTypes(w.Types), w.Description, w.Enabled, w.DisabledReason, now, w.TeamID, w.ID))
+		w.URL, webhookTypes(w.Types), w.Description, w.Enabled, w.DisabledReason, now, w.TeamID, w.ID, w.Secret))
 	if err != nil {
 		return store.Webhook{}, fmt.Errorf("update webhook %s: %w", w.ID, notFound(err))
 	}

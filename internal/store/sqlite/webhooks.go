@@ -12,7 +12,7 @@ import (
 	"space/internal/store"
 )
 
-const webhookColumns = `id, team_id, url, types, description, secret, enabled, disabled_reason, event_cursor, failures, created_us, updated_us`
+const webhookColumns = `id, team_id, url, types, description, secret, format, enabled, disabled_reason, event_cursor, failures, created_us, updated_us`
 
 func scanWebhook(sc interface{ Scan(...any) error }) (store.Webhook, error) {
 	var (
@@ -20,7 +20,7 @@ func scanWebhook(sc interface{ Scan(...any) error }) (store.Webhook, error) {
 		types            string
 		created, updated int64
 	)
-	if err := sc.Scan(&w.ID, &w.TeamID, &w.URL, &types, &w.Description, &w.Secret, &w.Enabled, &w.DisabledReason,
+	if err := sc.Scan(&w.ID, &w.TeamID, &w.URL, &types, &w.Description, &w.Secret, &w.Format, &w.Enabled, &w.DisabledReason,
 		&w.Cursor, &w.Failures, &created, &updated); err != nil {
 		return store.Webhook{}, err
 	}
@@ -61,8 +61,8 @@ func (s *Store) CreateWebhook(ctx context.Context, w store.Webhook) (store.Webho
 	w.Created = store.StoredTime(time.Now())
 	w.Updated = w.Created
 	err := s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO webhooks (`+webhookColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			w.ID, w.TeamID, w.URL, webhookTypes(w.Types), w.Description, w.Secret, w.Enabled, w.DisabledReason,
+		_, err := tx.ExecContext(ctx, `INSERT INTO webhooks (`+webhookColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			w.ID, w.TeamID, w.URL, webhookTypes(w.Types), w.Description, w.Secret, w.Format, w.Enabled, w.DisabledReason,
 			w.Cursor, w.Failures, micros(w.Created), micros(w.Updated))
 		return mapErr(err, "team "+w.TeamID)
 	})
@@ -121,11 +121,11 @@ func (s *Store) UpdateWebhook(ctx context.Context, w store.Webhook) (store.Webho
 	var out store.Webhook
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		var err error
-		out, err = scanWebhook(tx.QueryRowContext(ctx, `UPDATE webhooks SET url = ?, types = ?, description = ?,
+		out, err = scanWebhook(tx.QueryRowContext(ctx, `UPDATE webhooks SET url = ?, types = ?, description = ?, secret = ?,
 			failures = CASE WHEN enabled = 0 AND ? THEN 0 ELSE failures END,
 			enabled = ?, disabled_reason = ?, updated_us = ?
 			WHERE team_id = ? AND id = ? RETURNING `+webhookColumns,
-			w.URL, webhookTypes(w.Types), w.Description, w.Enabled, w.Enabled, w.DisabledReason, micros(now), w.TeamID, w.ID))
+			w.URL, webhookTypes(w.Types), w.Description, w.Secret, w.Enabled, w.Enabled, w.DisabledReason, micros(now), w.TeamID, w.ID))
 		return noRows(err)
 	})
 	if err != nil {

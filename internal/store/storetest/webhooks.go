@@ -71,7 +71,12 @@ func testWebhookCRUD(t *testing.T, h Harness) {
 		t.Errorf("CreateWebhook(team that does not exist) = %v, want ErrNotFound", err)
 	}
 
-	all := mustWebhook(t, s, newWebhook("t1")) // every type
+	allIn := newWebhook("t1") // every type, E2B's format
+	allIn.Format = store.WebhookFormatE2B
+	all := mustWebhook(t, s, allIn)
+	if got, _ := s.Webhook(ctx, "t1", all.ID); got.Format != store.WebhookFormatE2B {
+		t.Errorf("Webhook(e2b).Format = %q, want %q", got.Format, store.WebhookFormatE2B)
+	}
 	if all.Types != nil {
 		t.Errorf("CreateWebhook(no types).Types = %v, want nil", all.Types)
 	}
@@ -100,13 +105,15 @@ func testWebhookCRUD(t *testing.T, h Harness) {
 
 	upd := got
 	upd.URL, upd.Types, upd.Description, upd.Enabled = "https://new.example/x", nil, "", false
-	upd.Secret, upd.Cursor, upd.Failures = "ignored", 99, 99 // not the user's to change
+	upd.Secret, upd.Format = "whsec_rotated", store.WebhookFormatE2B // the format is not the user's to change
+	upd.Cursor, upd.Failures = 99, 99                                // nor the delivery state
 	after, err := s.UpdateWebhook(ctx, upd)
 	if err != nil {
 		t.Fatalf("UpdateWebhook() = %v", err)
 	}
 	wantUpd := want
 	wantUpd.URL, wantUpd.Types, wantUpd.Description, wantUpd.Enabled, wantUpd.Updated = upd.URL, nil, "", false, after.Updated
+	wantUpd.Secret = "whsec_rotated"
 	if diff := cmp.Diff(wantUpd, after); diff != "" {
 		t.Errorf("UpdateWebhook() (-want +got):\n%s", diff)
 	}
@@ -281,6 +288,7 @@ func testWebhookBadInput(t *testing.T, h Harness) {
 		{"no secret", func(w *store.Webhook) { w.Secret = "" }},
 		{"empty type", func(w *store.Webhook) { w.Types = []string{""} }},
 		{"long description", func(w *store.Webhook) { w.Description = strings.Repeat("d", 257) }},
+		{"format", func(w *store.Webhook) { w.Format = "slack" }},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ CREATE TABLE webhooks (
 	types           text[] NOT NULL,  -- empty = every type
 	description     text NOT NULL,
 	secret          text NOT NULL,
+	format          text NOT NULL,    -- '' for SPACE's deliveries, 'e2b' for E2B's
 	enabled         boolean NOT NULL,
 	disabled_reason text NOT NULL,    -- '' unless the dispatcher disabled it
 	event_cursor    bigint NOT NULL CHECK (event_cursor >= 0), -- the last event delivered

@@ -8,6 +8,7 @@ CREATE TABLE webhooks (
 	types           TEXT NOT NULL,    -- JSON list; [] = every type
 	description     TEXT NOT NULL,
 	secret          TEXT NOT NULL,
+	format          TEXT NOT NULL,    -- '' for SPACE's deliveries, 'e2b' for E2B's
 	enabled         INTEGER NOT NULL CHECK (enabled IN (0, 1)),
 	disabled_reason TEXT NOT NULL,    -- '' unless the dispatcher disabled it
 	event_cursor    INTEGER NOT NULL CHECK (event_cursor >= 0), -- the last event delivered
