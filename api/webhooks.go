@@ -15,6 +15,13 @@ type CreateWebhook struct {
 	Types []string `json:"types,omitempty"`
 	// Description is a note for people: at most 256 bytes.
 	Description string `json:"description,omitempty"`
+	// Secret signs the deliveries: 16 to 256 printable ASCII bytes; ""
+	// = the server makes one (whsec_…).
+	Secret string `json:"secret,omitempty"`
+	// Format is how deliveries are written and signed: "space" (or "")
+	// for SPACE's, "e2b" for E2B's (sandbox.lifecycle.* events and an
+	// e2b-signature header; what the E2B facade's webhooks use).
+	Format string `json:"format,omitempty"`
 }
 
 // UpdateWebhook is the body of PATCH /v1/webhooks/{wid}; an absent field
@@ -23,6 +30,8 @@ type UpdateWebhook struct {
 	URL         *string   `json:"url,omitempty"`
 	Types       *[]string `json:"types,omitempty"`
 	Description *string   `json:"description,omitempty"`
+	// Secret replaces the signing secret (as CreateWebhook's).
+	Secret *string `json:"secret,omitempty"`
 	// Enabled false stops deliveries; true resumes them where they
 	// stopped (after the last event delivered) and clears the failures.
 	Enabled *bool `json:"enabled,omitempty"`
@@ -37,6 +46,8 @@ type Webhook struct {
 	// Secret signs the deliveries (Space-Webhook-Signature). Only the
 	// reply of POST /v1/webhooks holds it: keep it then.
 	Secret string `json:"secret,omitempty"`
+	// Format is "space" or "e2b" (see CreateWebhook).
+	Format string `json:"format"`
 	// Enabled is false once the team disabled it or the server did after
 	// too many failed attempts in a row (DisabledReason says so).
 	Enabled        bool   `json:"enabled"`

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"space/api"
@@ -65,8 +66,12 @@ func webhookView(w store.Webhook) api.Webhook {
 	if types == nil {
 		types = []string{}
 	}
+	format := "space"
+	if w.Format != "" {
+		format = w.Format
+	}
 	return api.Webhook{
-		ID: w.ID, URL: w.URL, Types: types, Description: w.Description, Enabled: w.Enabled,
+		ID: w.ID, URL: w.URL, Types: types, Description: w.Description, Format: format, Enabled: w.Enabled,
 		DisabledReason: w.DisabledReason, Cursor: strconv.FormatInt(w.Cursor, 10), Failures: w.Failures,
 		CreatedAt: w.Created, UpdatedAt: w.Updated,
 	}
@@ -83,8 +88,30 @@ func deliveryView(d store.WebhookDelivery) api.WebhookDelivery {
 	}
 }
 
-// checkWebhookTypes refuses an unknown or repeated event type, naming it.
-func checkWebhookTypes(types []string) error {
+// webhookFormat is the store's format of an API's, or an error naming
+// the field.
+func webhookFormat(f string) (string, error) {
+	switch f {
+	case "", "space":
+		return "", nil
+	case store.WebhookFormatE2B:
+		return f, nil
+	}
+	return "", httpapi.Invalid("format", "%.32q: want space or e2b", f)
+}
+
+// checkWebhookSecret refuses a secret a user chose that is too short or
+// not printable ASCII.
+func checkWebhookSecret(secret string) error {
+	if len(secret) < 16 || len(secret) > 256 || strings.ContainsFunc(secret, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		return httpapi.Invalid("secret", "want 16 to 256 printable ASCII characters without spaces")
+	}
+	return nil
+}
+
+// checkWebhookTypes refuses an unknown or repeated event type, naming it;
+// an E2B webhook takes only the types E2B has.
+func checkWebhookTypes(types []string, format string) error {
 	if len(types) > len(sandbox.EventTypes) {
 		return httpapi.Invalid("types", "%d types; there are only %d", len(types), len(sandbox.EventTypes))
 	}
@@ -92,6 +119,9 @@ func checkWebhookTypes(types []string) error {
 	for _, t := range types {
 		if !sandbox.ValidEventType(t) {
 			return httpapi.Invalid("types", "unknown event type %.64q (known: %v)", t, sandbox.EventTypes)
+		}
+		if _, ok := webhook.E2BTypes[t]; format == store.WebhookFormatE2B && !ok {
+			return httpapi.Invalid("types", "event type %q has no E2B counterpart", t)
 		}
 		if seen[t] {
 			return httpapi.Invalid("types", "%q is listed twice", t)
@@ -124,9 +154,25 @@ func (s *Server) handleCreateWebhook(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, httpapi.Invalid("description", "longer than 256 bytes"))
 		return
 	}
-	if err := checkWebhookTypes(req.Types); err != nil {
+	format, err := webhookFormat(req.Format)
+	if err != nil {
 		httpapi.WriteError(w, err)
 		return
+	}
+	if err := checkWebhookTypes(req.Types, format); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	secret := req.Secret
+	if secret == "" {
+		secret = webhook.NewSecret()
+	} else if err := checkWebhookSecret(secret); err != nil {
+		httpapi.WriteError(w, err)
+		return
+	}
+	types := req.Types
+	if len(types) == 0 && format == store.WebhookFormatE2B {
+		types = e2bEventTypes() // every type E2B has, not every type
 	}
 	if err := s.checkWebhookURL(r.Context(), req.URL); err != nil {
 		httpapi.WriteError(w, err)
@@ -143,8 +189,8 @@ func (s *Server) handleCreateWebhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hook, err := s.cfg.Store.CreateWebhook(r.Context(), store.Webhook{
-		ID: store.NewWebhookID(), TeamID: team, URL: req.URL, Types: req.Types, Description: req.Description,
-		Secret: webhook.NewSecret(), Enabled: true, Cursor: s.eventCursor(r.Context(), team),
+		ID: store.NewWebhookID(), TeamID: team, URL: req.URL, Types: types, Description: req.Description,
+		Secret: secret, Format: format, Enabled: true, Cursor: s.eventCursor(r.Context(), team),
 	})
 	if err != nil {
 		httpapi.WriteError(w, err)
@@ -223,11 +269,21 @@ func (s *Server) handleUpdateWebhook(w http.ResponseWriter, r *http.Request) {
 		hook.URL = *req.URL
 	}
 	if req.Types != nil {
-		if err := checkWebhookTypes(*req.Types); err != nil {
+		if err := checkWebhookTypes(*req.Types, hook.Format); err != nil {
 			httpapi.WriteError(w, err)
 			return
 		}
 		hook.Types = *req.Types
+		if len(hook.Types) == 0 && hook.Format == store.WebhookFormatE2B {
+			hook.Types = e2bEventTypes()
+		}
+	}
+	if req.Secret != nil {
+		if err := checkWebhookSecret(*req.Secret); err != nil {
+			httpapi.WriteError(w, err)
+			return
+		}
+		hook.Secret = *req.Secret
 	}
 	if req.Description != nil {
 		if len(*req.Description) > 256 {
@@ -307,4 +363,16 @@ func (s *Server) handleTestWebhook(w http.ResponseWriter, r *http.Request) {
 	}
 	d.Time = s.now().UTC()
 	httpapi.WriteJSON(w, http.StatusOK, deliveryView(d))
+}
+
+// e2bEventTypes lists the SPACE event types that have an E2B
+// counterpart, in the order of sandbox.EventTypes.
+func e2bEventTypes() []string {
+	var out []string
+	for _, t := range sandbox.EventTypes {
+		if _, ok := webhook.E2BTypes[t]; ok {
+			out = append(out, t)
+		}
+	}
+	return out
 }

@@ -178,6 +178,9 @@ func TestWebhookAPIRefuses(t *testing.T) {
 		{"http", `{"url":"http://hooks.example.com/"}`, "must be https"},
 		{"no url", `{}`, "url"},
 		{"unknown type", `{"url":"https://93.184.216.34/","types":["created","exploded"]}`, `unknown event type \"exploded\"`},
+		{"type e2b lacks", `{"url":"https://93.184.216.34/","format":"e2b","types":["running"]}`, `\"running\" has no E2B counterpart`},
+		{"format", `{"url":"https://93.184.216.34/","format":"slack"}`, "want space or e2b"},
+		{"short secret", `{"url":"https://93.184.216.34/","secret":"hunter2"}`, "16 to 256 printable"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			code, body := do("POST", "/v1/webhooks", tt.body)

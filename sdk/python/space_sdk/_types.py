@@ -1012,6 +1012,8 @@ class CreateWebhook:
     url: str
     types: Optional[List[str]] = None
     description: Optional[str] = None
+    secret: Optional[str] = None
+    format: Optional[str] = None  # one of: 'space', 'e2b'
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CreateWebhook":
@@ -1019,6 +1021,8 @@ class CreateWebhook:
             url=d.get('url', ""),
             types=list(d['types']) if d.get('types') is not None else None,
             description=d['description'] if d.get('description') is not None else None,
+            secret=d['secret'] if d.get('secret') is not None else None,
+            format=d['format'] if d.get('format') is not None else None,
         )
 
     def to_dict(self) -> Dict[str, Any]:
@@ -1028,6 +1032,10 @@ class CreateWebhook:
             d['types'] = list(self.types)
         if self.description is not None:
             d['description'] = self.description
+        if self.secret is not None:
+            d['secret'] = self.secret
+        if self.format is not None:
+            d['format'] = self.format
         return d
 
 @dataclass
@@ -1037,6 +1045,7 @@ class UpdateWebhook:
     url: Optional[str] = None
     types: Optional[List[str]] = None
     description: Optional[str] = None
+    secret: Optional[str] = None
     enabled: Optional[bool] = None
 
     @classmethod
@@ -1045,6 +1054,7 @@ class UpdateWebhook:
             url=d['url'] if d.get('url') is not None else None,
             types=list(d['types']) if d.get('types') is not None else None,
             description=d['description'] if d.get('description') is not None else None,
+            secret=d['secret'] if d.get('secret') is not None else None,
             enabled=d['enabled'] if d.get('enabled') is not None else None,
         )
 
@@ -1056,6 +1066,8 @@ class UpdateWebhook:
             d['types'] = list(self.types)
         if self.description is not None:
             d['description'] = self.description
+        if self.secret is not None:
+            d['secret'] = self.secret
         if self.enabled is not None:
             d['enabled'] = self.enabled
         return d
@@ -1067,6 +1079,7 @@ class Webhook:
     id: str
     url: str
     types: List[str]
+    format: str  # one of: 'space', 'e2b'
     enabled: bool
     cursor: str
     failures: int
@@ -1082,6 +1095,7 @@ class Webhook:
             id=d.get('id', ""),
             url=d.get('url', ""),
             types=list(d.get('types', [])),
+            format=d.get('format', ""),
             enabled=d.get('enabled', False),
             cursor=d.get('cursor', ""),
             failures=d.get('failures', 0),
@@ -1097,6 +1111,7 @@ class Webhook:
         d['id'] = self.id
         d['url'] = self.url
         d['types'] = list(self.types)
+        d['format'] = self.format
         d['enabled'] = self.enabled
         d['cursor'] = self.cursor
         d['failures'] = self.failures

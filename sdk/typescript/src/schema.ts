@@ -1910,12 +1910,21 @@ export interface components {
             /** @description Event types to send (see docs/operations.md, "Events"); empty = every type. */
             types?: string[];
             description?: string;
+            /** @description signs the deliveries; default: one the server makes (whsec_…) */
+            secret?: string;
+            /**
+             * @description space (default): SPACE's body and Space-Webhook-* headers; e2b: E2B's body (sandbox.lifecycle.* events) and e2b-signature
+             * @enum {string}
+             */
+            format?: "space" | "e2b";
         };
         /** @description Absent fields are left as they are. */
         UpdateWebhook: {
             url?: string;
             types?: string[];
             description?: string;
+            /** @description a new signing secret */
+            secret?: string;
             /** @description false stops deliveries; true resumes them after the last event delivered and clears the failures */
             enabled?: boolean;
         };
@@ -1925,8 +1934,10 @@ export interface components {
             /** @description empty = every type */
             types: string[];
             description?: string;
-            /** @description whsec_…: signs the deliveries; only in the reply of the create */
+            /** @description signs the deliveries; only in the reply of the create */
             secret?: string;
+            /** @enum {string} */
+            format: "space" | "e2b";
             enabled: boolean;
             /** @description why the server disabled it (too many failed attempts in a row) */
             disabled_reason?: string;
