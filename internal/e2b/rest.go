@@ -43,6 +43,7 @@ func (s *Server) apiRoutes() {
 	h("DELETE /templates/{id}", s.deleteSnapshot)
 	h("PUT /sandboxes/{id}/network", s.setNetwork)
 	h("GET /sandboxes/{id}/metrics", s.metrics)
+	s.webhookRoutes()
 	s.api.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"message": "Health check successful"})
 	})
