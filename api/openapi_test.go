@@ -187,6 +187,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"CreateSecret": CreateSecret{}, "Secret": Secret{}, "SecretList": SecretList{}, "SecretGrants": SecretGrants{},
 		"SetTimeout": SetTimeout{}, "SandboxMetrics": SandboxMetrics{}, "UsageSample": UsageSample{},
 		"LifecycleEvent": LifecycleEvent{}, "LifecycleEventList": LifecycleEventList{},
+		"CreateWebhook": CreateWebhook{}, "UpdateWebhook": UpdateWebhook{}, "Webhook": Webhook{}, "WebhookList": WebhookList{},
+		"WebhookDelivery": WebhookDelivery{}, "WebhookDeliveryList": WebhookDeliveryList{},
 	}
 	doc := loadSpec(t)
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)

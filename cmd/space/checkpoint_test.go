@@ -391,6 +391,7 @@ func TestServerFlagsUsage(t *testing.T) {
 		{"on-timeout later", []string{"--on-timeout", "later"}, `--on-timeout "later": want delete or suspend`},
 		{"timeout too long", []string{"--timeout", "200h"}, "--timeout 200h0m0s: want 1s..168h0m0s"},
 		{"timeout zero", []string{"--timeout", "0"}, "--timeout 0s: want 1s..168h0m0s"},
+		{"webhooks disabled at once", []string{"--webhook-disable-after", "0"}, "--webhook-disable-after 0: want a number of failed attempts"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

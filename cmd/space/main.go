@@ -208,6 +208,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		newTemplateCmd(g),
 		newSecretCmd(g),
 		newEventsCmd(g),
+		newWebhookCmd(g),
 		newMCPCmd(g),
 	)
 	markRunErrors(root)

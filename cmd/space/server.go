@@ -15,6 +15,7 @@ import (
 	"space/internal/chunkstore/chunkloc"
 	"space/internal/controlplane"
 	"space/internal/server"
+	"space/internal/webhook"
 )
 
 // newServerCmd returns `space server`: the control plane with an embedded
@@ -40,6 +41,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		egress                                      server.Egress
 		e2bListen, e2bDomain, e2bCert, e2bKey       string
 		metricsListen                               string
+		webhooks                                    controlplane.WebhookConfig
 	)
 	c := &cobra.Command{
 		Use:   "server",
@@ -70,6 +72,9 @@ server stops, and the next start re-adopts them.`,
 			}
 			if recoverAfter >= 0 && recoverAfter < 6*time.Second {
 				return usagef("--recover-after %v: want at least 6s, or a negative duration to turn recovery off", recoverAfter)
+			}
+			if webhooks.DisableAfter == 0 {
+				return usagef("--webhook-disable-after 0: want a number of failed attempts, or a negative number for never")
 			}
 			if !noWorker && vmm.kind != server.VMMFake {
 				if err := checkAgent(agent); err != nil {
@@ -114,7 +119,8 @@ server stops, and the next start re-adopts them.`,
 				AgentHeartbeat: hb.every, AgentTimeout: hb.timeout,
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				DefaultCheckpoints: defaultCheckpoints, DefaultTimeout: timeout, DefaultOnTimeout: onTimeout, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter, EventRetention: eventRetention,
-				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
+				Webhooks: webhooks,
+				CrashAt:  g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
@@ -139,6 +145,8 @@ server stops, and the next start re-adopts them.`,
 	f.DurationVar(&chunkGCInterval, "chunk-gc-interval", server.DefaultChunkGCInterval, "how often the chunk store's garbage collection frees the chunks no snapshot uses")
 	f.DurationVar(&recoverAfter, "recover-after", controlplane.DefaultRecoverAfter, "how long a standalone worker may go without the leader's lease before its sandboxes are restored elsewhere from their latest checkpoints (at least 6s; negative: never; docs/recovery.md)")
 	f.DurationVar(&eventRetention, "event-retention", controlplane.DefaultEventRetention, "how long sandboxes' lifecycle events are kept (negative: for ever)")
+	f.BoolVar(&webhooks.AllowPrivate, "webhook-allow-private", false, "let webhooks reach private, loopback, link-local and this host's own addresses, and use http (an administrator's choice for receivers on this network; default: https to public addresses only; docs/operations.md)")
+	f.IntVar(&webhooks.DisableAfter, "webhook-disable-after", webhook.DefaultDisableAfter, "failed delivery attempts in a row after which a webhook is disabled until its team enables it again (negative: never)")
 	f.DurationVar(&timeout, "timeout", controlplane.DefaultLimits.DefaultTTL, "the timeout of sandboxes created without one (at most 168h)")
 	f.StringVar(&onTimeout, "on-timeout", "delete", "what the timeout of sandboxes created without on_timeout does: delete, or suspend (the timeout becomes an idle time after which the sandbox is written to storage and its memory freed; resume brings it back)")
 	f.StringVar(&checkpoints, "checkpoints", "", "the checkpoint `policy` of sandboxes created without one, e.g. every=5m,after_exec,keep=20,keep_for=24h (also min_exec=D; default: none)")

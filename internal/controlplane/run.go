@@ -262,7 +262,8 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // lead does the leader's background work until ctx ends: reaping,
-// reconciling, and automatic checkpoints (checkpoints.go).
+// reconciling, automatic checkpoints (checkpoints.go) and webhook
+// deliveries (webhooks.go).
 func (s *Server) lead(ctx context.Context) {
 	reap := newReapTimer(s.cfg.ReapInterval, s.now)
 	defer reap.t.Stop()
@@ -280,6 +281,7 @@ func (s *Server) lead(ctx context.Context) {
 	defer ckpts.Wait()
 	ckpts.Go(func() { s.runCheckpoints(ctx) })
 	ckpts.Go(func() { s.runFencing(ctx) })
+	ckpts.Go(func() { s.runWebhooks(ctx) })
 	watch := time.NewTicker(deadClaimsEvery)
 	defer watch.Stop()
 	for {

@@ -42,6 +42,7 @@ import (
 	"space/internal/secrets"
 	"space/internal/store"
 	"space/internal/templatebuild"
+	"space/internal/webhook"
 )
 
 // Defaults and bounds of a sandbox's resources.
@@ -151,6 +152,9 @@ type Config struct {
 	// Metrics is where New registers the control plane's Prometheus
 	// metrics (metrics.go); nil = they are kept but not exported.
 	Metrics prometheus.Registerer
+	// Webhooks configures the delivery of the teams' webhooks
+	// (webhooks.go); the zero value is the production setting.
+	Webhooks WebhookConfig
 	// Log receives events; nil = discard.
 	Log *slog.Logger
 	// Now is the clock; nil = time.Now.
@@ -193,6 +197,11 @@ type Server struct {
 	// bell wakes this replica's event followers (events.go); every
 	// write through cfg.Store that may record an event rings it.
 	bell *bell
+	// hookGuard, hookSender and hooks deliver the teams' webhooks
+	// (webhooks.go): hooks runs on the leader only.
+	hookGuard  *webhook.Guard
+	hookSender *webhook.Sender
+	hooks      *webhook.Dispatcher
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -311,6 +320,9 @@ func New(cfg Config) (*Server, error) {
 		reg = prometheus.NewRegistry()
 	}
 	if s.metrics, err = newMetrics(reg, cfg.Store); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	if err := s.newWebhooks(); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	if cfg.WorkerToken != "" {
@@ -543,6 +555,13 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/secrets", s.handleCreateSecret, false},
 		{"GET", "/v1/secrets", s.handleListSecrets, false},
 		{"DELETE", "/v1/secrets/{name}", s.handleDeleteSecret, false},
+		{"POST", "/v1/webhooks", s.handleCreateWebhook, false},
+		{"GET", "/v1/webhooks", s.handleListWebhooks, false},
+		{"GET", "/v1/webhooks/{wid}", s.handleGetWebhook, false},
+		{"PATCH", "/v1/webhooks/{wid}", s.handleUpdateWebhook, false},
+		{"DELETE", "/v1/webhooks/{wid}", s.handleDeleteWebhook, false},
+		{"GET", "/v1/webhooks/{wid}/deliveries", s.handleWebhookDeliveries, false},
+		{"POST", "/v1/webhooks/{wid}/test", s.handleTestWebhook, false},
 		{"GET", "/v1/quota", s.handleQuota, false},
 		{"PUT", "/v1/quota", s.handleSetQuota, false},
 		{"POST", "/v1/workers", s.handleRegister, true}, // worker token, checked by the handler

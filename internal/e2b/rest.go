@@ -45,6 +45,7 @@ func (s *Server) apiRoutes() {
 	h("GET /sandboxes/{id}/metrics", s.metrics)
 	h("GET /events/sandboxes", s.teamEvents)
 	h("GET /events/sandboxes/{id}", s.sandboxEvents)
+	s.webhookRoutes()
 	s.api.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"message": "Health check successful"})
 	})

@@ -145,6 +145,11 @@ type Config struct {
 	// (controlplane.Config.EventRetention): 0 = its default, negative =
 	// for ever.
 	EventRetention time.Duration
+	// Webhooks configures the delivery of the teams' webhooks
+	// (controlplane.WebhookConfig: whether they may reach private
+	// addresses, how many failures disable one); the zero value is the
+	// production setting.
+	Webhooks controlplane.WebhookConfig
 	// NoWorker runs the control plane alone, with no embedded worker:
 	// sandboxes run on standalone workers only (`space worker`). For
 	// replicas of one control plane on PostgreSQL.
@@ -370,7 +375,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints, RecoverAfter: cfg.RecoverAfter,
-		EventRetention: cfg.EventRetention, Metrics: reg,
+		EventRetention: cfg.EventRetention, Webhooks: cfg.Webhooks, Metrics: reg,
 	})
 	if err != nil {
 		return err

@@ -57,6 +57,7 @@ type Store interface {
 	Secrets
 	EgressLogs
 	Events
+	Webhooks
 	Workers
 	Leases
 	Quotas

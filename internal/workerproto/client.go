@@ -16,8 +16,8 @@ import (
 
 	"space/api"
 	"space/internal/errkind"
-	"space/internal/origin"
 	"space/internal/httpapi"
+	"space/internal/origin"
 )
 
 // Config configures how a Client calls its worker.

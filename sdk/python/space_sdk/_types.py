@@ -1006,6 +1006,202 @@ class SecretList:
         return d
 
 @dataclass
+class CreateWebhook:
+    """The CreateWebhook schema."""
+
+    url: str
+    types: Optional[List[str]] = None
+    description: Optional[str] = None
+    secret: Optional[str] = None
+    format: Optional[str] = None  # one of: 'space', 'e2b'
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CreateWebhook":
+        return cls(
+            url=d.get('url', ""),
+            types=list(d['types']) if d.get('types') is not None else None,
+            description=d['description'] if d.get('description') is not None else None,
+            secret=d['secret'] if d.get('secret') is not None else None,
+            format=d['format'] if d.get('format') is not None else None,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['url'] = self.url
+        if self.types is not None:
+            d['types'] = list(self.types)
+        if self.description is not None:
+            d['description'] = self.description
+        if self.secret is not None:
+            d['secret'] = self.secret
+        if self.format is not None:
+            d['format'] = self.format
+        return d
+
+@dataclass
+class UpdateWebhook:
+    """Absent fields are left as they are."""
+
+    url: Optional[str] = None
+    types: Optional[List[str]] = None
+    description: Optional[str] = None
+    secret: Optional[str] = None
+    enabled: Optional[bool] = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "UpdateWebhook":
+        return cls(
+            url=d['url'] if d.get('url') is not None else None,
+            types=list(d['types']) if d.get('types') is not None else None,
+            description=d['description'] if d.get('description') is not None else None,
+            secret=d['secret'] if d.get('secret') is not None else None,
+            enabled=d['enabled'] if d.get('enabled') is not None else None,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        if self.url is not None:
+            d['url'] = self.url
+        if self.types is not None:
+            d['types'] = list(self.types)
+        if self.description is not None:
+            d['description'] = self.description
+        if self.secret is not None:
+            d['secret'] = self.secret
+        if self.enabled is not None:
+            d['enabled'] = self.enabled
+        return d
+
+@dataclass
+class Webhook:
+    """The Webhook schema."""
+
+    id: str
+    url: str
+    types: List[str]
+    format: str  # one of: 'space', 'e2b'
+    enabled: bool
+    cursor: str
+    failures: int
+    created_at: str  # RFC 3339 time
+    updated_at: str  # RFC 3339 time
+    description: Optional[str] = None
+    secret: Optional[str] = None
+    disabled_reason: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Webhook":
+        return cls(
+            id=d.get('id', ""),
+            url=d.get('url', ""),
+            types=list(d.get('types', [])),
+            format=d.get('format', ""),
+            enabled=d.get('enabled', False),
+            cursor=d.get('cursor', ""),
+            failures=d.get('failures', 0),
+            created_at=d.get('created_at', ""),
+            updated_at=d.get('updated_at', ""),
+            description=d['description'] if d.get('description') is not None else None,
+            secret=d['secret'] if d.get('secret') is not None else None,
+            disabled_reason=d['disabled_reason'] if d.get('disabled_reason') is not None else None,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['id'] = self.id
+        d['url'] = self.url
+        d['types'] = list(self.types)
+        d['format'] = self.format
+        d['enabled'] = self.enabled
+        d['cursor'] = self.cursor
+        d['failures'] = self.failures
+        d['created_at'] = self.created_at
+        d['updated_at'] = self.updated_at
+        if self.description is not None:
+            d['description'] = self.description
+        if self.secret is not None:
+            d['secret'] = self.secret
+        if self.disabled_reason is not None:
+            d['disabled_reason'] = self.disabled_reason
+        return d
+
+@dataclass
+class WebhookList:
+    """The WebhookList schema."""
+
+    webhooks: List[Webhook]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "WebhookList":
+        return cls(
+            webhooks=[Webhook.from_dict(x0) for x0 in d.get('webhooks', [])],
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['webhooks'] = [x0.to_dict() for x0 in self.webhooks]
+        return d
+
+@dataclass
+class WebhookDelivery:
+    """One attempt to deliver an event to a webhook."""
+
+    id: int
+    event_id: str
+    event_type: str
+    attempt: int
+    time: str  # RFC 3339 time
+    status_code: int
+    duration_ms: int
+    delivered: bool
+    error: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "WebhookDelivery":
+        return cls(
+            id=d.get('id', 0),
+            event_id=d.get('event_id', ""),
+            event_type=d.get('event_type', ""),
+            attempt=d.get('attempt', 0),
+            time=d.get('time', ""),
+            status_code=d.get('status_code', 0),
+            duration_ms=d.get('duration_ms', 0),
+            delivered=d.get('delivered', False),
+            error=d['error'] if d.get('error') is not None else None,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['id'] = self.id
+        d['event_id'] = self.event_id
+        d['event_type'] = self.event_type
+        d['attempt'] = self.attempt
+        d['time'] = self.time
+        d['status_code'] = self.status_code
+        d['duration_ms'] = self.duration_ms
+        d['delivered'] = self.delivered
+        if self.error is not None:
+            d['error'] = self.error
+        return d
+
+@dataclass
+class WebhookDeliveryList:
+    """The WebhookDeliveryList schema."""
+
+    deliveries: List[WebhookDelivery]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "WebhookDeliveryList":
+        return cls(
+            deliveries=[WebhookDelivery.from_dict(x0) for x0 in d.get('deliveries', [])],
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['deliveries'] = [x0.to_dict() for x0 in self.deliveries]
+        return d
+
+@dataclass
 class SecretGrants:
     """All the team's secrets a running sandbox is granted from now on."""
 
@@ -1903,11 +2099,12 @@ __all__ = [
     "VMInfo", "SandboxList", "Exec", "WinSize", "Process", "ProcessList", "Exit",
     "Event", "Control", "Signal", "FileInfo", "MakeDir", "Move", "FileEvent",
     "FileList", "FileWritten", "FileUpload", "TarWritten", "PortState", "CreateAPIKey",
-    "APIKey", "APIKeyList", "CreateSecret", "Secret", "SecretList", "SecretGrants",
-    "Quota", "QuotaUsage", "RegisterWorker", "WorkerCapabilities", "Worker",
-    "WorkerList", "CreateSnapshot", "Snapshot", "SnapshotList", "RestoreSandbox",
-    "SetTimeout", "CheckpointPolicy", "Checkpoint", "CheckpointList", "ForkSandbox",
-    "Template", "TemplateList", "BuildReport", "BuildEvent", "Network",
+    "APIKey", "APIKeyList", "CreateSecret", "Secret", "SecretList", "CreateWebhook",
+    "UpdateWebhook", "Webhook", "WebhookList", "WebhookDelivery", "WebhookDeliveryList",
+    "SecretGrants", "Quota", "QuotaUsage", "RegisterWorker", "WorkerCapabilities",
+    "Worker", "WorkerList", "CreateSnapshot", "Snapshot", "SnapshotList",
+    "RestoreSandbox", "SetTimeout", "CheckpointPolicy", "Checkpoint", "CheckpointList",
+    "ForkSandbox", "Template", "TemplateList", "BuildReport", "BuildEvent", "Network",
     "SandboxMetrics", "UsageSample", "EgressEvent", "LifecycleEvent",
     "LifecycleEventList"
 ]

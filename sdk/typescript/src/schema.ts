@@ -1271,6 +1271,107 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List the caller's team's webhooks (without their secrets). */
+        get: operations["listWebhooks"];
+        put?: never;
+        /**
+         * Push the caller's team's lifecycle events to a URL.
+         * @description Registers a webhook: from now on every lifecycle event of the
+         *     team whose type is in `types` (all if empty) is POSTed to `url`
+         *     as JSON (the events API's event), in order, at least once, and
+         *     signed (headers Space-Webhook-Id, Space-Webhook-Timestamp,
+         *     Space-Webhook-Signature; see docs/operations.md, "Webhooks").
+         *     The reply holds the signing secret: the only time it is shown.
+         *     The URL must be https, without user or password, and its host
+         *     must resolve only to public addresses (400 naming the address
+         *     otherwise), unless the server allows private targets. A team has
+         *     at most 20 webhooks (429).
+         */
+        post: operations["createWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{wid}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's ID (whk_…). */
+                wid: string;
+            };
+            cookie?: never;
+        };
+        /** Show one of the caller's team's webhooks (without its secret). */
+        get: operations["getWebhook"];
+        put?: never;
+        post?: never;
+        /** Delete a webhook and its delivery log. */
+        delete: operations["deleteWebhook"];
+        options?: never;
+        head?: never;
+        /**
+         * Change a webhook's URL, types or description, or disable or re-enable it.
+         * @description Absent fields are left as they are. Enabling a webhook the server
+         *     disabled after repeated failures resumes its deliveries after the
+         *     last event delivered, and clears its failures.
+         */
+        patch: operations["updateWebhook"];
+        trace?: never;
+    };
+    "/v1/webhooks/{wid}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's ID (whk_…). */
+                wid: string;
+            };
+            cookie?: never;
+        };
+        /** List a webhook's last delivery attempts, newest first (the last 200 are kept). */
+        get: operations["listWebhookDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{wid}/test": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's ID (whk_…). */
+                wid: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Send a signed "ping" event to the webhook now and report how it went.
+         * @description One attempt, enabled or not, within 10 s. It is logged with the
+         *     deliveries but moves no cursor and counts no failure.
+         */
+        post: operations["testWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/quota": {
         parameters: {
             query?: never;
@@ -1890,6 +1991,78 @@ export interface components {
         };
         SecretList: {
             secrets: components["schemas"]["Secret"][];
+        };
+        CreateWebhook: {
+            /** @description https (http only where the server allows private targets); no user or password; a host resolving to public addresses only */
+            url: string;
+            /** @description Event types to send (see docs/operations.md, "Events"); empty = every type. */
+            types?: string[];
+            description?: string;
+            /** @description signs the deliveries; default: one the server makes (whsec_…) */
+            secret?: string;
+            /**
+             * @description space (default): SPACE's body and Space-Webhook-* headers; e2b: E2B's body (sandbox.lifecycle.* events) and e2b-signature
+             * @enum {string}
+             */
+            format?: "space" | "e2b";
+        };
+        /** @description Absent fields are left as they are. */
+        UpdateWebhook: {
+            url?: string;
+            types?: string[];
+            description?: string;
+            /** @description a new signing secret */
+            secret?: string;
+            /** @description false stops deliveries; true resumes them after the last event delivered and clears the failures */
+            enabled?: boolean;
+        };
+        Webhook: {
+            id: string;
+            url: string;
+            /** @description empty = every type */
+            types: string[];
+            description?: string;
+            /** @description signs the deliveries; only in the reply of the create */
+            secret?: string;
+            /** @enum {string} */
+            format: "space" | "e2b";
+            enabled: boolean;
+            /** @description why the server disabled it (too many failed attempts in a row) */
+            disabled_reason?: string;
+            /** @description the cursor of the last event delivered; "0" = none */
+            cursor: string;
+            /** @description failed attempts since the last delivered one */
+            failures: number;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+        };
+        WebhookList: {
+            webhooks: components["schemas"]["Webhook"][];
+        };
+        /** @description One attempt to deliver an event to a webhook. */
+        WebhookDelivery: {
+            /** Format: int64 */
+            id: number;
+            /** @description the event's ID and Space-Webhook-Id (evt_…), or "ping" */
+            event_id: string;
+            event_type: string;
+            /** @description 1 for the first attempt at the event */
+            attempt: number;
+            /** Format: date-time */
+            time: string;
+            /** @description the receiver's HTTP status; 0 if none came */
+            status_code: number;
+            /** @description why the attempt failed */
+            error?: string;
+            /** Format: int64 */
+            duration_ms: number;
+            /** @description the receiver answered 2xx */
+            delivered: boolean;
+        };
+        WebhookDeliveryList: {
+            deliveries: components["schemas"]["WebhookDelivery"][];
         };
         /** @description All the team's secrets a running sandbox is granted from now on. */
         SecretGrants: {
@@ -4394,6 +4567,185 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["FailedPrecondition"];
+        };
+    };
+    listWebhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The webhooks, oldest first. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+        };
+    };
+    createWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateWebhook"];
+            };
+        };
+        responses: {
+            /** @description The webhook, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Webhook"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthenticated"];
+            429: components["responses"]["ResourceExhausted"];
+        };
+    };
+    getWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's ID (whk_…). */
+                wid: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The webhook. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Webhook"];
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    deleteWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's ID (whk_…). */
+                wid: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The webhook is gone. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    updateWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's ID (whk_…). */
+                wid: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UpdateWebhook"];
+            };
+        };
+        responses: {
+            /** @description The webhook as it now is. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Webhook"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    listWebhookDeliveries: {
+        parameters: {
+            query?: {
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The webhook's ID (whk_…). */
+                wid: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The attempts, newest first. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveryList"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    testWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The webhook's ID (whk_…). */
+                wid: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The attempt (delivered or not). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDelivery"];
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
         };
     };
     getQuota: {
