@@ -1,6 +1,6 @@
 // Package store defines the control plane's durable state: teams, API keys,
 // sandboxes, snapshots, templates, the build cache, sealed secrets,
-// archived egress logs, workers and the leases replicas coordinate with,
+// archived egress logs, the audit log, workers and the leases replicas coordinate with,
 // and the [Store] contract its backends implement.
 //
 // Backends live in subpackages (sqlite for the embedded single-host setup,
@@ -55,6 +55,7 @@ type Store interface {
 	TemplateIndex
 	Secrets
 	EgressLogs
+	Audit
 	Workers
 	Leases
 	Quotas
