@@ -40,8 +40,14 @@ func TestVerify(t *testing.T) {
 		{"intact after an anchor", anchor, nil, 0},
 		{"empty", store.AuditAnchor{}, func([]store.AuditEntry) []store.AuditEntry { return nil }, 0},
 		{"edited code", store.AuditAnchor{}, func(es []store.AuditEntry) []store.AuditEntry { es[2].Code = 200; return es }, 3},
-		{"edited target", anchor, func(es []store.AuditEntry) []store.AuditEntry { es[0].Targets = map[string]string{"id": "x"}; return es }, 42},
-		{"edited time", store.AuditAnchor{}, func(es []store.AuditEntry) []store.AuditEntry { es[4].Time = es[4].Time.Add(time.Microsecond); return es }, 5},
+		{"edited target", anchor, func(es []store.AuditEntry) []store.AuditEntry {
+			es[0].Targets = map[string]string{"id": "x"}
+			return es
+		}, 42},
+		{"edited time", store.AuditAnchor{}, func(es []store.AuditEntry) []store.AuditEntry {
+			es[4].Time = es[4].Time.Add(time.Microsecond)
+			return es
+		}, 5},
 		{"edited and rehashed", store.AuditAnchor{}, func(es []store.AuditEntry) []store.AuditEntry {
 			es[1].KeyID = "key_2"
 			es[1].Hash = store.AuditHash(es[1].Prev, es[1])
