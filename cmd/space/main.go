@@ -207,6 +207,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		newSnapshotCmd(g),
 		newTemplateCmd(g),
 		newSecretCmd(g),
+		newAuditCmd(g),
 		newMCPCmd(g),
 	)
 	markRunErrors(root)

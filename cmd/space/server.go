@@ -31,6 +31,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		timeout                                     time.Duration
 		chunkGCInterval                             time.Duration
 		recoverAfter                                time.Duration
+		auditRetention                              time.Duration
 		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
@@ -114,7 +115,8 @@ server stops, and the next start re-adopts them.`,
 				AgentHeartbeat: hb.every, AgentTimeout: hb.timeout,
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				DefaultCheckpoints: defaultCheckpoints, DefaultTimeout: timeout, DefaultOnTimeout: onTimeout, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter,
-				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
+				AuditRetention: auditRetention,
+				CrashAt:        g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
@@ -138,6 +140,7 @@ server stops, and the next start re-adopts them.`,
 	chunksFlag(f, &chunks, "")
 	f.DurationVar(&chunkGCInterval, "chunk-gc-interval", server.DefaultChunkGCInterval, "how often the chunk store's garbage collection frees the chunks no snapshot uses")
 	f.DurationVar(&recoverAfter, "recover-after", controlplane.DefaultRecoverAfter, "how long a standalone worker may go without the leader's lease before its sandboxes are restored elsewhere from their latest checkpoints (at least 6s; negative: never; docs/recovery.md)")
+	f.DurationVar(&auditRetention, "audit-retention", controlplane.DefaultAuditRetention, "how long audit log entries are kept; the oldest are pruned, and verification starts from the last one pruned (negative: for ever; docs/operations.md)")
 	f.DurationVar(&timeout, "timeout", controlplane.DefaultLimits.DefaultTTL, "the timeout of sandboxes created without one (at most 168h)")
 	f.StringVar(&onTimeout, "on-timeout", "delete", "what the timeout of sandboxes created without on_timeout does: delete, or suspend (the timeout becomes an idle time after which the sandbox is written to storage and its memory freed; resume brings it back)")
 	f.StringVar(&checkpoints, "checkpoints", "", "the checkpoint `policy` of sandboxes created without one, e.g. every=5m,after_exec,keep=20,keep_for=24h (also min_exec=D; default: none)")

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"fmt"
 
+	"space/api"
 	"space/internal/errkind"
 	"space/internal/store"
 )
@@ -113,4 +114,62 @@ func short(h []byte) string {
 		s = s[:12] + "…"
 	}
 	return s
+}
+
+// ToAPI returns e as the API shows it.
+func ToAPI(e store.AuditEntry) api.AuditEntry {
+	targets := e.Targets
+	if targets == nil {
+		targets = map[string]string{}
+	}
+	return api.AuditEntry{
+		Seq: e.Seq, Time: e.Time, RequestID: e.RequestID, KeyID: e.KeyID, TeamID: e.TeamID,
+		Source: e.Source, Method: e.Method, Route: e.Route, Targets: targets, Code: e.Code,
+		Outcome: e.Outcome, Prev: hex.EncodeToString(e.Prev), Hash: hex.EncodeToString(e.Hash),
+	}
+}
+
+// FromAPI returns the entry the API showed as e, to verify it. An error
+// names a hash that is not hex.
+func FromAPI(e api.AuditEntry) (store.AuditEntry, error) {
+	prev, err := hex.DecodeString(e.Prev)
+	if err != nil {
+		return store.AuditEntry{}, fmt.Errorf("audit entry %d: prev: %w", e.Seq, err)
+	}
+	hash, err := hex.DecodeString(e.Hash)
+	if err != nil {
+		return store.AuditEntry{}, fmt.Errorf("audit entry %d: hash: %w", e.Seq, err)
+	}
+	targets := e.Targets
+	if len(targets) == 0 {
+		targets = nil
+	}
+	return store.AuditEntry{
+		Seq: e.Seq, Time: e.Time, RequestID: e.RequestID, KeyID: e.KeyID, TeamID: e.TeamID,
+		Source: e.Source, Method: e.Method, Route: e.Route, Targets: targets, Code: e.Code,
+		Outcome: e.Outcome, Prev: prev, Hash: hash,
+	}, nil
+}
+
+// AnchorToAPI returns a as the API shows it.
+func AnchorToAPI(a store.AuditAnchor) api.AuditAnchor {
+	v := api.AuditAnchor{Seq: a.Seq, Hash: hex.EncodeToString(a.Hash)}
+	if !a.Time.IsZero() {
+		t := a.Time
+		v.Time = &t
+	}
+	return v
+}
+
+// AnchorFromAPI returns the anchor the API showed as a.
+func AnchorFromAPI(a api.AuditAnchor) (store.AuditAnchor, error) {
+	hash, err := hex.DecodeString(a.Hash)
+	if err != nil {
+		return store.AuditAnchor{}, fmt.Errorf("audit anchor: hash: %w", err)
+	}
+	out := store.AuditAnchor{Seq: a.Seq, Hash: hash}
+	if a.Time != nil {
+		out.Time = *a.Time
+	}
+	return out, nil
 }

@@ -414,6 +414,7 @@ func (s *Server) handleCreateCheckpoint(w http.ResponseWriter, r *http.Request) 
 		httpapi.WriteError(w, err)
 		return
 	}
+	noteCreated(r.Context(), sn.ID)
 	m, _ := metaOf(sn) // just encoded
 	httpapi.WriteJSON(w, http.StatusCreated, checkpointView(sn, m))
 }

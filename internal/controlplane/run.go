@@ -262,6 +262,7 @@ func (s *Server) lead(ctx context.Context) {
 			s.log.Warn("reconcile", "err", err)
 		}
 		s.pruneEgressLogs(ctx)
+		s.pruneAudit(ctx)
 	}
 	round()
 	var ckpts sync.WaitGroup

@@ -115,6 +115,9 @@ type Config struct {
 	// EgressLogRetention is how long sandboxes' archived egress logs are
 	// kept; 0 = DefaultEgressLogRetention, negative = for ever.
 	EgressLogRetention time.Duration
+	// AuditRetention is how long audit log entries are kept (audit.go);
+	// 0 = DefaultAuditRetention, negative = for ever.
+	AuditRetention time.Duration
 	// DataPlaneURL is where clients send the data-plane requests of
 	// sandboxes on standalone workers (a `space proxy` in front of them,
 	// see package dataplane); "" = this server. Sandboxes on this
@@ -187,6 +190,7 @@ type Server struct {
 	// elector decides which replica does the background work (Run).
 	elector leader.Elector
 	metrics *metrics
+	auditor *auditor
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -216,6 +220,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.EgressLogRetention == 0 {
 		cfg.EgressLogRetention = DefaultEgressLogRetention
+	}
+	if cfg.AuditRetention == 0 {
+		cfg.AuditRetention = DefaultAuditRetention
 	}
 	if cfg.ReconcileInterval == 0 {
 		cfg.ReconcileInterval = 30 * time.Second
@@ -298,6 +305,9 @@ func New(cfg Config) (*Server, error) {
 		reg = prometheus.NewRegistry()
 	}
 	if s.metrics, err = newMetrics(reg, cfg.Store); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	if s.auditor, err = newAuditor(reg, cfg.Store, s.log); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	if cfg.WorkerToken != "" {
@@ -453,7 +463,9 @@ func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
 			httpapi.WriteError(w, err)
 			return
 		}
-		ctx := context.WithValue(r.Context(), callerKey{}, caller{team: k.TeamID, admin: k.Admin, keyID: k.ID})
+		c := caller{team: k.TeamID, admin: k.Admin, keyID: k.ID}
+		noteCaller(r.Context(), c)
+		ctx := context.WithValue(r.Context(), callerKey{}, c)
 		next(w, r.WithContext(origin.SetActor(ctx, origin.KindKey, k.ID)))
 	}
 }
@@ -531,6 +543,7 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/quota", s.handleSetQuota, false},
 		{"POST", "/v1/workers", s.handleRegister, true}, // worker token, checked by the handler
 		{"GET", "/v1/workers", s.handleListWorkers, false},
+		{"GET", "/v1/audit", s.handleAudit, false},
 	}
 }
 
@@ -548,7 +561,9 @@ func (s *Server) Routes() []string {
 
 // Handler returns the public API. Every request is counted and timed
 // (metrics.go) by its route's template, never its path, and gets a
-// request ID (package origin) answered in X-Request-Id.
+// request ID (package origin) answered in X-Request-Id; every call that
+// changes something or is refused is recorded in the audit log
+// (audit.go).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	allowed := map[string][]string{} // path -> methods
@@ -557,6 +572,7 @@ func (s *Server) Handler() http.Handler {
 		if !rt.public {
 			h = s.authenticate(h)
 		}
+		h = s.auditor.wrap(rt.path, rt.method, rt.public, h)
 		mux.HandleFunc(rt.method+" "+rt.path, s.metrics.instrument(rt.path, rt.method, h))
 		allowed[rt.path] = append(allowed[rt.path], rt.method)
 	}

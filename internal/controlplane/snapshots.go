@@ -89,6 +89,7 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
+	noteCreated(r.Context(), sn.ID)
 	v, _ := s.snapshotView(sn) // its metadata was just encoded
 	httpapi.WriteJSON(w, http.StatusCreated, v)
 }

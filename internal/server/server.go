@@ -141,6 +141,10 @@ type Config struct {
 	// from their latest checkpoints (controlplane.Config.RecoverAfter);
 	// 0 = 30s, negative = never.
 	RecoverAfter time.Duration
+	// AuditRetention is how long audit log entries are kept
+	// (controlplane.Config.AuditRetention); 0 = 365 days, negative =
+	// for ever.
+	AuditRetention time.Duration
 	// NoWorker runs the control plane alone, with no embedded worker:
 	// sandboxes run on standalone workers only (`space worker`). For
 	// replicas of one control plane on PostgreSQL.
@@ -366,7 +370,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints, RecoverAfter: cfg.RecoverAfter,
-		Metrics: reg,
+		AuditRetention: cfg.AuditRetention, Metrics: reg,
 	})
 	if err != nil {
 		return err
