@@ -186,6 +186,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"Network": Network{}, "EgressEvent": EgressEvent{},
 		"CreateSecret": CreateSecret{}, "Secret": Secret{}, "SecretList": SecretList{}, "SecretGrants": SecretGrants{},
 		"SetTimeout": SetTimeout{},
+		"AuditEntry": AuditEntry{}, "AuditAnchor": AuditAnchor{}, "AuditList": AuditList{}, "AuditExportHead": AuditExportHead{},
 	}
 	doc := loadSpec(t)
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)
