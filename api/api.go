@@ -887,7 +887,8 @@ type AuditList struct {
 }
 
 // AuditExportHead is the first line of GET /v1/audit?format=ndjson; each
-// line after it is an AuditEntry.
+// line after it is an AuditEntry, but for an Error line that ends an
+// export the server could not finish.
 type AuditExportHead struct {
 	Anchor AuditAnchor `json:"anchor"`
 }

@@ -254,15 +254,21 @@ func verifyExport(r io.Reader) (audit.Result, error) {
 	}
 	v := audit.NewVerifier(anchor)
 	for n := 1; ; n++ {
-		var e api.AuditEntry
-		err := dec.Decode(&e)
+		var line struct {
+			api.AuditEntry
+			Error *api.ErrorBody `json:"error"` // the server could not finish the export
+		}
+		err := dec.Decode(&line)
 		if errors.Is(err, io.EOF) {
 			return v.Result()
 		}
 		if err != nil {
 			return audit.Result{}, fmt.Errorf("read entry %d of the export: %w", n, err)
 		}
-		se, err := audit.FromAPI(e)
+		if line.Error != nil {
+			return audit.Result{}, fmt.Errorf("the export was cut short after entry %d: %s", n-1, line.Error.Message)
+		}
+		se, err := audit.FromAPI(line.AuditEntry)
 		if err != nil {
 			return audit.Result{}, err
 		}

@@ -107,6 +107,11 @@ func TestAuditVerbs(t *testing.T) {
 	if code, _, stderr := run("audit", "verify", "--file", file); code != exitFailure || !strings.Contains(stderr, "seq 3:") {
 		t.Errorf("audit verify --file (entry 2 cut) = %d %s, want failure naming seq 3", code, stderr)
 	}
+	// One the server could not finish.
+	os.WriteFile(file, []byte(strings.Join(append(cut[:2:2], `{"error":{"code":"unavailable","message":"store gone"}}`), "\n")), 0o600)
+	if code, _, stderr := run("audit", "verify", "--file", file); code != exitFailure || !strings.Contains(stderr, "cut short after entry 1: store gone") {
+		t.Errorf("audit verify --file (ends with an error line) = %d %s, want failure: cut short", code, stderr)
+	}
 	os.WriteFile(file, []byte(strings.Join(cut[1:], "\n")), 0o600)
 	if code, _, stderr := run("audit", "verify", "--file", file); code != exitFailure || !strings.Contains(stderr, "anchor") {
 		t.Errorf("audit verify --file (no anchor line) = %d %s, want failure about the anchor", code, stderr)

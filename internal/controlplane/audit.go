@@ -229,8 +229,10 @@ func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
 		http.NewResponseController(w).Flush()
 		page.After = entries[len(entries)-1].Seq
 		if entries, err = s.cfg.Store.ListAudit(ctx, page); err != nil {
-			// The answer is under way: cut it short, and say so here.
+			// The status is sent: end with an error line, so that the
+			// export does not pass for a whole one.
 			s.log.ErrorContext(ctx, "audit export cut short", "after", page.After, "err", err)
+			enc.Encode(api.Error{Error: httpapi.Body(err)})
 			return
 		}
 	}

@@ -1256,7 +1256,8 @@ export interface paths {
          *     following one. `format=ndjson` (or `Accept: application/x-ndjson`)
          *     streams every matching entry instead (`limit` is ignored): a first
          *     line AuditExportHead (`{"anchor": AuditAnchor}`), then one AuditEntry
-         *     per line. An
+         *     per line. A server that cannot finish the export ends it with an
+         *     Error line instead. An
          *     export of the whole log (no filters) can be verified offline.
          */
         get: operations["listAudit"];
