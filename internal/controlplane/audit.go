@@ -16,6 +16,7 @@ import (
 
 	"space/api"
 	"space/internal/audit"
+	"space/internal/dataplane"
 	"space/internal/errkind"
 	"space/internal/httpapi"
 	"space/internal/origin"
@@ -147,6 +148,28 @@ func (a *auditor) wrap(route, method string, public bool, h http.HandlerFunc) ht
 			a.log.ErrorContext(ctx, "audit write failed; the call was answered", "method", e.Method, "route", route, "code", code, "err", err)
 		}
 	}
+}
+
+// auditedPlane is the data plane (s.plane) with its calls recorded as
+// the API's are, by route template: a data-plane token's call is the
+// same call as one with an API key. The token names the team, not the
+// key that got it (with the sandbox's record), so KeyID stays empty.
+func (s *Server) auditedPlane() http.Handler {
+	serve := func(w http.ResponseWriter, r *http.Request) {
+		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			if g, err := s.sealer.Open(tok, s.now()); err == nil {
+				noteCaller(r.Context(), caller{team: g.Team})
+			}
+		}
+		s.plane.ServeHTTP(w, r)
+	}
+	mux := http.NewServeMux()
+	for _, rt := range dataplane.Routes {
+		path := dataplane.SandboxBase + rt.Path
+		mux.HandleFunc(rt.Method+" "+path, s.auditor.wrap(path, rt.Method, false, serve))
+	}
+	mux.Handle("/", s.plane) // its answer to an unknown route
+	return mux
 }
 
 // auditString is s as an audit entry may hold it (store.AuditEntry's

@@ -21,6 +21,7 @@ import (
 
 	"space/api"
 	"space/internal/audit"
+	"space/internal/dataplane"
 	"space/internal/secrets"
 	"space/internal/store"
 	"space/internal/store/sqlite"
@@ -37,7 +38,7 @@ type auditServer struct {
 	reg   *prometheus.Registry
 }
 
-func newAuditServer(t *testing.T, wrap func(store.Store) store.Store) *auditServer {
+func newAuditServer(t *testing.T, wrap func(store.Store) store.Store, workerToken string) *auditServer {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "space.db")
 	st, err := sqlite.Open(t.Context(), path)
@@ -54,7 +55,7 @@ func newAuditServer(t *testing.T, wrap func(store.Store) store.Store) *auditServ
 		cst = wrap(st)
 	}
 	reg := prometheus.NewRegistry()
-	s, err := New(Config{Store: cst, Templates: []string{"default"}, Secrets: box, Metrics: reg})
+	s, err := New(Config{Store: cst, Templates: []string{"default"}, Secrets: box, Metrics: reg, WorkerToken: workerToken})
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
@@ -152,7 +153,7 @@ type entryView struct {
 // verifies from an export until a row is edited in the database.
 func TestAuditRecords(t *testing.T) {
 	ctx := t.Context()
-	a := newAuditServer(t, nil)
+	a := newAuditServer(t, nil, "")
 	keys, err := a.st.ListAPIKeys(ctx, DefaultTeam)
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("setup: ListAPIKeys = %v, %v", keys, err)
@@ -269,7 +270,7 @@ func TestAuditRecords(t *testing.T) {
 
 // TestAuditList checks GET /v1/audit's pages, filters and bad queries.
 func TestAuditList(t *testing.T) {
-	a := newAuditServer(t, nil)
+	a := newAuditServer(t, nil, "")
 	for i := range 5 {
 		if rec := a.do(a.admin, "POST", "/v1/apikeys", fmt.Sprintf(`{"name":"k%d","team":"t%d"}`, i, i%2)); rec.Code != 201 {
 			t.Fatalf("setup: POST /v1/apikeys = %d %s", rec.Code, rec.Body)
@@ -334,7 +335,7 @@ func TestAuditList(t *testing.T) {
 // TestAuditPrune checks the leader's pruning keeps the rest verifiable
 // from the anchor, and that a negative retention keeps everything.
 func TestAuditPrune(t *testing.T) {
-	a := newAuditServer(t, nil)
+	a := newAuditServer(t, nil, "")
 	for i := range 3 {
 		if rec := a.do(a.admin, "POST", "/v1/apikeys", fmt.Sprintf(`{"name":"k%d"}`, i)); rec.Code != 201 {
 			t.Fatalf("setup: POST /v1/apikeys = %d %s", rec.Code, rec.Body)
@@ -370,7 +371,7 @@ func (failingAudit) AppendAudit(context.Context, store.AuditEntry) (store.AuditE
 // TestAuditWriteFailure checks a failed append leaves the answer alone
 // and is counted.
 func TestAuditWriteFailure(t *testing.T) {
-	a := newAuditServer(t, func(st store.Store) store.Store { return failingAudit{st} })
+	a := newAuditServer(t, func(st store.Store) store.Store { return failingAudit{st} }, "")
 	rec := a.do(a.admin, "POST", "/v1/apikeys", `{"name":"k"}`)
 	if rec.Code != 201 {
 		t.Errorf("POST /v1/apikeys with the audit log failing = %d %s, want 201", rec.Code, rec.Body)
@@ -378,5 +379,39 @@ func TestAuditWriteFailure(t *testing.T) {
 	a.do("", "DELETE", "/v1/apikeys/key_x", "")
 	if got := testutil.ToFloat64(a.s.auditor.errors); got != 2 {
 		t.Errorf("space_audit_write_errors_total = %v, want 2", got)
+	}
+}
+
+// TestAuditDataPlane checks the calls made with a data-plane token are
+// recorded as those made with a key: by route template, with the
+// token's team.
+func TestAuditDataPlane(t *testing.T) {
+	a := newAuditServer(t, nil, testWorkerToken)
+	rec := a.do(a.admin, "POST", "/v1/sandboxes", `{}`)
+	var sb api.Sandbox
+	if rec.Code != 201 || json.Unmarshal(rec.Body.Bytes(), &sb) != nil || sb.DataPlane == nil {
+		t.Fatalf("setup: POST /v1/sandboxes = %d %s, want a sandbox with a data plane", rec.Code, rec.Body)
+	}
+	before := len(a.entries(t))
+	tok := sb.DataPlane.Token
+	a.do(tok, "GET", "/v1/sandboxes/"+sb.ID+"/files?path=/etc/hostname", "")
+	a.do(tok, "POST", "/v1/sandboxes/"+sb.ID+"/processes/7/signal", `{"signal":"SIGTERM"}`)
+	bad := a.do(dataplane.TokenPrefix+"forged", "DELETE", "/v1/sandboxes/"+sb.ID+"/files?path=/x", "")
+	if bad.Code != 401 {
+		t.Fatalf("setup: DELETE with a forged token = %d, want 401", bad.Code)
+	}
+	var views []entryView
+	for _, e := range a.entries(t)[before:] {
+		views = append(views, entryView{e.KeyID, e.TeamID, e.Method, e.Route, e.Targets, e.Code, e.Outcome})
+	}
+	want := []entryView{
+		{"", DefaultTeam, "POST", "/v1/sandboxes/{id}/processes/{pid}/signal", map[string]string{"id": sb.ID, "pid": "7"}, 0, ""},
+		{"", "", "DELETE", "/v1/sandboxes/{id}/files", map[string]string{"id": sb.ID}, 401, "unauthenticated"},
+	}
+	if len(views) == 2 { // the worker's answer to the signal is its own
+		want[0].Code, want[0].Outcome = views[0].Code, views[0].Outcome
+	}
+	if diff := cmp.Diff(want, views); diff != "" {
+		t.Errorf("audit log of data-plane calls (-want +got):\n%s", diff)
 	}
 }

@@ -590,7 +590,7 @@ func (s *Server) Handler() http.Handler {
 	if s.plane == nil {
 		return origin.Middleware(mux)
 	}
-	plane := s.metrics.instrument(routeDataPlane, "", s.plane)
+	plane := s.metrics.instrument(routeDataPlane, "", s.auditedPlane())
 	// A data-plane token is served without the database: the sandbox
 	// and its worker are in the token.
 	return origin.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
