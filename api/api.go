@@ -920,3 +920,51 @@ type LifecycleEventList struct {
 	Events []LifecycleEvent `json:"events"`
 	Next   string           `json:"next"`
 }
+
+// AuditEntry is one entry of the audit log: one API call that changed
+// something (any method but GET, HEAD and OPTIONS, and the WebSockets
+// that run commands) or whose authentication or authorisation was refused
+// (401, 403). It names the route's template and the records the path
+// named, never a body, query values or headers. Hashes are hex.
+type AuditEntry struct {
+	Seq       int64     `json:"seq"` // 1, 2, … in the order appended, without gaps
+	Time      time.Time `json:"time"`
+	RequestID string    `json:"request_id"`
+	KeyID     string    `json:"key_id"`  // "" if unauthenticated
+	TeamID    string    `json:"team_id"` // "" if unauthenticated
+	Source    string    `json:"source"`  // the client's address
+	Method    string    `json:"method"`
+	Route     string    `json:"route"` // "/v1/sandboxes/{id}"
+	// Targets are the path's values by wildcard name ("id", "sid",
+	// "name", "pid", …) and "created" for what a create made.
+	Targets map[string]string `json:"targets"`
+	Code    int               `json:"code"`    // the HTTP status answered
+	Outcome string            `json:"outcome"` // ok, refused (403), failed, unauthenticated (401)
+	Prev    string            `json:"prev"`    // the previous entry's hash; "" for the first of the log
+	Hash    string            `json:"hash"`    // SHA-256 of prev's bytes and the entry's canonical encoding
+}
+
+// AuditAnchor is where the audit log's chain starts: the last entry
+// pruned (seq 0 and hash "" if none ever was). The first entry kept has
+// seq+1 and prev = hash.
+type AuditAnchor struct {
+	Seq  int64      `json:"seq"`
+	Hash string     `json:"hash"`
+	Time *time.Time `json:"time,omitempty"` // the pruned entry's time
+}
+
+// AuditList is the reply of GET /v1/audit.
+type AuditList struct {
+	Entries []AuditEntry `json:"entries"`
+	// Next is the cursor of the next page (pass it as after), or 0 if
+	// this page is the last.
+	Next   int64       `json:"next"`
+	Anchor AuditAnchor `json:"anchor"`
+}
+
+// AuditExportHead is the first line of GET /v1/audit?format=ndjson; each
+// line after it is an AuditEntry, but for an Error line that ends an
+// export the server could not finish.
+type AuditExportHead struct {
+	Anchor AuditAnchor `json:"anchor"`
+}

@@ -189,6 +189,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"LifecycleEvent": LifecycleEvent{}, "LifecycleEventList": LifecycleEventList{},
 		"CreateWebhook": CreateWebhook{}, "UpdateWebhook": UpdateWebhook{}, "Webhook": Webhook{}, "WebhookList": WebhookList{},
 		"WebhookDelivery": WebhookDelivery{}, "WebhookDeliveryList": WebhookDeliveryList{},
+		"AuditEntry": AuditEntry{}, "AuditAnchor": AuditAnchor{}, "AuditList": AuditList{}, "AuditExportHead": AuditExportHead{},
 	}
 	doc := loadSpec(t)
 	schemas, _ := doc["components"].(map[string]any)["schemas"].(map[string]any)

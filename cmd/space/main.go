@@ -209,6 +209,7 @@ func newRootCmd(g *globals) *cobra.Command {
 		newSecretCmd(g),
 		newEventsCmd(g),
 		newWebhookCmd(g),
+		newAuditCmd(g),
 		newMCPCmd(g),
 	)
 	markRunErrors(root)

@@ -32,6 +32,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		timeout                                     time.Duration
 		chunkGCInterval                             time.Duration
 		recoverAfter, eventRetention                time.Duration
+		auditRetention                              time.Duration
 		vmm                                         vmmFlags
 		noWorker                                    bool
 		vcpus, pool                                 int
@@ -119,8 +120,8 @@ server stops, and the next start re-adopts them.`,
 				AgentHeartbeat: hb.every, AgentTimeout: hb.timeout,
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
 				DefaultCheckpoints: defaultCheckpoints, DefaultTimeout: timeout, DefaultOnTimeout: onTimeout, ChunkGCInterval: chunkGCInterval, RecoverAfter: recoverAfter, EventRetention: eventRetention,
-				Webhooks: webhooks,
-				CrashAt:  g.getenv("SPACE_CRASH_AT"), Version: version(),
+				AuditRetention: auditRetention, Webhooks: webhooks,
+				CrashAt: g.getenv("SPACE_CRASH_AT"), Version: version(),
 				Progress: g.stderr, Log: g.logger(), Prewarm: true, Pool: pool, Egress: egress, VMM: vmm.kind, Firecracker: vmm.fc, Host: vmm.host,
 			})
 		},
@@ -147,6 +148,7 @@ server stops, and the next start re-adopts them.`,
 	f.DurationVar(&eventRetention, "event-retention", controlplane.DefaultEventRetention, "how long sandboxes' lifecycle events are kept (negative: for ever)")
 	f.BoolVar(&webhooks.AllowPrivate, "webhook-allow-private", false, "let webhooks reach private, loopback, link-local and this host's own addresses, and use http (an administrator's choice for receivers on this network; default: https to public addresses only; docs/operations.md)")
 	f.IntVar(&webhooks.DisableAfter, "webhook-disable-after", webhook.DefaultDisableAfter, "failed delivery attempts in a row after which a webhook is disabled until its team enables it again (negative: never)")
+	f.DurationVar(&auditRetention, "audit-retention", controlplane.DefaultAuditRetention, "how long audit log entries are kept; the oldest are pruned, and verification starts from the last one pruned (negative: for ever; docs/operations.md)")
 	f.DurationVar(&timeout, "timeout", controlplane.DefaultLimits.DefaultTTL, "the timeout of sandboxes created without one (at most 168h)")
 	f.StringVar(&onTimeout, "on-timeout", "delete", "what the timeout of sandboxes created without on_timeout does: delete, or suspend (the timeout becomes an idle time after which the sandbox is written to storage and its memory freed; resume brings it back)")
 	f.StringVar(&checkpoints, "checkpoints", "", "the checkpoint `policy` of sandboxes created without one, e.g. every=5m,after_exec,keep=20,keep_for=24h (also min_exec=D; default: none)")

@@ -61,6 +61,7 @@ func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
+	noteCreated(r.Context(), k.ID)
 	v := keyView(k)
 	v.Secret = secret
 	httpapi.WriteJSON(w, http.StatusCreated, v)

@@ -418,6 +418,7 @@ func (s *Server) handleCreateCheckpoint(w http.ResponseWriter, r *http.Request) 
 		httpapi.WriteError(w, err)
 		return
 	}
+	noteCreated(r.Context(), sn.ID)
 	m, _ := metaOf(sn) // just encoded
 	httpapi.WriteJSON(w, http.StatusCreated, checkpointView(sn, m))
 }

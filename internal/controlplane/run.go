@@ -275,6 +275,7 @@ func (s *Server) lead(ctx context.Context) {
 		}
 		s.pruneEgressLogs(ctx)
 		s.pruneEvents(ctx)
+		s.pruneAudit(ctx)
 	}
 	round()
 	var ckpts sync.WaitGroup

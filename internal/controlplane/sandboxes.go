@@ -291,6 +291,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
+	noteCreated(ctx, sb.ID)
 	s.writeView(w, http.StatusCreated, sb)
 }
 

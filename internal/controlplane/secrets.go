@@ -69,6 +69,7 @@ func (s *Server) handleCreateSecret(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, err)
 		return
 	}
+	noteCreated(r.Context(), sc.Name)
 	httpapi.WriteJSON(w, http.StatusCreated, secretView(sc))
 }
 

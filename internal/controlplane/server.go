@@ -119,6 +119,9 @@ type Config struct {
 	// EventRetention is how long sandboxes' lifecycle events are kept;
 	// 0 = DefaultEventRetention, negative = for ever.
 	EventRetention time.Duration
+	// AuditRetention is how long audit log entries are kept (audit.go);
+	// 0 = DefaultAuditRetention, negative = for ever.
+	AuditRetention time.Duration
 	// DataPlaneURL is where clients send the data-plane requests of
 	// sandboxes on standalone workers (a `space proxy` in front of them,
 	// see package dataplane); "" = this server. Sandboxes on this
@@ -202,6 +205,7 @@ type Server struct {
 	hookGuard  *webhook.Guard
 	hookSender *webhook.Sender
 	hooks      *webhook.Dispatcher
+	auditor    *auditor
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -234,6 +238,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.EventRetention == 0 {
 		cfg.EventRetention = DefaultEventRetention
+	}
+	if cfg.AuditRetention == 0 {
+		cfg.AuditRetention = DefaultAuditRetention
 	}
 	if cfg.ReconcileInterval == 0 {
 		cfg.ReconcileInterval = 30 * time.Second
@@ -323,6 +330,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	if err := s.newWebhooks(); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	if s.auditor, err = newAuditor(reg, cfg.Store, s.log); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	if cfg.WorkerToken != "" {
@@ -478,7 +488,9 @@ func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
 			httpapi.WriteError(w, err)
 			return
 		}
-		ctx := context.WithValue(r.Context(), callerKey{}, caller{team: k.TeamID, admin: k.Admin, keyID: k.ID})
+		c := caller{team: k.TeamID, admin: k.Admin, keyID: k.ID}
+		noteCaller(r.Context(), c)
+		ctx := context.WithValue(r.Context(), callerKey{}, c)
 		next(w, r.WithContext(origin.SetActor(ctx, origin.KindKey, k.ID)))
 	}
 }
@@ -566,6 +578,7 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/quota", s.handleSetQuota, false},
 		{"POST", "/v1/workers", s.handleRegister, true}, // worker token, checked by the handler
 		{"GET", "/v1/workers", s.handleListWorkers, false},
+		{"GET", "/v1/audit", s.handleAudit, false},
 	}
 }
 
@@ -583,7 +596,9 @@ func (s *Server) Routes() []string {
 
 // Handler returns the public API. Every request is counted and timed
 // (metrics.go) by its route's template, never its path, and gets a
-// request ID (package origin) answered in X-Request-Id.
+// request ID (package origin) answered in X-Request-Id; every call that
+// changes something or is refused is recorded in the audit log
+// (audit.go).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	allowed := map[string][]string{} // path -> methods
@@ -592,6 +607,7 @@ func (s *Server) Handler() http.Handler {
 		if !rt.public {
 			h = s.authenticate(h)
 		}
+		h = s.auditor.wrap(rt.path, rt.method, rt.public, h)
 		mux.HandleFunc(rt.method+" "+rt.path, s.metrics.instrument(rt.path, rt.method, h))
 		allowed[rt.path] = append(allowed[rt.path], rt.method)
 	}
@@ -609,7 +625,7 @@ func (s *Server) Handler() http.Handler {
 	if s.plane == nil {
 		return origin.Middleware(mux)
 	}
-	plane := s.metrics.instrument(routeDataPlane, "", s.plane)
+	plane := s.metrics.instrument(routeDataPlane, "", s.auditedPlane())
 	// A data-plane token is served without the database: the sandbox
 	// and its worker are in the token.
 	return origin.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

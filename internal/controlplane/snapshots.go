@@ -91,6 +91,7 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.event(ctx, sandbox.EventSnapshotted, sb, map[string]string{"snapshot_id": sn.ID})
+	noteCreated(r.Context(), sn.ID)
 	v, _ := s.snapshotView(sn) // its metadata was just encoded
 	httpapi.WriteJSON(w, http.StatusCreated, v)
 }

@@ -150,6 +150,10 @@ type Config struct {
 	// addresses, how many failures disable one); the zero value is the
 	// production setting.
 	Webhooks controlplane.WebhookConfig
+	// AuditRetention is how long audit log entries are kept
+	// (controlplane.Config.AuditRetention); 0 = 365 days, negative =
+	// for ever.
+	AuditRetention time.Duration
 	// NoWorker runs the control plane alone, with no embedded worker:
 	// sandboxes run on standalone workers only (`space worker`). For
 	// replicas of one control plane on PostgreSQL.
@@ -375,7 +379,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints, RecoverAfter: cfg.RecoverAfter,
-		EventRetention: cfg.EventRetention, Webhooks: cfg.Webhooks, Metrics: reg,
+		EventRetention: cfg.EventRetention, AuditRetention: cfg.AuditRetention, Webhooks: cfg.Webhooks, Metrics: reg,
 	})
 	if err != nil {
 		return err

@@ -1,8 +1,8 @@
 // Package store defines the control plane's durable state: teams, API keys,
 // sandboxes, snapshots, templates, the build cache, sealed secrets,
-// archived egress logs, sandboxes' lifecycle events, workers and the
-// leases replicas coordinate with, and the [Store] contract its backends
-// implement.
+// archived egress logs, sandboxes' lifecycle events, teams' webhooks, the
+// audit log, workers and the leases replicas coordinate with, and the
+// [Store] contract its backends implement.
 //
 // Backends live in subpackages (sqlite for the embedded single-host setup,
 // postgres for scale-out); both pass the conformance suite in storetest.
@@ -58,6 +58,7 @@ type Store interface {
 	EgressLogs
 	Events
 	Webhooks
+	Audit
 	Workers
 	Leases
 	Quotas

@@ -7,7 +7,9 @@
 // alone: leases expire by its clock (now()), a fenced write holds its
 // lease's row (FOR KEY SHARE) until it commits, so no takeover can slip in
 // between check and write, and CreateSandboxWithinQuota serializes on the
-// team's row (FOR NO KEY UPDATE), per team, not globally.
+// team's row (FOR NO KEY UPDATE), per team, not globally. AppendAudit
+// serializes globally on the audit log's head (audit_chain's one row,
+// FOR UPDATE): the log is one chain.
 package postgres
 
 import (

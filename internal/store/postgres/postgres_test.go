@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"space/internal/store"
 	"space/internal/store/postgres"
 	"space/internal/store/storetest"
@@ -16,6 +18,15 @@ func TestConformance(t *testing.T) {
 		New: func(t *testing.T) string { return pgtest.Start(t) },
 		Open: func(ctx context.Context, dsn string) (store.Store, error) {
 			return postgres.Open(ctx, dsn)
+		},
+		Exec: func(ctx context.Context, dsn, query string) error {
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(ctx)
+			_, err = conn.Exec(ctx, query)
+			return err
 		},
 	})
 }

@@ -36,7 +36,7 @@ func TestMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open() = %v", err)
 	}
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after first Open (-want +got):\n%s", diff)
 	}
 	var mode string
@@ -68,7 +68,7 @@ func TestReopenAppliesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open() = %v", err)
 		}
-		if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, schemaVersions(t, s)); diff != "" {
+		if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, schemaVersions(t, s)); diff != "" {
 			t.Errorf("schema versions (-want +got):\n%s", diff)
 		}
 		s.Close()
@@ -100,7 +100,7 @@ func TestUpgradeAddsTeamQuota(t *testing.T) {
 		t.Fatalf("Open() of a version 1 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	want := store.Team{ID: "t1", Name: "old", Created: fromMicros(1000000)}
@@ -153,7 +153,7 @@ func TestUpgradeAddsSnapshots(t *testing.T) {
 		t.Fatalf("Open() of a version 2 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Team(ctx, "t1"); err != nil {
@@ -208,7 +208,7 @@ func TestUpgradeAddsTemplates(t *testing.T) {
 		t.Fatalf("Open() of a version 3 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Snapshot(ctx, "t1", sn.ID); err != nil {
@@ -259,7 +259,7 @@ func TestUpgradeAddsSecrets(t *testing.T) {
 		t.Fatalf("Open() of a version 4 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Template(ctx, "t1", "base", 1); err != nil {
@@ -307,7 +307,7 @@ func TestUpgradeAddsEgressLogs(t *testing.T) {
 		t.Fatalf("Open() of a version 5 database = %v", err)
 	}
 	defer s.Close()
-	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, schemaVersions(t, s)); diff != "" {
+	if diff := cmp.Diff([]int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, schemaVersions(t, s)); diff != "" {
 		t.Errorf("schema versions after upgrade (-want +got):\n%s", diff)
 	}
 	if got, err := s.Secret(ctx, "t1", "token"); err != nil {

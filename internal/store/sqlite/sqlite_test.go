@@ -2,6 +2,7 @@ package sqlite_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,17 @@ func TestConformance(t *testing.T) {
 		New: func(t *testing.T) string { return filepath.Join(t.TempDir(), "state.db") },
 		Open: func(ctx context.Context, path string) (store.Store, error) {
 			return sqlite.Open(ctx, path)
+		},
+		Exec: func(ctx context.Context, path, query string) error {
+			// Not through Open: its lock keeps a second store off the file,
+			// not a second connection.
+			db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)")
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			_, err = db.ExecContext(ctx, query)
+			return err
 		},
 	})
 }

@@ -25,6 +25,10 @@ type Harness struct {
 	New func(t *testing.T) string
 	// Open opens the store at loc. The suite closes what it opens.
 	Open func(ctx context.Context, loc string) (store.Store, error)
+	// Exec runs the SQL statements query on the store at loc behind the
+	// back of the stores open on it, as someone with the database's
+	// credentials could: the audit tests tamper with the log through it.
+	Exec func(ctx context.Context, loc, query string) error
 }
 
 // Run runs the conformance suite against the backend h describes.
@@ -82,6 +86,12 @@ func Run(t *testing.T, h Harness) {
 		{"WebhookTeamIsolation", testWebhookTeamIsolation},
 		{"WebhookDeliveries", testWebhookDeliveries},
 		{"WebhookBadInput", testWebhookBadInput},
+		{"AuditAppendList", testAuditAppendList},
+		{"AuditConcurrent", testAuditConcurrent},
+		{"AuditPrune", testAuditPrune},
+		{"AuditPersistence", testAuditPersistence},
+		{"AuditBadInput", testAuditBadInput},
+		{"AuditTamper", testAuditTamper},
 		{"Workers", testWorkers},
 		{"WorkerProtocol", testWorkerProtocol},
 		{"Leases", testLeases},

@@ -989,6 +989,123 @@ class Secret:
         return d
 
 @dataclass
+class AuditEntry:
+    """One entry of the audit log."""
+
+    seq: int
+    time: str  # RFC 3339 time
+    request_id: str
+    key_id: str
+    team_id: str
+    source: str
+    method: str
+    route: str
+    targets: Dict[str, str]
+    code: int
+    outcome: str  # one of: 'ok', 'refused', 'failed', 'unauthenticated'
+    prev: str
+    hash: str
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AuditEntry":
+        return cls(
+            seq=d.get('seq', 0),
+            time=d.get('time', ""),
+            request_id=d.get('request_id', ""),
+            key_id=d.get('key_id', ""),
+            team_id=d.get('team_id', ""),
+            source=d.get('source', ""),
+            method=d.get('method', ""),
+            route=d.get('route', ""),
+            targets=dict(d.get('targets', {})),
+            code=d.get('code', 0),
+            outcome=d.get('outcome', ""),
+            prev=d.get('prev', ""),
+            hash=d.get('hash', ""),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['seq'] = self.seq
+        d['time'] = self.time
+        d['request_id'] = self.request_id
+        d['key_id'] = self.key_id
+        d['team_id'] = self.team_id
+        d['source'] = self.source
+        d['method'] = self.method
+        d['route'] = self.route
+        d['targets'] = dict(self.targets)
+        d['code'] = self.code
+        d['outcome'] = self.outcome
+        d['prev'] = self.prev
+        d['hash'] = self.hash
+        return d
+
+@dataclass
+class AuditAnchor:
+    """Where the chain starts, the last entry pruned (seq 0 and an empty hash if none was)."""
+
+    seq: int
+    hash: str
+    time: Optional[str] = None  # RFC 3339 time
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AuditAnchor":
+        return cls(
+            seq=d.get('seq', 0),
+            hash=d.get('hash', ""),
+            time=d['time'] if d.get('time') is not None else None,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['seq'] = self.seq
+        d['hash'] = self.hash
+        if self.time is not None:
+            d['time'] = self.time
+        return d
+
+@dataclass
+class AuditList:
+    """The AuditList schema."""
+
+    entries: List[AuditEntry]
+    next: int
+    anchor: AuditAnchor
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AuditList":
+        return cls(
+            entries=[AuditEntry.from_dict(x0) for x0 in d.get('entries', [])],
+            next=d.get('next', 0),
+            anchor=AuditAnchor.from_dict(d.get('anchor') or {}),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['entries'] = [x0.to_dict() for x0 in self.entries]
+        d['next'] = self.next
+        d['anchor'] = self.anchor.to_dict()
+        return d
+
+@dataclass
+class AuditExportHead:
+    """The first line of an NDJSON export of the audit log; each line after it is an AuditEntry."""
+
+    anchor: AuditAnchor
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AuditExportHead":
+        return cls(
+            anchor=AuditAnchor.from_dict(d.get('anchor') or {}),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['anchor'] = self.anchor.to_dict()
+        return d
+
+@dataclass
 class SecretList:
     """The SecretList schema."""
 
@@ -2099,12 +2216,13 @@ __all__ = [
     "VMInfo", "SandboxList", "Exec", "WinSize", "Process", "ProcessList", "Exit",
     "Event", "Control", "Signal", "FileInfo", "MakeDir", "Move", "FileEvent",
     "FileList", "FileWritten", "FileUpload", "TarWritten", "PortState", "CreateAPIKey",
-    "APIKey", "APIKeyList", "CreateSecret", "Secret", "SecretList", "CreateWebhook",
-    "UpdateWebhook", "Webhook", "WebhookList", "WebhookDelivery", "WebhookDeliveryList",
-    "SecretGrants", "Quota", "QuotaUsage", "RegisterWorker", "WorkerCapabilities",
-    "Worker", "WorkerList", "CreateSnapshot", "Snapshot", "SnapshotList",
-    "RestoreSandbox", "SetTimeout", "CheckpointPolicy", "Checkpoint", "CheckpointList",
-    "ForkSandbox", "Template", "TemplateList", "BuildReport", "BuildEvent", "Network",
+    "APIKey", "APIKeyList", "CreateSecret", "Secret", "AuditEntry", "AuditAnchor",
+    "AuditList", "AuditExportHead", "SecretList", "CreateWebhook", "UpdateWebhook",
+    "Webhook", "WebhookList", "WebhookDelivery", "WebhookDeliveryList", "SecretGrants",
+    "Quota", "QuotaUsage", "RegisterWorker", "WorkerCapabilities", "Worker",
+    "WorkerList", "CreateSnapshot", "Snapshot", "SnapshotList", "RestoreSandbox",
+    "SetTimeout", "CheckpointPolicy", "Checkpoint", "CheckpointList", "ForkSandbox",
+    "Template", "TemplateList", "BuildReport", "BuildEvent", "Network",
     "SandboxMetrics", "UsageSample", "EgressEvent", "LifecycleEvent",
     "LifecycleEventList"
 ]

@@ -1424,6 +1424,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read or export the audit log (admin key).
+         * @description The audit log holds one entry per API call that changed something
+         *     (every method but GET, HEAD and OPTIONS, and the WebSockets that
+         *     run commands: exec/ws, attach) and per call refused with 401 or
+         *     403 whatever its method, oldest first. An entry names the key, its
+         *     team, the route's template, the path's values and the status; never
+         *     a body, query values or headers. Entries form a hash chain (see
+         *     docs/operations.md, "Audit log"): `space audit verify` checks it.
+         *
+         *     JSON (the default) answers a page: pass `next` as `after` for the
+         *     following one. `format=ndjson` (or `Accept: application/x-ndjson`)
+         *     streams every matching entry instead (`limit` is ignored): a first
+         *     line AuditExportHead (`{"anchor": AuditAnchor}`), then one AuditEntry
+         *     per line. A server that cannot finish the export ends it with an
+         *     Error line instead. An
+         *     export of the whole log (no filters) can be verified offline.
+         */
+        get: operations["listAudit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1988,6 +2022,62 @@ export interface components {
             format?: string;
             /** Format: date-time */
             created_at: string;
+        };
+        /**
+         * @description One entry of the audit log. `hash` is the hex SHA-256 of the bytes
+         *     of `prev` followed by the entry's canonical encoding (docs/operations.md).
+         */
+        AuditEntry: {
+            /**
+             * Format: int64
+             * @description 1, 2, ... in the order appended, without gaps
+             */
+            seq: number;
+            /** Format: date-time */
+            time: string;
+            request_id: string;
+            /** @description the API key's ID; empty if unauthenticated */
+            key_id: string;
+            /** @description the key's team; empty if unauthenticated */
+            team_id: string;
+            /** @description the client's address */
+            source: string;
+            method: string;
+            /** @description the route's template, e.g. /v1/sandboxes/{id} */
+            route: string;
+            /** @description The path's values by wildcard name (id, sid, name, pid, port), and `created` for what a create made. */
+            targets: {
+                [key: string]: string;
+            };
+            /** @description the HTTP status answered */
+            code: number;
+            /** @enum {string} */
+            outcome: "ok" | "refused" | "failed" | "unauthenticated";
+            /** @description hex hash of the previous entry (of the anchor for the first kept); empty for the first of the log */
+            prev: string;
+            /** @description hex SHA-256 */
+            hash: string;
+        };
+        /** @description Where the chain starts, the last entry pruned (seq 0 and an empty hash if none was). */
+        AuditAnchor: {
+            /** Format: int64 */
+            seq: number;
+            hash: string;
+            /** Format: date-time */
+            time?: string;
+        };
+        AuditList: {
+            entries: components["schemas"]["AuditEntry"][];
+            /**
+             * Format: int64
+             * @description the `after` of the next page; 0 if this is the last
+             */
+            next: number;
+            anchor: components["schemas"]["AuditAnchor"];
+        };
+        /** @description The first line of an NDJSON export of the audit log; each line after it is an AuditEntry. */
+        AuditExportHead: {
+            anchor: components["schemas"]["AuditAnchor"];
         };
         SecretList: {
             secrets: components["schemas"]["Secret"][];
@@ -4859,6 +4949,43 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+        };
+    };
+    listAudit: {
+        parameters: {
+            query?: {
+                /** @description Only this team's entries (default every team's, and the unauthenticated). */
+                team?: string;
+                /** @description Only entries after this sequence number (a page's `next`). */
+                after?: number;
+                /** @description Only entries from this time on (RFC 3339). */
+                since?: string;
+                /** @description Only entries before this time (RFC 3339). */
+                until?: string;
+                /** @description At most this many entries (JSON only). */
+                limit?: number;
+                /** @description json (a page) or ndjson (every matching entry, for export). */
+                format?: "json" | "ndjson";
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of entries, or (ndjson) the anchor line and every matching entry. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditList"];
+                    "application/x-ndjson": components["schemas"]["AuditEntry"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["PermissionDenied"];
         };
     };
 }
