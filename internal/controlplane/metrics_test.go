@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
@@ -173,13 +174,28 @@ func TestInstrumentKeepsUpgradesAndStreams(t *testing.T) {
 		t.Errorf("POST /stream = %d %q, want 200 \"first\\nhello\"", resp.StatusCode, body)
 	}
 
-	// The WebSocket handler returns after the client's close, which the
-	// client has waited for; the stream's after its body, read above.
-	fams := metricstest.Scrape(t, scrapeURL(t, reg))
-	for _, c := range []map[string]string{
+	// Each request is counted when its handler returns: the stream's
+	// before its body ended (read above), the WebSocket's a moment after
+	// the closing handshake the client saw, so wait for that one.
+	want := []map[string]string{
 		{"route": "/ws", "method": "GET", "code": "101"},
 		{"route": "/stream", "method": "POST", "code": "200"},
-	} {
+	}
+	counted := func() bool {
+		fams := metricstest.Scrape(t, scrapeURL(t, reg))
+		for _, c := range want {
+			if got, _ := fams.Value("space_api_requests_total", c); got != 1 {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !counted() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	fams := metricstest.Scrape(t, scrapeURL(t, reg))
+	for _, c := range want {
 		if got, _ := fams.Value("space_api_requests_total", c); got != 1 {
 			t.Errorf("space_api_requests_total%v = %v, want 1", c, got)
 		}
