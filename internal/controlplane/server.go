@@ -280,10 +280,17 @@ func New(cfg Config) (*Server, error) {
 	if err := store.ValidateLease("leader", holderOf(cfg.ReplicaID), time.Second); err != nil || strings.Contains(cfg.ReplicaID, "/") {
 		return nil, fmt.Errorf("controlplane: replica id %q: want printable ASCII without spaces or slashes: %w", cfg.ReplicaID, errkind.InvalidArgument)
 	}
-	s.claims = newClaims(cfg.Store, cfg.ReplicaID, s.log)
+	reg := cfg.Metrics
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	var err error
+	if s.metrics, err = newMetrics(reg, cfg.Store); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	s.claims = newClaims(cfg.Store, cfg.ReplicaID, s.log, s.metrics.claimsLost)
 	s.expiries = newExpiryHints()
 	var e leader.Elector
-	var err error
 	if cfg.Elector != nil {
 		e, err = cfg.Elector(s.claims.holder)
 	} else {
@@ -293,11 +300,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	s.elector = e
-	reg := cfg.Metrics
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	if s.metrics, err = newMetrics(reg, cfg.Store); err != nil {
+	if err := registerReplica(reg, s); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	if cfg.WorkerToken != "" {
@@ -474,19 +477,19 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/sandboxes", s.handleList, false},
 		{"GET", sb, s.handleGet, false},
 		{"DELETE", sb, s.handleDelete, false},
-		{"POST", sb + "/pause", s.handlePause, false},
+		{"POST", sb + "/pause", s.metrics.timeOp(opPause, s.handlePause), false},
 		{"POST", sb + "/suspend", s.handleSuspend, false},
 		{"POST", sb + "/timeout", s.handleSetTimeout, false},
 		{"POST", sb + "/snapshots", s.handleCreateSnapshot, false},
-		{"POST", sb + "/restore", s.handleRestore, false},
+		{"POST", sb + "/restore", s.metrics.timeOp(opRestore, s.handleRestore), false},
 		{"GET", sb + "/checkpoints", s.handleListCheckpoints, false},
 		{"POST", sb + "/checkpoints", s.handleCreateCheckpoint, false},
 		{"PUT", sb + "/checkpoints/policy", s.handleSetCheckpointPolicy, false},
-		{"POST", sb + "/fork", s.handleFork, false},
+		{"POST", sb + "/fork", s.metrics.timeOp(opFork, s.handleFork), false},
 		{"GET", "/v1/snapshots", s.handleListSnapshots, false},
 		{"GET", "/v1/snapshots/{sid}", s.handleGetSnapshot, false},
 		{"DELETE", "/v1/snapshots/{sid}", s.handleDeleteSnapshot, false},
-		{"POST", sb + "/resume", s.handleResume, false},
+		{"POST", sb + "/resume", s.metrics.timeOp(opResume, s.handleResume), false},
 		{"POST", sb + "/exec", fwd, false},
 		{"GET", sb + "/exec/ws", fwd, false},
 		{"GET", sb + "/processes", fwd, false},

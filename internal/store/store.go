@@ -331,8 +331,9 @@ type Quotas interface {
 	// is not live). The count and the insert are one transaction that
 	// serializes with every other CreateSandboxWithinQuota of the same
 	// team, in every process sharing the database, so concurrent creates
-	// never overshoot q. A refusal wraps errkind.ResourceExhausted and
-	// names the limit ("team t quota: 50 of 50 sandboxes in use").
+	// never overshoot q. A refusal is a *[QuotaError] (its Limit says
+	// which), wraps errkind.ResourceExhausted and names the limit ("team
+	// t quota: 50 of 50 sandboxes in use").
 	CreateSandboxWithinQuota(ctx context.Context, sb Sandbox, q Quota) (Sandbox, error)
 	// UpdateSandboxWithinQuota is UpdateSandbox (the same compare-and-set
 	// on Version, the same errors) that, when it would make a sandbox live
