@@ -86,6 +86,9 @@ type Config struct {
 	// often public while this one belongs on a private address. "" = not
 	// served.
 	MetricsListen string
+	// MetricsPerSandbox adds the embedded worker's families labelled by
+	// sandbox ID (worker.Config.MetricsPerSandbox); false = none.
+	MetricsPerSandbox bool
 	// CacheBase is the artifact cache's base directory (kernel, rootfs).
 	// Required.
 	CacheBase string
@@ -326,7 +329,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, DiskReserveMiB: cfg.DiskReserveMiB, StorageGiB: cfg.StorageGiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter,
 			AgentHeartbeat: cfg.AgentHeartbeat, AgentTimeout: cfg.AgentTimeout,
-			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress, Metrics: reg,
+			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress, Metrics: reg, MetricsPerSandbox: cfg.MetricsPerSandbox,
 		})
 		if err != nil {
 			return err
@@ -654,6 +657,7 @@ type workerConfig struct {
 	Fencing                bool   // worker.Config.Fencing: a standalone worker
 	CrashAt                string
 	Metrics                prometheus.Registerer // worker.Config.Metrics; or nil
+	MetricsPerSandbox      bool                  // worker.Config.MetricsPerSandbox
 	Log                    *slog.Logger
 }
 
@@ -729,7 +733,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		AgentHeartbeat: wc.AgentHeartbeat, AgentTimeout: wc.AgentTimeout,
 		ChunkStore: wc.ChunkStore, Fencing: wc.Fencing, EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
-		VMM: info, Metrics: wc.Metrics,
+		VMM: info, Metrics: wc.Metrics, MetricsPerSandbox: wc.MetricsPerSandbox,
 	})
 	if err != nil {
 		return nil, err
