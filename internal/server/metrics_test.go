@@ -11,10 +11,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"space/api"
 	"space/client"
+	"space/internal/chunkstore"
+	"space/internal/chunkstore/chunkstoretest"
+	"space/internal/chunkstore/local"
 	"space/internal/metricstest"
 	"space/internal/testenv"
 )
@@ -343,5 +347,37 @@ func TestSeriesBoundedOnFakeVMM(t *testing.T) {
 	}
 	if after := series(); after != before {
 		t.Errorf("series after 200 sandboxes = %d, after 10 = %d; want them equal", after, before)
+	}
+}
+
+// TestChunkGCMetrics runs one garbage collection of a chunk store that
+// holds a chunk no snapshot uses and checks what it freed and what is
+// left.
+func TestChunkGCMetrics(t *testing.T) {
+	b, err := local.New(t.TempDir())
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	chunks, err := chunkstore.New(chunkstore.Config{Backend: b})
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	junk := []byte("a chunk no manifest names")
+	chunkstoretest.Put(t, b, chunkstore.ChunkKey(chunkstore.Sum(junk)), junk)
+	reg := prometheus.NewRegistry()
+	m, err := newChunkMetrics(reg)
+	if err != nil {
+		t.Fatalf("newChunkMetrics() = %v", err)
+	}
+	collectOnce(t.Context(), chunks, m, slog.New(slog.DiscardHandler))
+	if got := testutil.ToFloat64(m.freed); got != float64(len(junk)) {
+		t.Errorf("space_chunkstore_gc_freed_bytes_total = %v, want %d", got, len(junk))
+	}
+	if got := testutil.ToFloat64(m.stored); got != 0 {
+		t.Errorf("space_chunkstore_bytes = %v, want 0", got)
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil || len(problems) > 0 {
+		t.Errorf("GatherAndLint() = %v, %v", problems, err)
 	}
 }

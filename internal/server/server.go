@@ -459,6 +459,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Ready != nil {
 		cfg.Ready(url)
 	}
+	gcm, err := newChunkMetrics(reg)
+	if err != nil {
+		return err
+	}
 	background := func(ctx context.Context) error {
 		var wg sync.WaitGroup
 		if ml != nil {
@@ -479,7 +483,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				}
 			})
 		}
-		wg.Go(func() { collectChunks(ctx, chunks, cfg.ChunkGCInterval, cfg.Log) })
+		wg.Go(func() { collectChunks(ctx, chunks, cfg.ChunkGCInterval, gcm, cfg.Log) })
 		if watcher != nil {
 			wg.Go(func() { watcher.Run(ctx) })
 		}
@@ -886,7 +890,7 @@ const DefaultChunkGCInterval = 10 * time.Minute
 
 // collectChunks runs the chunk store's garbage collection every interval
 // until ctx ends.
-func collectChunks(ctx context.Context, chunks *chunkstore.Store, interval time.Duration, log *slog.Logger) {
+func collectChunks(ctx context.Context, chunks *chunkstore.Store, interval time.Duration, m *chunkMetrics, log *slog.Logger) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -894,16 +898,23 @@ func collectChunks(ctx context.Context, chunks *chunkstore.Store, interval time.
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			st, err := chunks.GC(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					log.Warn("chunk garbage collection", "err", err)
-				}
-				continue
-			}
-			if st.ChunksDeleted > 0 {
-				log.Info("chunks collected", "deleted", st.ChunksDeleted, "bytes", st.BytesDeleted)
-			}
+			collectOnce(ctx, chunks, m, log)
 		}
+	}
+}
+
+// collectOnce runs one garbage collection of chunks and records it in m.
+func collectOnce(ctx context.Context, chunks *chunkstore.Store, m *chunkMetrics, log *slog.Logger) {
+	st, err := chunks.GC(ctx)
+	m.freed.Add(float64(st.BytesDeleted)) // what a failed run deleted is gone too
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("chunk garbage collection", "err", err)
+		}
+		return
+	}
+	m.stored.Set(float64(st.BytesScanned - st.BytesDeleted))
+	if st.ChunksDeleted > 0 {
+		log.Info("chunks collected", "deleted", st.ChunksDeleted, "bytes", st.BytesDeleted)
 	}
 }

@@ -121,6 +121,15 @@ func (w *Worker) newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}, func() float64 { return float64(w.vmmPSS()) })
 	cs := []prometheus.Collector{m.create, running, m.boot, m.restore, m.poolHits, m.poolMisses, pool, m.pause, m.stored,
 		m.agentRTT, m.dataPlaneIO, pss, newCapacityCollector(w)}
+	// A chunk store behind a local cache (S3): what the cache holds.
+	if w.cfg.Chunks != nil {
+		if c, ok := w.cfg.Chunks.Backend().(interface{ Size() int64 }); ok {
+			cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "space_worker_chunk_cache_bytes",
+				Help: "Bytes of chunks the worker's local cache of its chunk store (S3) holds.",
+			}, func() float64 { return float64(c.Size()) }))
+		}
+	}
 	if w.cfg.MetricsPerSandbox {
 		cs = append(cs, newPerSandboxCollector(w))
 	}
