@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"space/internal/egress"
 	"space/internal/sandbox"
 )
 
@@ -42,6 +43,7 @@ type metrics struct {
 	dataIn      map[string]prometheus.Counter // by data-plane path
 	dataOut     map[string]prometheus.Counter
 	dataPlaneIO *prometheus.CounterVec // path, direction
+	egress      *egress.Metrics        // the sandboxes' gateways'
 }
 
 // Data-plane paths (space_worker_dataplane_bytes_total's path label).
@@ -99,6 +101,10 @@ func (w *Worker) newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"path", "direction"}),
 		dataIn:  map[string]prometheus.Counter{},
 		dataOut: map[string]prometheus.Counter{},
+	}
+	var err error
+	if m.egress, err = egress.NewMetrics(reg); err != nil {
+		return nil, err
 	}
 	for _, p := range []string{pathExec, pathFiles, pathTerminal, pathPorts} {
 		m.dataIn[p] = m.dataPlaneIO.WithLabelValues(p, "in")
