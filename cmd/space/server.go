@@ -40,6 +40,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		egress                                      server.Egress
 		e2bListen, e2bDomain, e2bCert, e2bKey       string
 		metrics                                     metricsFlags
+		metricsTeams                                int
 	)
 	c := &cobra.Command{
 		Use:   "server",
@@ -109,7 +110,7 @@ server stops, and the next start re-adopts them.`,
 			}
 			return server.Run(cmd.Context(), server.Config{
 				E2B:     e2bCfg,
-				DataDir: dataDir, Listen: listen, MetricsListen: metrics.listen, MetricsPerSandbox: metrics.perSandbox, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
+				DataDir: dataDir, Listen: listen, MetricsListen: metrics.listen, MetricsPerSandbox: metrics.perSandbox, MetricsTeams: metricsTeams, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, DiskReserveMiB: diskReserve, StorageGiB: storageGiB, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
 				AgentHeartbeat: hb.every, AgentTimeout: hb.timeout,
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
@@ -122,6 +123,7 @@ server stops, and the next start re-adopts them.`,
 	f := c.Flags()
 	f.StringVar(&listen, "listen", server.DefaultListen, "`address` the API listens on")
 	metricsFlag(f, &metrics)
+	f.IntVar(&metricsTeams, "metrics-teams", controlplane.DefaultMetricsTeams, "how many teams, those with the most sandboxes, space_team_sandboxes names by team ID (the others are summed as \"other\"); a negative `N` reports no such family (docs/operations.md)")
 	f.StringVar(&storeURL, "store", "", "PostgreSQL `URL` for the state (default: SQLite in the data dir; env SPACE_STORE_URL)")
 	f.BoolVar(&noWorker, "no-worker", false, "run no embedded worker: sandboxes run on standalone workers only (replicas on PostgreSQL)")
 	f.StringVar(&tokenFile, "worker-token-file", "", "read the worker token from `FILE` (default DATA_DIR/worker.token, made on the first start; replicas share one; env SPACE_WORKER_TOKEN)")

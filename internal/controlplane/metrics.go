@@ -2,13 +2,16 @@ package controlplane
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -389,4 +392,81 @@ func (c *workersCollector) Collect(ch chan<- prometheus.Metric) {
 	healthy, unhealthy := c.r.workerHealth()
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(healthy), "healthy")
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(unhealthy), "unhealthy")
+}
+
+// DefaultMetricsTeams is Config.MetricsTeams' default.
+const DefaultMetricsTeams = 50
+
+// teamCounter is the store's count of sandboxes by team and state.
+type teamCounter interface {
+	CountSandboxesByTeam(ctx context.Context) (map[string]map[store.SandboxState]int, error)
+}
+
+// teamOther is the team label of the teams past the first n.
+const teamOther = "other"
+
+// teamsCollector reports space_team_sandboxes{team,state} from one store
+// query at scrape time: the n teams with the most sandboxes by name, the
+// others summed as "other", so the series stay bounded (n+1 teams times
+// the states) however many teams there are.
+type teamsCollector struct {
+	st   teamCounter
+	n    int
+	desc *prometheus.Desc
+}
+
+func newTeamsCollector(st teamCounter, n int) *teamsCollector {
+	return &teamsCollector{st: st, n: n, desc: prometheus.NewDesc("space_team_sandboxes",
+		"Sandboxes recorded in the store by team and state, for the teams with the most sandboxes (the others are summed in team \"other\"). Every replica sharing a store reports the same numbers.",
+		[]string{"team", "state"}, nil)}
+}
+
+func (c *teamsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *teamsCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	counts, err := c.st.CountSandboxesByTeam(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	type team struct {
+		id    string
+		total int
+	}
+	teams := make([]team, 0, len(counts))
+	for id, byState := range counts {
+		t := team{id: id}
+		for _, n := range byState {
+			t.total += n
+		}
+		teams = append(teams, t)
+	}
+	// Most sandboxes first; ties by ID, so the named set is stable.
+	slices.SortFunc(teams, func(a, b team) int { return cmp.Or(b.total-a.total, strings.Compare(a.id, b.id)) })
+	other, folded := map[store.SandboxState]int{}, false
+	for i, t := range teams {
+		if i < c.n && t.id != teamOther { // a team named "other" is summed with them
+			c.emit(ch, t.id, counts[t.id])
+			continue
+		}
+		folded = true
+		for s, n := range counts[t.id] {
+			other[s] += n
+		}
+	}
+	if folded {
+		c.emit(ch, teamOther, other)
+	}
+}
+
+// emit sends team's count in every live state, zeros included.
+func (c *teamsCollector) emit(ch chan<- prometheus.Metric, team string, byState map[store.SandboxState]int) {
+	for _, s := range sandbox.States {
+		if s == sandbox.Deleted {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(byState[s]), team, string(s))
+	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"space/api"
 	"space/internal/metricstest"
+	"space/internal/sandbox"
 	"space/internal/store"
 	"space/internal/testenv"
 	"space/internal/workerproto"
@@ -372,5 +373,52 @@ func TestSeriesBounded(t *testing.T) {
 	}
 	if after := series(); after != before {
 		t.Errorf("series after 200 sandboxes = %d, after 1 = %d; want them equal", after, before)
+	}
+}
+
+// teamCounts is a store that counts sandboxes by team from a map.
+type teamCounts map[string]map[store.SandboxState]int
+
+func (c teamCounts) CountSandboxesByTeam(context.Context) (map[string]map[store.SandboxState]int, error) {
+	return c, nil
+}
+
+// TestTeamSandboxes checks space_team_sandboxes: the teams with the most
+// sandboxes by name, the others (and a team called "other") summed as
+// "other", every live state reported.
+func TestTeamSandboxes(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newTeamsCollector(teamCounts{
+		"big":   {sandbox.Running: 5},
+		"mid":   {sandbox.Running: 2, sandbox.Paused: 1},
+		"small": {sandbox.Running: 1, sandbox.Suspended: 1},
+		"other": {sandbox.Running: 1},
+		"tiny":  {sandbox.Failed: 1},
+	}, 3))
+	fams := metricstest.Scrape(t, scrapeURL(t, reg))
+	for _, c := range []struct {
+		team, state string
+		want        float64
+	}{
+		{"big", "running", 5},
+		{"big", "paused", 0},
+		{"mid", "paused", 1},
+		{"small", "suspended", 1},
+		{"other", "running", 1}, // the team called other
+		{"other", "failed", 1},  // tiny
+	} {
+		if got, ok := fams.Value("space_team_sandboxes", map[string]string{"team": c.team, "state": c.state}); !ok || got != c.want {
+			t.Errorf("space_team_sandboxes{team=%q,state=%q} = %v (present %v), want %v", c.team, c.state, got, ok, c.want)
+		}
+	}
+	if _, ok := fams.Value("space_team_sandboxes", map[string]string{"team": "tiny"}); ok {
+		t.Errorf("team tiny, past the first 3, is reported by name")
+	}
+	if n := len(fams["space_team_sandboxes"].GetMetric()); n != 4*(len(sandbox.States)-1) {
+		t.Errorf("space_team_sandboxes has %d series, want 4 teams times %d states", n, len(sandbox.States)-1)
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil || len(problems) > 0 {
+		t.Errorf("GatherAndLint() = %v, %v", problems, err)
 	}
 }

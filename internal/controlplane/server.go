@@ -15,6 +15,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
@@ -148,6 +149,10 @@ type Config struct {
 	// Metrics is where New registers the control plane's Prometheus
 	// metrics (metrics.go); nil = they are kept but not exported.
 	Metrics prometheus.Registerer
+	// MetricsTeams is how many teams, those with the most sandboxes,
+	// space_team_sandboxes names (the others are summed as "other"): 0 =
+	// DefaultMetricsTeams; negative = the family is not reported.
+	MetricsTeams int
 	// Log receives events; nil = discard.
 	Log *slog.Logger
 	// Now is the clock; nil = time.Now.
@@ -302,6 +307,11 @@ func New(cfg Config) (*Server, error) {
 	s.elector = e
 	if err := registerReplica(reg, s); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	if n := cmp.Or(cfg.MetricsTeams, DefaultMetricsTeams); n > 0 {
+		if err := reg.Register(newTeamsCollector(cfg.Store, n)); err != nil {
+			return nil, fmt.Errorf("controlplane: register metrics: %w", err)
+		}
 	}
 	if cfg.WorkerToken != "" {
 		var err error

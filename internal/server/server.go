@@ -89,6 +89,9 @@ type Config struct {
 	// MetricsPerSandbox adds the embedded worker's families labelled by
 	// sandbox ID (worker.Config.MetricsPerSandbox); false = none.
 	MetricsPerSandbox bool
+	// MetricsTeams is controlplane.Config.MetricsTeams: how many teams
+	// space_team_sandboxes names; 0 = its default, negative = none.
+	MetricsTeams int
 	// CacheBase is the artifact cache's base directory (kernel, rootfs).
 	// Required.
 	CacheBase string
@@ -369,7 +372,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints, RecoverAfter: cfg.RecoverAfter,
-		Metrics: reg,
+		Metrics: reg, MetricsTeams: cfg.MetricsTeams,
 	})
 	if err != nil {
 		return err

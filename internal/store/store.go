@@ -136,6 +136,10 @@ type SandboxIndex interface {
 	// each state; a state no sandbox is in is absent. For metrics: one
 	// aggregate query, however many sandboxes there are.
 	CountSandboxes(ctx context.Context) (map[SandboxState]int, error)
+	// CountSandboxesByTeam is CountSandboxes by team (team ID, then
+	// state), deleted tombstones left out: one aggregate query that
+	// returns a row per team and state in use.
+	CountSandboxesByTeam(ctx context.Context) (map[string]map[SandboxState]int, error)
 }
 
 // Snapshots manages snapshot records on behalf of one team at a time. A
