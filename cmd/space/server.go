@@ -41,7 +41,8 @@ func newServerCmd(g *globals) *cobra.Command {
 		hb                                          heartbeat
 		egress                                      server.Egress
 		e2bListen, e2bDomain, e2bCert, e2bKey       string
-		metricsListen                               string
+		metrics                                     metricsFlags
+		metricsTeams                                int
 		webhooks                                    controlplane.WebhookConfig
 	)
 	c := &cobra.Command{
@@ -115,7 +116,7 @@ server stops, and the next start re-adopts them.`,
 			}
 			return server.Run(cmd.Context(), server.Config{
 				E2B:     e2bCfg,
-				DataDir: dataDir, Listen: listen, MetricsListen: metricsListen, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
+				DataDir: dataDir, Listen: listen, MetricsListen: metrics.listen, MetricsPerSandbox: metrics.perSandbox, MetricsTeams: metricsTeams, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel,
 				StoreURL: storeURL, WorkerID: workerID, VCPUs: vcpus, MemoryMiB: memory, DiskReserveMiB: diskReserve, StorageGiB: storageGiB, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
 				AgentHeartbeat: hb.every, AgentTimeout: hb.timeout,
 				NoWorker: noWorker, LeaderElection: leaderElection, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig, WorkerDiscovery: workerDiscovery, WorkerListen: workerListen, WorkerAdvertise: workerAdvertise, WorkerToken: token, SecretsKeyFile: secretsKey, DataPlaneURL: dataPlaneURL, AdminKey: adminKey,
@@ -128,7 +129,8 @@ server stops, and the next start re-adopts them.`,
 	}
 	f := c.Flags()
 	f.StringVar(&listen, "listen", server.DefaultListen, "`address` the API listens on")
-	metricsFlag(f, &metricsListen)
+	metricsFlag(f, &metrics)
+	f.IntVar(&metricsTeams, "metrics-teams", controlplane.DefaultMetricsTeams, "how many teams, those with the most sandboxes, space_team_sandboxes names by team ID (the others are summed as \"other\"); a negative `N` reports no such family (docs/operations.md)")
 	f.StringVar(&storeURL, "store", "", "PostgreSQL `URL` for the state (default: SQLite in the data dir; env SPACE_STORE_URL)")
 	f.BoolVar(&noWorker, "no-worker", false, "run no embedded worker: sandboxes run on standalone workers only (replicas on PostgreSQL)")
 	f.StringVar(&tokenFile, "worker-token-file", "", "read the worker token from `FILE` (default DATA_DIR/worker.token, made on the first start; replicas share one; env SPACE_WORKER_TOKEN)")
@@ -221,7 +223,7 @@ func checkVMMFlag(v vmmFlags) error {
 func newWorkerCmd(g *globals) *cobra.Command {
 	var (
 		controlPlane, token, tokenFile, listen, advertise, agent, id string
-		metricsListen                                                string
+		metrics                                                      metricsFlags
 		discovery, kubeNamespace, kubeconfig, guestKernel            string
 		chunks                                                       chunkFlags
 		vmm                                                          vmmFlags
@@ -282,7 +284,7 @@ host, each with its own --data-dir, --listen and --id.`,
 				return usagef("no cache directory: pass --cache DIR or set SPACE_CACHE_DIR")
 			}
 			return server.RunWorker(cmd.Context(), server.WorkerConfig{
-				ID: id, DataDir: dataDir, Listen: listen, MetricsListen: metricsListen, Advertise: advertise, ControlPlane: controlPlane,
+				ID: id, DataDir: dataDir, Listen: listen, MetricsListen: metrics.listen, MetricsPerSandbox: metrics.perSandbox, Advertise: advertise, ControlPlane: controlPlane,
 				Discovery: discovery, KubeNamespace: kubeNamespace, Kubeconfig: kubeconfig,
 				Token: token, CacheBase: g.cacheBase, AgentPath: agent, GuestKernel: guestKernel, VCPUs: vcpus, MemoryMiB: memory, DiskReserveMiB: diskReserve, StorageGiB: storageGiB, ReclaimIdleAfter: reclaimAfter(reclaimIdle), Chunks: chunks.store(g),
 				AgentHeartbeat: hb.every, AgentTimeout: hb.timeout,
@@ -298,7 +300,7 @@ host, each with its own --data-dir, --listen and --id.`,
 	f.StringVar(&token, "token", "", "the control plane's worker `token`")
 	f.StringVar(&tokenFile, "token-file", "", "read the worker token from `FILE`")
 	f.StringVar(&listen, "listen", server.DefaultWorkerListen, "`address` the worker API listens on")
-	metricsFlag(f, &metricsListen)
+	metricsFlag(f, &metrics)
 	f.StringVar(&advertise, "advertise", "", "`URL` the control plane reaches this worker at (default: https://LISTEN; the worker serves TLS with a certificate the worker token vouches for)")
 	f.StringVar(&id, "id", "", "worker `ID` (default: the one recorded in the data dir, or a new random one on the first start)")
 	chunksFlag(f, &chunks, "; the server's, to share its snapshots")
@@ -477,9 +479,16 @@ func reclaimAfter(d time.Duration) time.Duration {
 	return d
 }
 
-// metricsFlag adds --metrics-listen.
-func metricsFlag(f *pflag.FlagSet, addr *string) {
-	f.StringVar(addr, "metrics-listen", "", "`address` serving Prometheus /metrics on a listener of its own, with no API key: bind it to a private address, e.g. 10.0.0.5:9090 (default: none; docs/operations.md)")
+// metricsFlags are --metrics-listen and --metrics-per-sandbox.
+type metricsFlags struct {
+	listen     string
+	perSandbox bool
+}
+
+// metricsFlag adds --metrics-listen and --metrics-per-sandbox.
+func metricsFlag(f *pflag.FlagSet, m *metricsFlags) {
+	f.StringVar(&m.listen, "metrics-listen", "", "`address` serving Prometheus /metrics on a listener of its own, with no API key: bind it to a private address, e.g. 10.0.0.5:9090 (default: none; docs/operations.md)")
+	f.BoolVar(&m.perSandbox, "metrics-per-sandbox", false, "add the worker's metrics labelled by sandbox ID (memory, vCPUs): one series per sandbox, so off by default (docs/operations.md)")
 }
 
 // diskFlags are a worker's --disk-reserve (worker.Config.DiskReserveMiB)

@@ -106,6 +106,9 @@ type Config struct {
 // Store keeps snapshots in a Backend as manifests of content-addressed
 // chunks. Its methods are safe for concurrent use, also with other Stores
 // on the same Backend.
+// Backend returns the backend s stores in (Config.Backend).
+func (s *Store) Backend() Backend { return s.b }
+
 type Store struct {
 	b           Backend
 	chunkSize   int64
@@ -296,8 +299,11 @@ type GCStats struct {
 	// LiveLeases is how many unexpired writer leases protected chunks.
 	LiveLeases int
 	// ChunksScanned is how many stored chunk objects were considered (a
-	// chunk stored both raw and compressed counts twice).
+	// chunk stored both raw and compressed counts twice), and
+	// BytesScanned their stored sizes: the chunks' bytes in the store
+	// when the run began.
 	ChunksScanned int
+	BytesScanned  int64
 	// ChunksDeleted and BytesDeleted are what was collected, in objects
 	// and their stored sizes.
 	ChunksDeleted int

@@ -37,6 +37,9 @@ func (s *Store) GC(ctx context.Context) (stats GCStats, err error) {
 		return stats, fmt.Errorf("gc: list chunks: %w", err)
 	}
 	stats.ChunksScanned = len(chunks)
+	for _, o := range chunks {
+		stats.BytesScanned += o.Size
+	}
 
 	run := &gcRun{s: s, name: nonce()}
 	if err := run.renew(ctx); err != nil {

@@ -274,7 +274,8 @@ func (s *Server) autoCheckpoint(ctx context.Context, wk Worker, sb store.Sandbox
 }
 
 // checkpoint takes a checkpoint of sb on wk and records it ready.
-func (s *Server) checkpoint(ctx context.Context, sb store.Sandbox, wk Worker, cm checkpointMeta) (store.Snapshot, error) {
+func (s *Server) checkpoint(ctx context.Context, sb store.Sandbox, wk Worker, cm checkpointMeta) (_ store.Snapshot, err error) {
+	defer s.metrics.observeOp(opCheckpoint, time.Now(), &err)
 	id := store.NewSnapshotID()
 	ctx, release, err := s.claim(ctx, id)
 	if err != nil {

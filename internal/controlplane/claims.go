@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"space/internal/store"
 )
 
@@ -44,6 +46,7 @@ type claims struct {
 	log     *slog.Logger
 	ttl     time.Duration
 	every   time.Duration
+	lost    prometheus.Counter // counts claims lost
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -81,8 +84,15 @@ func (h *heldClaim) overdueLocked(now time.Time) bool {
 	}
 }
 
-func newClaims(leases store.Leases, replica string, log *slog.Logger) *claims {
-	return &claims{leases: leases, replica: replica, holder: holderOf(replica), log: log, ttl: claimTTL, every: claimRenew, held: make(map[string]*heldClaim)}
+func newClaims(leases store.Leases, replica string, log *slog.Logger, lost prometheus.Counter) *claims {
+	return &claims{leases: leases, replica: replica, holder: holderOf(replica), log: log, ttl: claimTTL, every: claimRenew, lost: lost, held: make(map[string]*heldClaim)}
+}
+
+// count is the number of claims this process holds or is taking.
+func (c *claims) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.held)
 }
 
 func (c *claims) name(key string) string { return claimPrefix + key + "/" + c.holder }
@@ -245,6 +255,7 @@ func (c *claims) lose(h *heldClaim, cause error) {
 	c.mu.Lock()
 	h.lost = true
 	c.mu.Unlock()
+	c.lost.Inc()
 	c.log.Warn("claim lost: its operation's writes will fail", "lease", h.lease.Name, "cause", cause)
 }
 

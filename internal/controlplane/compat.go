@@ -158,6 +158,7 @@ func (s *Server) checkWorkerVMM(ctx context.Context, wk Worker, snap string, wan
 		return nil
 	}
 	if match, _ := want.match(c); !match {
+		s.metrics.placementRefusals.WithLabelValues(refusedVMM).Inc()
 		return fmt.Errorf("snapshot %s was taken by %s; it can start only on worker %s, which runs %s: %w",
 			snap, want, wk.ID(), capsString(c), errkind.FailedPrecondition)
 	}

@@ -208,6 +208,17 @@ func (s *Server) place(ctx context.Context, workers []Worker, spec workerproto.S
 		}
 	}
 	if len(cands) == 0 {
+		refused := s.metrics.placementRefusals
+		switch {
+		case len(caps) == 0:
+			refused.WithLabelValues(refusedNoWorker).Inc()
+		case matched > 0 && largest >= 0 && spec.DiskMiB > largest:
+			refused.WithLabelValues(refusedDiskSize).Inc()
+		case matched == 0 && pl.vmm.Kind != "":
+			refused.WithLabelValues(refusedVMM).Inc()
+		default:
+			refused.WithLabelValues(refusedNoCapacity).Inc()
+		}
 		switch {
 		case matched > 0 && largest >= 0 && spec.DiskMiB > largest:
 			return nil, fmt.Errorf("disk_mib %d is more than any worker can give: the largest gives %d MiB: %w",

@@ -343,6 +343,7 @@ func (s *Server) fenceWorker(ctx context.Context, f *fencer, wk Worker) error {
 	f.workers[wk.ID()].epoch = epoch
 	seen := f.workers[wk.ID()].leased
 	f.mu.Unlock()
+	s.metrics.workersLost.Inc()
 	s.log.Warn("worker lost: fenced", "worker_id", wk.ID(), "epoch", epoch, "sandboxes", len(take), "recover_after", s.cfg.RecoverAfter)
 	var errs []error
 	for _, rec := range take {
@@ -373,6 +374,9 @@ func (s *Server) markRecovering(ctx context.Context, lost string, rec store.Sand
 		reason := fmt.Sprintf("worker %s was lost at %s and the sandbox has no checkpoint to recover from (set a checkpoint policy to have one)", lost, lostAt.Format(time.RFC3339))
 		s.log.Warn("lost sandbox has no checkpoint: failed", "sandbox_id", rec.ID, "worker_id", lost)
 		_, err := s.transition(ctx, rec, sandbox.Failed, func(sb *store.Sandbox) { setHandle(sb, stored{Reason: reason, LostWorker: lost}) })
+		if err == nil {
+			s.metrics.recoveries.WithLabelValues(recoveryNoCheckpoint).Inc()
+		}
 		return err
 	}
 	plan := &recovery{LostWorker: lost, LastSeen: seen, LostAt: lostAt, Checkpoint: cps[0].ID, CheckpointAt: cps[0].Created}
@@ -544,6 +548,8 @@ func (s *Server) recovered(ctx context.Context, rec store.Sandbox, wk Worker, in
 	if err != nil {
 		return err
 	}
+	s.metrics.recoveries.WithLabelValues(recoveryRecovered).Inc()
+	s.metrics.lostWork.Observe(rf.LostWorkSeconds)
 	s.log.Warn("sandbox recovered from its latest checkpoint", "sandbox_id", rec.ID, "worker_id", wk.ID(), "lost_worker", plan.LostWorker,
 		"checkpoint", plan.Checkpoint, "lost_work_s", rf.LostWorkSeconds, "down_s", now.Sub(plan.LostAt).Seconds())
 	return nil
@@ -572,6 +578,9 @@ func (s *Server) failRecovery(ctx context.Context, rec store.Sandbox, reason str
 		lost = rec.WorkerID
 	}
 	_, err := s.transition(ctx, rec, sandbox.Failed, func(sb *store.Sandbox) { setHandle(sb, stored{Reason: reason, LostWorker: lost}) })
+	if err == nil {
+		s.metrics.recoveries.WithLabelValues(recoveryFailed).Inc()
+	}
 	return err
 }
 

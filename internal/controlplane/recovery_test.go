@@ -14,12 +14,15 @@ import (
 
 	"space/api"
 	"space/internal/errkind"
+	"space/internal/metricstest"
 	"space/internal/sandbox"
 	"space/internal/store"
 	"space/internal/store/sqlite"
 	"space/internal/testenv"
 	"space/internal/worker"
 	"space/internal/workerproto"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fencingWorker is an in-memory worker that takes leases, reports a
@@ -147,8 +150,9 @@ func TestRecoverLostWorker(t *testing.T) {
 		t.Fatalf("setup: %v", err)
 	}
 	t.Cleanup(func() { st.Close() })
+	reg := prometheus.NewRegistry()
 	s, err := New(Config{Store: st, Templates: []string{"default"}, WorkerToken: "token", RecoverAfter: 6 * time.Second,
-		ReconcileInterval: time.Hour})
+		ReconcileInterval: time.Hour, Metrics: reg})
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
@@ -234,6 +238,28 @@ func TestRecoverLostWorker(t *testing.T) {
 	if v := get(kept.ID); !strings.Contains(v.Reason, "wa was lost") {
 		t.Errorf("recovering sandbox's reason = %q", v.Reason)
 	}
+	fams := metricstest.Scrape(t, scrapeURL(t, reg))
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"space_workers", map[string]string{"health": "unhealthy"}, 1},
+		{"space_workers", map[string]string{"health": "healthy"}, 1},
+		{"space_workers_lost_total", nil, 1},
+		{"space_leader", nil, 1},
+		{"space_leader_changes_total", nil, 1},
+	} {
+		if got, _ := fams.Value(c.name, c.labels); got != c.want {
+			t.Errorf("while recovering: %s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if got, _ := fams.Value("space_reconcile_runs_total", map[string]string{"outcome": "ok"}); got < 1 {
+		t.Errorf("space_reconcile_runs_total{outcome=ok} = %v, want at least 1 (the new term's)", got)
+	}
+	if got, _ := fams.Value("space_sandbox_operation_seconds", map[string]string{"op": "checkpoint", "outcome": "ok"}); got < 1 {
+		t.Errorf("space_sandbox_operation_seconds{op=checkpoint,outcome=ok} = %v, want at least 1 (the automatic checkpoints)", got)
+	}
 	close(hold)
 	testenv.Eventually(t, 30*time.Second, func() bool { return get(kept.ID).State == "running" })
 	v := get(kept.ID)
@@ -270,6 +296,21 @@ func TestRecoverLostWorker(t *testing.T) {
 	evs, err = st.ListEvents(ctx, store.EventQuery{SandboxID: gone.ID, Types: []string{"failed"}})
 	if err != nil || len(evs) != 1 || evs[0].Actor != leader || !strings.Contains(evs[0].Reason, "no checkpoint") {
 		t.Errorf("failed events of the sandbox without checkpoint = %+v, %v; want one by %s saying it had no checkpoint", evs, err, leader)
+	}
+	fams = metricstest.Scrape(t, scrapeURL(t, reg))
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"space_recoveries_total", map[string]string{"outcome": "recovered"}, 1},
+		{"space_recoveries_total", map[string]string{"outcome": "no_checkpoint"}, 1},
+		{"space_recoveries_total", map[string]string{"outcome": "failed"}, 0},
+		{"space_recovery_lost_work_seconds", nil, 1},
+	} {
+		if got, _ := fams.Value(c.name, c.labels); got != c.want {
+			t.Errorf("after the recovery: %s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
 	}
 	ws, err := st.ListWorkers(ctx)
 	if err != nil || len(ws) != 2 || ws[0].ID != "wa" || ws[0].Epoch != 1 || ws[1].Epoch != 0 {

@@ -18,7 +18,8 @@ import (
 // finished becomes running, one it does not have is rolled back; a delete
 // under way is finished; a running sandbox its worker lost is failed. Run
 // it before serving.
-func (s *Server) Reconcile(ctx context.Context) error {
+func (s *Server) Reconcile(ctx context.Context) (err error) {
+	defer func() { s.metrics.reconciles.WithLabelValues(outcome(err)).Inc() }()
 	if origin.From(ctx).Kind == "" {
 		ctx = s.leaderOrigin(ctx)
 	}
@@ -249,11 +250,13 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil // ctx ended
 		}
 		s.log.Info("leading the background work", "token", lease.Token)
+		s.metrics.leaderChanges.Inc()
 		lctx, cancel := context.WithCancel(ctx)
 		stop := context.AfterFunc(term, cancel)
 		s.lead(lctx)
 		stop()
 		cancel()
+		s.metrics.leaderChanges.Inc()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -452,6 +455,21 @@ func (s *Server) idleTimeout(ctx context.Context, sb store.Sandbox, timeout time
 // leader's background work, and a new request ID for the round.
 func (s *Server) leaderOrigin(ctx context.Context) context.Context {
 	return origin.Background(ctx, origin.KindLeader, s.cfg.ReplicaID)
+}
+
+// claimsHeld is the number of claims this replica holds.
+func (s *Server) claimsHeld() int { return s.claims.count() }
+
+// workerHealth counts the workers this replica knows by health.
+func (s *Server) workerHealth() (healthy, unhealthy int) {
+	for _, w := range s.workerList() {
+		if s.healthy(w) {
+			healthy++
+		} else {
+			unhealthy++
+		}
+	}
+	return healthy, unhealthy
 }
 
 // Leading reports whether this replica does the background work now.

@@ -308,7 +308,8 @@ type placement struct {
 }
 
 // create records, places and boots (or restores) a sandbox.
-func (s *Server) create(ctx context.Context, team string, sp spec, labels map[string]string, pl placement) (store.Sandbox, error) {
+func (s *Server) create(ctx context.Context, team string, sp spec, labels map[string]string, pl placement) (_ store.Sandbox, err error) {
+	defer s.metrics.observeOp(opCreate, time.Now(), &err)
 	// The store checks the quota and records the sandbox in one
 	// transaction, serialized per team across every replica.
 	q, err := s.quota(ctx, team)
@@ -339,6 +340,7 @@ func (s *Server) create(ctx context.Context, team string, sp spec, labels map[st
 		Expires: s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second),
 	}, storeQuota(q))
 	if err != nil {
+		s.metrics.quotaRefused(err)
 		if errors.Is(err, store.ErrInvalid) {
 			return store.Sandbox{}, &httpapi.FieldError{Field: "labels", Err: err}
 		}
@@ -659,7 +661,8 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 
 // delete records stopping, has the worker destroy the VM, then removes
 // the record.
-func (s *Server) delete(ctx context.Context, sb store.Sandbox) error {
+func (s *Server) delete(ctx context.Context, sb store.Sandbox) (err error) {
+	defer s.metrics.observeOp(opDelete, time.Now(), &err)
 	ctx, release, err := s.claim(ctx, sb.ID)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
@@ -158,6 +159,10 @@ type Config struct {
 	// Webhooks configures the delivery of the teams' webhooks
 	// (webhooks.go); the zero value is the production setting.
 	Webhooks WebhookConfig
+	// MetricsTeams is how many teams, those with the most sandboxes,
+	// space_team_sandboxes names (the others are summed as "other"): 0 =
+	// DefaultMetricsTeams; negative = the family is not reported.
+	MetricsTeams int
 	// Log receives events; nil = discard.
 	Log *slog.Logger
 	// Now is the clock; nil = time.Now.
@@ -309,10 +314,17 @@ func New(cfg Config) (*Server, error) {
 	if err := store.ValidateLease("leader", holderOf(cfg.ReplicaID), time.Second); err != nil || strings.Contains(cfg.ReplicaID, "/") {
 		return nil, fmt.Errorf("controlplane: replica id %q: want printable ASCII without spaces or slashes: %w", cfg.ReplicaID, errkind.InvalidArgument)
 	}
-	s.claims = newClaims(cfg.Store, cfg.ReplicaID, s.log)
+	reg := cfg.Metrics
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	var err error
+	if s.metrics, err = newMetrics(reg, cfg.Store); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	s.claims = newClaims(cfg.Store, cfg.ReplicaID, s.log, s.metrics.claimsLost)
 	s.expiries = newExpiryHints()
 	var e leader.Elector
-	var err error
 	if cfg.Elector != nil {
 		e, err = cfg.Elector(s.claims.holder)
 	} else {
@@ -322,11 +334,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	s.elector = e
-	reg := cfg.Metrics
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	if s.metrics, err = newMetrics(reg, cfg.Store); err != nil {
+	if err := registerReplica(reg, s); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	if err := s.newWebhooks(); err != nil {
@@ -334,6 +342,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	if s.auditor, err = newAuditor(reg, cfg.Store, s.log); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	if n := cmp.Or(cfg.MetricsTeams, DefaultMetricsTeams); n > 0 {
+		if err := reg.Register(newTeamsCollector(cfg.Store, n)); err != nil {
+			return nil, fmt.Errorf("controlplane: register metrics: %w", err)
+		}
 	}
 	if cfg.WorkerToken != "" {
 		var err error
@@ -511,19 +524,19 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/sandboxes", s.handleList, false},
 		{"GET", sb, s.handleGet, false},
 		{"DELETE", sb, s.handleDelete, false},
-		{"POST", sb + "/pause", s.handlePause, false},
+		{"POST", sb + "/pause", s.metrics.timeOp(opPause, s.handlePause), false},
 		{"POST", sb + "/suspend", s.handleSuspend, false},
 		{"POST", sb + "/timeout", s.handleSetTimeout, false},
 		{"POST", sb + "/snapshots", s.handleCreateSnapshot, false},
-		{"POST", sb + "/restore", s.handleRestore, false},
+		{"POST", sb + "/restore", s.metrics.timeOp(opRestore, s.handleRestore), false},
 		{"GET", sb + "/checkpoints", s.handleListCheckpoints, false},
 		{"POST", sb + "/checkpoints", s.handleCreateCheckpoint, false},
 		{"PUT", sb + "/checkpoints/policy", s.handleSetCheckpointPolicy, false},
-		{"POST", sb + "/fork", s.handleFork, false},
+		{"POST", sb + "/fork", s.metrics.timeOp(opFork, s.handleFork), false},
 		{"GET", "/v1/snapshots", s.handleListSnapshots, false},
 		{"GET", "/v1/snapshots/{sid}", s.handleGetSnapshot, false},
 		{"DELETE", "/v1/snapshots/{sid}", s.handleDeleteSnapshot, false},
-		{"POST", sb + "/resume", s.handleResume, false},
+		{"POST", sb + "/resume", s.metrics.timeOp(opResume, s.handleResume), false},
 		{"POST", sb + "/exec", fwd, false},
 		{"GET", sb + "/exec/ws", fwd, false},
 		{"GET", sb + "/processes", fwd, false},

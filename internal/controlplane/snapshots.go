@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"space/api"
 	"space/internal/errkind"
@@ -104,7 +105,8 @@ func reservedSnapshotName(name string) bool {
 
 // snapshot records a snapshot of sb, has its worker take it, and records
 // it ready.
-func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name string) (store.Snapshot, error) {
+func (s *Server) snapshot(ctx context.Context, sb store.Sandbox, wk Worker, name string) (_ store.Snapshot, err error) {
+	defer s.metrics.observeOp(opSnapshot, time.Now(), &err)
 	// Claimed before it is recorded: Reconcile leaves a creating snapshot
 	// alone while this process works on it.
 	id := store.NewSnapshotID()
@@ -147,7 +149,9 @@ func (s *Server) takeSnapshot(ctx context.Context, sb store.Sandbox, wk Worker, 
 			return store.Snapshot{}, err
 		}
 		if used >= q.SnapshotMiB<<20 {
-			return store.Snapshot{}, fmt.Errorf("team %s quota: %d of %d MiB of snapshots in use: %w", sb.TeamID, used>>20, q.SnapshotMiB, errkind.ResourceExhausted)
+			err := &store.QuotaError{Limit: store.LimitSnapshotBytes, Err: fmt.Errorf("team %s quota: %d of %d MiB of snapshots in use: %w", sb.TeamID, used>>20, q.SnapshotMiB, errkind.ResourceExhausted)}
+			s.metrics.quotaRefused(err)
+			return store.Snapshot{}, err
 		}
 	}
 	sn, err := s.cfg.Store.CreateSnapshot(ctx, store.Snapshot{

@@ -77,7 +77,8 @@ func (s *Server) handleSetTimeout(w http.ResponseWriter, r *http.Request) {
 
 // suspend snapshots sb to the chunk store and stops its VM. The caller
 // claims sb.
-func (s *Server) suspend(ctx context.Context, sb store.Sandbox, wk Worker) (store.Sandbox, error) {
+func (s *Server) suspend(ctx context.Context, sb store.Sandbox, wk Worker) (_ store.Sandbox, err error) {
+	defer s.metrics.observeOp(opSuspend, time.Now(), &err)
 	sn, err := s.snapshot(ctx, sb, wk, "")
 	if err != nil {
 		return sb, err
@@ -172,6 +173,7 @@ func (s *Server) resumeSuspended(w http.ResponseWriter, r *http.Request, sb stor
 			sb.Expires = s.now().Add(time.Duration(sp.TimeoutSeconds) * time.Second) // idle from now
 		}
 		sb, err = s.writes(ctx).UpdateSandboxWithinQuota(ctx, sb, storeQuota(q))
+		s.metrics.quotaRefused(err)
 	}
 	if err != nil {
 		httpapi.WriteError(w, err)

@@ -148,13 +148,18 @@ func (g *Gateway) track(c *conn, p Policy) bool {
 		return false
 	}
 	g.open[c] = struct{}{}
+	g.cfg.Metrics.opened()
 	return true
 }
 
 func (g *Gateway) untrack(c *conn) {
 	g.mu.Lock()
+	_, tracked := g.open[c]
 	delete(g.open, c)
 	g.mu.Unlock()
+	if tracked {
+		g.cfg.Metrics.closed()
+	}
 }
 
 // enforce closes the open connections p refuses, at once.

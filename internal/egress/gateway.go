@@ -94,6 +94,9 @@ type Config struct {
 	WildcardNamesPerMinute int
 	// Log receives the gateway's own events; nil = discard.
 	Log *slog.Logger
+	// Metrics counts the gateway's decisions and traffic, with every
+	// other gateway's sharing it (NewMetrics); nil = none.
+	Metrics *Metrics
 
 	// Test hooks: the synthetic range (invalid = syntheticRange) and
 	// the clock of the wildcard names' bucket (nil = time.Now).
@@ -327,6 +330,7 @@ func (g *Gateway) drop(proto, addr string, port uint16, reason string) {
 // audit records a decision: at once, or counted for a later line when
 // it repeats (see audit.go).
 func (g *Gateway) audit(ev Event) {
+	g.cfg.Metrics.decided(ev)
 	if g.agg == nil {
 		return
 	}

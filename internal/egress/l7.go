@@ -143,7 +143,11 @@ func (p *httpProxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		// transport asks for gzip itself and decodes it.
 		r.Header.Del("Accept-Encoding")
 		r.Header.Del("Sec-WebSocket-Extensions") // no compressed frames
-		ctx = context.WithValue(ctx, scrubKey{}, newScrubber(secrets))
+		sc := newScrubber(secrets)
+		if sc != nil {
+			sc.m = p.g.cfg.Metrics
+		}
+		ctx = context.WithValue(ctx, scrubKey{}, sc)
 	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		if ap, err := netip.ParseAddrPort(info.Conn.RemoteAddr().String()); err == nil {

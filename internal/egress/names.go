@@ -263,6 +263,7 @@ func (p Policy) allowsExactName(name string) bool {
 // bucket: REFUSED, with an extended error when the query has EDNS.
 func (g *Gateway) refuseName(q, resp *dns.Msg, ev *Event) {
 	resp.Rcode = dns.RcodeRefused
+	g.cfg.Metrics.wildcardHit()
 	ev.Allowed = false
 	ev.Reason = fmt.Sprintf("more distinct names under wildcard rules than the sandbox may resolve (%d, and %d more a minute)",
 		g.cfg.WildcardNames, g.cfg.WildcardNamesPerMinute)

@@ -23,6 +23,7 @@ import (
 type scrubber struct {
 	pairs  []scrubPair // longest match first
 	maxLen int         // the longest match
+	m      *Metrics    // counts what is replaced; or nil
 }
 
 type scrubPair struct{ from, to []byte }
@@ -76,7 +77,10 @@ func valueForms(v string) []string {
 // string scrubs s.
 func (s *scrubber) string(v string) string {
 	for _, p := range s.pairs {
-		v = strings.ReplaceAll(v, string(p.from), string(p.to))
+		if n := strings.Count(v, string(p.from)); n > 0 {
+			s.m.scrub(n)
+			v = strings.ReplaceAll(v, string(p.from), string(p.to))
+		}
 	}
 	return v
 }
@@ -112,6 +116,7 @@ func (s *scrubber) replace(buf []byte, final bool) (out, keep []byte) {
 		}
 		o = append(o, buf[pos:at]...)
 		o = append(o, p.to...)
+		s.m.scrub(1)
 		pos = at + len(p.from)
 	}
 	if pos < safe {

@@ -83,3 +83,29 @@ func (m *metricsListener) serve(ctx context.Context, log *slog.Logger) {
 		}
 	}
 }
+
+// chunkMetrics are the metrics of the chunk store's garbage collection,
+// which the server runs (collectChunks).
+type chunkMetrics struct {
+	freed  prometheus.Counter
+	stored prometheus.Gauge
+}
+
+func newChunkMetrics(reg prometheus.Registerer) (*chunkMetrics, error) {
+	m := &chunkMetrics{
+		freed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "space_chunkstore_gc_freed_bytes_total",
+			Help: "Bytes of chunks no snapshot uses that this server's garbage collection deleted from the chunk store.",
+		}),
+		stored: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "space_chunkstore_bytes",
+			Help: "Bytes of chunks in the chunk store after this server's latest garbage collection (0 before its first).",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.freed, m.stored} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -86,6 +86,12 @@ type Config struct {
 	// often public while this one belongs on a private address. "" = not
 	// served.
 	MetricsListen string
+	// MetricsPerSandbox adds the embedded worker's families labelled by
+	// sandbox ID (worker.Config.MetricsPerSandbox); false = none.
+	MetricsPerSandbox bool
+	// MetricsTeams is controlplane.Config.MetricsTeams: how many teams
+	// space_team_sandboxes names; 0 = its default, negative = none.
+	MetricsTeams int
 	// CacheBase is the artifact cache's base directory (kernel, rootfs).
 	// Required.
 	CacheBase string
@@ -339,7 +345,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			ID: cfg.WorkerID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase,
 			Images: img, CrashAt: cfg.CrashAt, Log: cfg.Log, VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, DiskReserveMiB: cfg.DiskReserveMiB, StorageGiB: cfg.StorageGiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter,
 			AgentHeartbeat: cfg.AgentHeartbeat, AgentTimeout: cfg.AgentTimeout,
-			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress, Metrics: reg,
+			Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress, Metrics: reg, MetricsPerSandbox: cfg.MetricsPerSandbox,
 		})
 		if err != nil {
 			return err
@@ -379,7 +385,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		WorkerToken: token, ReconcileInterval: cfg.ReconcileInterval, DataPlaneURL: cfg.DataPlaneURL,
 		Images: &templatebuild.Images{Cache: cache, Chunks: chunks, Log: cfg.Log}, BuildDir: buildDir,
 		Secrets: secretBox, ReplicaID: replica, DefaultCheckpoints: cfg.DefaultCheckpoints, RecoverAfter: cfg.RecoverAfter,
-		EventRetention: cfg.EventRetention, AuditRetention: cfg.AuditRetention, Webhooks: cfg.Webhooks, Metrics: reg,
+		EventRetention: cfg.EventRetention, AuditRetention: cfg.AuditRetention, Webhooks: cfg.Webhooks, Metrics: reg, MetricsTeams: cfg.MetricsTeams,
 	})
 	if err != nil {
 		return err
@@ -469,6 +475,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Ready != nil {
 		cfg.Ready(url)
 	}
+	gcm, err := newChunkMetrics(reg)
+	if err != nil {
+		return err
+	}
 	background := func(ctx context.Context) error {
 		var wg sync.WaitGroup
 		if ml != nil {
@@ -489,7 +499,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				}
 			})
 		}
-		wg.Go(func() { collectChunks(ctx, chunks, cfg.ChunkGCInterval, cfg.Log) })
+		wg.Go(func() { collectChunks(ctx, chunks, cfg.ChunkGCInterval, gcm, cfg.Log) })
 		if watcher != nil {
 			wg.Go(func() { watcher.Run(ctx) })
 		}
@@ -667,6 +677,7 @@ type workerConfig struct {
 	Fencing                bool   // worker.Config.Fencing: a standalone worker
 	CrashAt                string
 	Metrics                prometheus.Registerer // worker.Config.Metrics; or nil
+	MetricsPerSandbox      bool                  // worker.Config.MetricsPerSandbox
 	Log                    *slog.Logger
 }
 
@@ -742,7 +753,7 @@ func newWorker(ctx context.Context, wc workerConfig) (*worker.Worker, error) {
 		AgentHeartbeat: wc.AgentHeartbeat, AgentTimeout: wc.AgentTimeout,
 		ChunkStore: wc.ChunkStore, Fencing: wc.Fencing, EgressResolve: wc.Egress.resolve, EgressDial: wc.Egress.dial, EgressRoots: wc.Egress.Roots, Secrets: box,
 		EgressWildcardNames: wc.Egress.WildcardNames, EgressWildcardNamesPerMinute: wc.Egress.WildcardNamesPerMinute,
-		VMM: info, Metrics: wc.Metrics,
+		VMM: info, Metrics: wc.Metrics, MetricsPerSandbox: wc.MetricsPerSandbox,
 	})
 	if err != nil {
 		return nil, err
@@ -895,7 +906,7 @@ const DefaultChunkGCInterval = 10 * time.Minute
 
 // collectChunks runs the chunk store's garbage collection every interval
 // until ctx ends.
-func collectChunks(ctx context.Context, chunks *chunkstore.Store, interval time.Duration, log *slog.Logger) {
+func collectChunks(ctx context.Context, chunks *chunkstore.Store, interval time.Duration, m *chunkMetrics, log *slog.Logger) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -903,16 +914,23 @@ func collectChunks(ctx context.Context, chunks *chunkstore.Store, interval time.
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			st, err := chunks.GC(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					log.Warn("chunk garbage collection", "err", err)
-				}
-				continue
-			}
-			if st.ChunksDeleted > 0 {
-				log.Info("chunks collected", "deleted", st.ChunksDeleted, "bytes", st.BytesDeleted)
-			}
+			collectOnce(ctx, chunks, m, log)
 		}
+	}
+}
+
+// collectOnce runs one garbage collection of chunks and records it in m.
+func collectOnce(ctx context.Context, chunks *chunkstore.Store, m *chunkMetrics, log *slog.Logger) {
+	st, err := chunks.GC(ctx)
+	m.freed.Add(float64(st.BytesDeleted)) // what a failed run deleted is gone too
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("chunk garbage collection", "err", err)
+		}
+		return
+	}
+	m.stored.Set(float64(st.BytesScanned - st.BytesDeleted))
+	if st.ChunksDeleted > 0 {
+		log.Info("chunks collected", "deleted", st.ChunksDeleted, "bytes", st.BytesDeleted)
 	}
 }

@@ -44,6 +44,9 @@ type WorkerConfig struct {
 	// MetricsListen is as in Config: where /metrics is served, off the
 	// worker API's port; "" = not served.
 	MetricsListen string
+	// MetricsPerSandbox adds the worker's families labelled by sandbox
+	// ID (worker.Config.MetricsPerSandbox); false = none.
+	MetricsPerSandbox bool
 	// Advertise is the URL the control plane reaches the worker at; "" =
 	// https://<the listening address>. The worker serves TLS with a
 	// certificate the token vouches for (package workertls), so it is
@@ -184,7 +187,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		ID: cfg.ID, DataDir: filepath.Join(cfg.DataDir, "worker"), CacheBase: cfg.CacheBase, Images: img,
 		VCPUs: cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, DiskReserveMiB: cfg.DiskReserveMiB, StorageGiB: cfg.StorageGiB, ReclaimIdleAfter: cfg.ReclaimIdleAfter, CrashAt: cfg.CrashAt, Log: cfg.Log, Chunks: chunks, ChunkStore: chunkName, Egress: cfg.Egress,
 		AgentHeartbeat: cfg.AgentHeartbeat, AgentTimeout: cfg.AgentTimeout,
-		Fencing: true, Metrics: reg,
+		Fencing: true, Metrics: reg, MetricsPerSandbox: cfg.MetricsPerSandbox,
 	})
 	if err != nil {
 		return err

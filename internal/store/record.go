@@ -120,14 +120,38 @@ func (q Quota) Admit(team string, u Usage, sb *Sandbox) error {
 	}
 	switch {
 	case q.Sandboxes > 0 && u.Sandboxes+1 > q.Sandboxes:
-		return fmt.Errorf("team %s quota: %d of %d sandboxes in use: %w", team, u.Sandboxes, q.Sandboxes, errkind.ResourceExhausted)
+		return &QuotaError{Limit: LimitSandboxes, Err: fmt.Errorf("team %s quota: %d of %d sandboxes in use: %w", team, u.Sandboxes, q.Sandboxes, errkind.ResourceExhausted)}
 	case q.VCPUs > 0 && u.VCPUs+sb.VCPUs > q.VCPUs:
-		return fmt.Errorf("team %s quota: %d of %d vcpus in use, %d more requested: %w", team, u.VCPUs, q.VCPUs, sb.VCPUs, errkind.ResourceExhausted)
+		return &QuotaError{Limit: LimitVCPUs, Err: fmt.Errorf("team %s quota: %d of %d vcpus in use, %d more requested: %w", team, u.VCPUs, q.VCPUs, sb.VCPUs, errkind.ResourceExhausted)}
 	case q.MemoryMiB > 0 && u.MemoryMiB+sb.MemoryMiB > q.MemoryMiB:
-		return fmt.Errorf("team %s quota: %d of %d MiB of memory in use, %d more requested: %w", team, u.MemoryMiB, q.MemoryMiB, sb.MemoryMiB, errkind.ResourceExhausted)
+		return &QuotaError{Limit: LimitMemory, Err: fmt.Errorf("team %s quota: %d of %d MiB of memory in use, %d more requested: %w", team, u.MemoryMiB, q.MemoryMiB, sb.MemoryMiB, errkind.ResourceExhausted)}
 	}
 	return nil
 }
+
+// QuotaLimit names the quota limit a refusal hit. Its values are wire
+// format (a metric's label) and never change.
+type QuotaLimit string
+
+// The limits of a team's quota.
+const (
+	LimitSandboxes     QuotaLimit = "sandboxes"
+	LimitVCPUs         QuotaLimit = "vcpus"
+	LimitMemory        QuotaLimit = "memory"
+	LimitSnapshotBytes QuotaLimit = "snapshot_bytes"
+)
+
+// QuotaError is a refusal for a team's quota: Err (which wraps
+// errkind.ResourceExhausted and says what is in use) and the Limit it
+// hit, so that a caller can tell the limits apart without reading the
+// message.
+type QuotaError struct {
+	Limit QuotaLimit
+	Err   error
+}
+
+func (e *QuotaError) Error() string { return e.Err.Error() }
+func (e *QuotaError) Unwrap() error { return e.Err }
 
 // Validate checks q; errors wrap ErrInvalid.
 func (q Quota) Validate() error {

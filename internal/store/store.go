@@ -142,6 +142,10 @@ type SandboxIndex interface {
 	// each state; a state no sandbox is in is absent. For metrics: one
 	// aggregate query, however many sandboxes there are.
 	CountSandboxes(ctx context.Context) (map[SandboxState]int, error)
+	// CountSandboxesByTeam is CountSandboxes by team (team ID, then
+	// state), deleted tombstones left out: one aggregate query that
+	// returns a row per team and state in use.
+	CountSandboxesByTeam(ctx context.Context) (map[string]map[SandboxState]int, error)
 }
 
 // Snapshots manages snapshot records on behalf of one team at a time. A
@@ -337,8 +341,9 @@ type Quotas interface {
 	// is not live). The count and the insert are one transaction that
 	// serializes with every other CreateSandboxWithinQuota of the same
 	// team, in every process sharing the database, so concurrent creates
-	// never overshoot q. A refusal wraps errkind.ResourceExhausted and
-	// names the limit ("team t quota: 50 of 50 sandboxes in use").
+	// never overshoot q. A refusal is a *[QuotaError] (its Limit says
+	// which), wraps errkind.ResourceExhausted and names the limit ("team
+	// t quota: 50 of 50 sandboxes in use").
 	CreateSandboxWithinQuota(ctx context.Context, sb Sandbox, q Quota) (Sandbox, error)
 	// UpdateSandboxWithinQuota is UpdateSandbox (the same compare-and-set
 	// on Version, the same errors) that, when it would make a sandbox live

@@ -24,7 +24,7 @@ func (w *Worker) Handler(token string) http.Handler {
 	mux := http.NewServeMux()
 	workerproto.Mount(mux, w, w.log)
 	for _, r := range w.dataRoutes() {
-		mux.HandleFunc(r.pattern, w.fenced(w.inUse(r.h)))
+		mux.HandleFunc(r.pattern, w.fenced(w.inUse(w.metrics.counted(dataPath(r.pattern), r.h))))
 	}
 	if token == "" {
 		return mux
@@ -86,6 +86,22 @@ func (w *Worker) dataRoutes() []dataRoute {
 		{"GET " + base + "/ports/{port}", w.withAgent(handlePort)},
 		{base + "/ports/{port}/http/{path...}", w.handleExposed},
 	}
+}
+
+// dataPath is the data-plane path label of a route's pattern: files,
+// ports, terminal (a process's attached terminal) or exec (the other
+// process routes).
+func dataPath(pattern string) string {
+	rest := pattern[strings.Index(pattern, workerproto.DataPattern)+len(workerproto.DataPattern):]
+	switch {
+	case strings.HasPrefix(rest, "/files"):
+		return pathFiles
+	case strings.HasPrefix(rest, "/ports"):
+		return pathPorts
+	case strings.HasSuffix(rest, "/attach"):
+		return pathTerminal
+	}
+	return pathExec
 }
 
 // agentHandler serves a data-plane request with the sandbox's agent. An

@@ -148,6 +148,9 @@ func (w *Worker) beat(ctx context.Context, s *sbx, vm vmm.VM, hb *silence) bool 
 	case ctx.Err() != nil:
 		return false
 	case err == nil:
+		if a != nil { // a health call, not a new connection
+			w.metrics.agentRTT.Observe(took.Seconds())
+		}
 		hb.reset(s)
 		w.agentAnswered(s, id)
 		if h != nil {

@@ -308,6 +308,7 @@ func (w *Worker) launch(ctx context.Context, s *sbx, snapID string, take bool) (
 		return errors.Join(err, gv.Close(context.WithoutCancel(ctx)))
 	}
 	w.watch(s, gv.VMM)
+	w.metrics.observeStart(startedBy, gv.BootTime)
 	w.log.InfoContext(ctx, "sandbox started", "sandbox_id", id, "vm_pid", h.PID, "by", startedBy, "took", gv.BootTime, "confinement", h.Confinement)
 	w.holdFence(ctx, s) // the lease ran out while it started
 	return nil

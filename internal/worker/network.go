@@ -239,7 +239,7 @@ func (w *Worker) attachGateway(ctx context.Context, s *sbx) error {
 	gw, err := egress.New(egress.Config{
 		Frames: frames, MTU: mtu, Gateway: addrs.gateway(), Guest: addrs.guest(), Policy: policy,
 		Gateway6: addrs.gateway6(), Guest6: addrs.guest6(),
-		Resolve: w.fencedResolve, Dial: w.fencedDial, Audit: audit.write, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
+		Resolve: w.fencedResolve, Dial: w.fencedDial, Audit: audit.write, Metrics: w.metrics.egress, CA: ca, UpstreamRoots: w.cfg.EgressRoots,
 		HostAddr: w.hostAddrs.Contains, Reserved: []netip.Prefix{netBlocks, netBlocks6},
 		WildcardNames: w.cfg.EgressWildcardNames, WildcardNamesPerMinute: w.cfg.EgressWildcardNamesPerMinute,
 		Log: w.log.With("sandbox_id", s.id()),

@@ -203,8 +203,15 @@ func (w *Worker) fromPool(ctx context.Context, id, team string, spec Spec) (Info
 	if spec.ColdBoot || spec.Network == nil || len(spec.Secrets) > 0 || !store.ValidSandboxID(id) || !store.ValidID(team) || validateSpec(spec) != nil {
 		return Info{}, false // create says what is wrong
 	}
-	s := w.takeMember(shapeKey(spec), id)
+	key := shapeKey(spec)
+	s := w.takeMember(key, id)
 	if s == nil {
+		w.mu.Lock()
+		kept := w.pools[key].size > 0
+		w.mu.Unlock()
+		if kept {
+			w.metrics.poolMisses.Inc()
+		}
 		return Info{}, false
 	}
 	w.kickPool()
@@ -223,6 +230,7 @@ func (w *Worker) fromPool(ctx context.Context, id, team string, spec Spec) (Info
 		}
 		return Info{}, false
 	}
+	w.metrics.poolHits.Inc()
 	w.log.Info("sandbox started", "sandbox_id", id, "slot", slot, "by", "pool", "took", time.Since(t0))
 	return s.info(), true
 }

@@ -115,6 +115,12 @@ func (w *Worker) Snapshot(ctx context.Context, sandboxID string, req SnapshotReq
 	if err != nil {
 		return SnapshotInfo{}, errors.Join(err, os.RemoveAll(dir))
 	}
+	w.metrics.pause.Observe(taken.Took.Seconds())
+	if info.Chunked {
+		w.metrics.stored.Observe(float64(info.NewBytes))
+	} else {
+		w.metrics.stored.Observe(float64(info.StoredBytes))
+	}
 	w.log.Info("snapshot taken", "sandbox_id", sandboxID, "snapshot_id", snapID, "paused", taken.Took, "reflinked", taken.Reflinked)
 	return info, nil
 }

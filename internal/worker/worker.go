@@ -155,6 +155,10 @@ type Config struct {
 	// Metrics is where New registers the worker's Prometheus metrics
 	// (metrics.go); nil = they are kept but not exported.
 	Metrics prometheus.Registerer
+	// MetricsPerSandbox adds the families labelled by sandbox ID
+	// (metrics.go: perSandboxCollector) to Metrics; false = none, so
+	// the number of series does not grow with the sandboxes.
+	MetricsPerSandbox bool
 	// Log receives the worker's events; nil = discard.
 	Log *slog.Logger
 }

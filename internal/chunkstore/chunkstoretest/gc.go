@@ -92,7 +92,7 @@ func testGC(t *testing.T, b chunkstore.Backend) {
 	Put(t, b, "chunks/zz/not-a-chunk", []byte("foreign")) // not ours: left alone
 
 	st := runGC(t, s)
-	want := chunkstore.GCStats{Manifests: 2, ChunksScanned: 4, ChunksDeleted: 1, BytesDeleted: 1000}
+	want := chunkstore.GCStats{Manifests: 2, ChunksScanned: 4, BytesScanned: 3*mib + 1000, ChunksDeleted: 1, BytesDeleted: 1000}
 	if diff := cmp.Diff(want, st); diff != "" {
 		t.Errorf("GC stats (-want +got):\n%s", diff)
 	}
@@ -137,9 +137,16 @@ func testDeleteThenGC(t *testing.T, b chunkstore.Backend) {
 		t.Errorf("Get(s1) after Delete = %v, want ErrNotFound", err)
 	}
 	before := storedBytes(t, b)
+	var chunkBytes int64
+	if err := b.List(ctx, "chunks/", func(o chunkstore.ObjectInfo) error { chunkBytes += o.Size; return nil }); err != nil {
+		t.Fatalf("List(chunks/) = %v", err)
+	}
 	st := runGC(t, s)
 	if st.ChunksDeleted != 1 || st.BytesDeleted != mib {
 		t.Errorf("GC after Delete(s1) = %+v, want s1's one unshared chunk (1 MiB) deleted", st)
+	}
+	if st.BytesScanned != chunkBytes {
+		t.Errorf("GC BytesScanned = %d, want the %d bytes of chunks stored", st.BytesScanned, chunkBytes)
 	}
 	if freed := before - storedBytes(t, b); freed != st.BytesDeleted {
 		t.Errorf("GC freed %d bytes, stats.BytesDeleted = %d", freed, st.BytesDeleted)

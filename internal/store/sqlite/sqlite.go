@@ -662,6 +662,33 @@ func (s *Store) SandboxesByWorker(ctx context.Context, workerID string) ([]store
 	return sbs, nil
 }
 
+// CountSandboxesByTeam implements [store.SandboxIndex].
+func (s *Store) CountSandboxesByTeam(ctx context.Context) (map[string]map[store.SandboxState]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT team_id, state, count(*) FROM sandboxes WHERE state <> 'deleted' GROUP BY team_id, state`)
+	if err != nil {
+		return nil, fmt.Errorf("count sandboxes by team: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[string]map[store.SandboxState]int)
+	for rows.Next() {
+		var (
+			team, state string
+			n           int
+		)
+		if err := rows.Scan(&team, &state, &n); err != nil {
+			return nil, fmt.Errorf("count sandboxes by team: %w", err)
+		}
+		if out[team] == nil {
+			out[team] = make(map[store.SandboxState]int)
+		}
+		out[team][store.SandboxState(state)] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count sandboxes by team: %w", err)
+	}
+	return out, nil
+}
+
 // CountSandboxes implements [store.SandboxIndex].
 func (s *Store) CountSandboxes(ctx context.Context) (map[store.SandboxState]int, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT state, count(*) FROM sandboxes GROUP BY state`)

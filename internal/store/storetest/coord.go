@@ -342,15 +342,16 @@ func testQuota(t *testing.T, h Harness) {
 		t.Errorf("TeamUsage(t1) = %+v, %v; want 2 sandboxes, 3 vcpus, 2048 MiB", u, err)
 	}
 	for _, tt := range []struct {
-		name string
-		sb   store.Sandbox
-		want string // "" to fit
+		name  string
+		sb    store.Sandbox
+		want  string // "" to fit
+		limit store.QuotaLimit
 	}{
-		{"too many vcpus", sandboxWith("t1", store.StateCreating, 2, 0), "team t1 quota: 3 of 4 vcpus in use"},
-		{"too much memory", sandboxWith("t1", store.StateCreating, 1, 2049), "team t1 quota: 2048 of 4096 MiB of memory in use"},
-		{"fits exactly", sandboxWith("t1", store.StateCreating, 1, 2048), ""},
-		{"too many sandboxes", sandboxWith("t1", store.StateCreating, 0, 0), "team t1 quota: 3 of 3 sandboxes in use"},
-		{"not live always fits", sandboxWith("t1", store.StateStopped, 100, 100000), ""},
+		{"too many vcpus", sandboxWith("t1", store.StateCreating, 2, 0), "team t1 quota: 3 of 4 vcpus in use", store.LimitVCPUs},
+		{"too much memory", sandboxWith("t1", store.StateCreating, 1, 2049), "team t1 quota: 2048 of 4096 MiB of memory in use", store.LimitMemory},
+		{"fits exactly", sandboxWith("t1", store.StateCreating, 1, 2048), "", ""},
+		{"too many sandboxes", sandboxWith("t1", store.StateCreating, 0, 0), "team t1 quota: 3 of 3 sandboxes in use", store.LimitSandboxes},
+		{"not live always fits", sandboxWith("t1", store.StateStopped, 100, 100000), "", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := s.CreateSandboxWithinQuota(ctx, tt.sb, q)
@@ -362,6 +363,9 @@ func testQuota(t *testing.T, h Harness) {
 			}
 			if !errors.Is(err, errkind.ResourceExhausted) || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("CreateSandboxWithinQuota() = %v, want resource exhausted: %q", err, tt.want)
+			}
+			if qe := (*store.QuotaError)(nil); !errors.As(err, &qe) || qe.Limit != tt.limit {
+				t.Errorf("CreateSandboxWithinQuota() = %v, want a *store.QuotaError of limit %q", err, tt.limit)
 			}
 			if _, err := s.Sandbox(ctx, "t1", tt.sb.ID); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Sandbox(refused) = %v, want ErrNotFound", err)

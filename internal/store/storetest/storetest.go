@@ -639,6 +639,17 @@ func testByWorkerAndExpired(t *testing.T, h Harness) {
 	if diff := cmp.Diff(want, counts); diff != "" {
 		t.Errorf("CountSandboxes() (-want +got):\n%s", diff)
 	}
+	byTeam, err := s.CountSandboxesByTeam(ctx)
+	if err != nil {
+		t.Fatalf("CountSandboxesByTeam() = %v", err)
+	}
+	wantByTeam := map[string]map[store.SandboxState]int{
+		"t1": {store.StateRunning: 3},
+		"t2": {store.StateRunning: 1, store.StateCreating: 1},
+	}
+	if diff := cmp.Diff(wantByTeam, byTeam); diff != "" {
+		t.Errorf("CountSandboxesByTeam() (-want +got):\n%s", diff)
+	}
 }
 
 func testWorkers(t *testing.T, h Harness) {
