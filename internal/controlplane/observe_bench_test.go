@@ -114,6 +114,7 @@ func observedServer(b *testing.B, on bool, delay time.Duration) (http.Handler, s
 		for sc.Scan() {
 		}
 	}()
+	b.Cleanup(cancel) // first: end the follower's stream, so the servers close
 	return h, key, delivered
 }
 
