@@ -968,3 +968,21 @@ type AuditList struct {
 type AuditExportHead struct {
 	Anchor AuditAnchor `json:"anchor"`
 }
+
+// TeamMetrics is a team's sandboxes over time, the reply of GET
+// /v1/metrics.
+type TeamMetrics struct {
+	Team string `json:"team"`
+	// StepSeconds is the time between points.
+	StepSeconds float64            `json:"step_seconds"`
+	Points      []TeamMetricsPoint `json:"points"`
+}
+
+// TeamMetricsPoint is one point of TeamMetrics.
+type TeamMetricsPoint struct {
+	Time time.Time `json:"time"`
+	// Running is how many of the team's sandboxes were running at Time.
+	Running int `json:"running"`
+	// Started is how many the team created from Time to the next point.
+	Started int `json:"started"`
+}

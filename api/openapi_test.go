@@ -186,6 +186,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"Network": Network{}, "EgressEvent": EgressEvent{},
 		"CreateSecret": CreateSecret{}, "Secret": Secret{}, "SecretList": SecretList{}, "SecretGrants": SecretGrants{},
 		"SetTimeout": SetTimeout{}, "SandboxMetrics": SandboxMetrics{}, "UsageSample": UsageSample{},
+		"TeamMetrics": TeamMetrics{}, "TeamMetricsPoint": TeamMetricsPoint{},
 		"LifecycleEvent": LifecycleEvent{}, "LifecycleEventList": LifecycleEventList{},
 		"CreateWebhook": CreateWebhook{}, "UpdateWebhook": UpdateWebhook{}, "Webhook": Webhook{}, "WebhookList": WebhookList{},
 		"WebhookDelivery": WebhookDelivery{}, "WebhookDeliveryList": WebhookDeliveryList{},

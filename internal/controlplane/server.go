@@ -570,6 +570,7 @@ func (s *Server) routes() []route {
 		{"GET", sb + "/metrics", s.handleMetrics, false},
 		{"GET", sb + "/events", s.handleSandboxEvents, false},
 		{"GET", "/v1/events", s.handleEvents, false},
+		{"GET", "/v1/metrics", s.handleTeamMetrics, false},
 		{"POST", "/v1/templates", s.handleBuildTemplate, false},
 		{"GET", "/v1/templates", s.handleListTemplates, false},
 		{"GET", "/v1/templates/{name}", s.handleGetTemplate, false},

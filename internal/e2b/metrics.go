@@ -180,3 +180,42 @@ func parseMetrics(r io.Reader) (metric, error) {
 	}
 	return m, nil
 }
+
+// teamMetric is E2B's TeamMetric.
+type teamMetric struct {
+	ConcurrentSandboxes int     `json:"concurrentSandboxes"`
+	SandboxStartRate    float64 `json:"sandboxStartRate"` // per second
+	Timestamp           string  `json:"timestamp"`
+	TimestampUnix       int64   `json:"timestampUnix"`
+}
+
+// teamMetrics answers E2B's team metrics route from SPACE's (GET
+// /v1/metrics): the caller's team's running sandboxes and start rate,
+// whatever team the path names (a key reaches its own team only).
+func (s *Server) teamMetrics(w http.ResponseWriter, r *http.Request, c *client.Client) {
+	var bounds [2]time.Time
+	for i, name := range []string{"start", "end"} {
+		v := r.URL.Query().Get(name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			writeAPIError(w, badRequest("%s %.32q: want unix seconds", name, v))
+			return
+		}
+		bounds[i] = time.Unix(n, 0)
+	}
+	m, err := c.TeamMetrics(r.Context(), bounds[0], bounds[1], 0)
+	if err != nil {
+		writeAPIError(w, err)
+		return
+	}
+	out := make([]teamMetric, 0, len(m.Points))
+	for _, p := range m.Points {
+		out = append(out, teamMetric{ConcurrentSandboxes: p.Running, SandboxStartRate: float64(p.Started) / m.StepSeconds,
+			Timestamp: p.Time.UTC().Format(time.RFC3339), TimestampUnix: p.Time.Unix()})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+

@@ -43,6 +43,7 @@ func (s *Server) apiRoutes() {
 	h("DELETE /templates/{id}", s.deleteSnapshot)
 	h("PUT /sandboxes/{id}/network", s.setNetwork)
 	h("GET /sandboxes/{id}/metrics", s.metrics)
+	h("GET /teams/{teamID}/metrics", s.teamMetrics)
 	h("GET /events/sandboxes", s.teamEvents)
 	h("GET /events/sandboxes/{id}", s.sandboxEvents)
 	s.webhookRoutes()

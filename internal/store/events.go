@@ -65,6 +65,9 @@ type EventQuery struct {
 	// After returns only events whose Seq is greater: the cursor of the
 	// last event the caller has. 0 starts from the oldest kept.
 	After int64
+	// Since returns only events recorded at or after it; zero means
+	// any time.
+	Since time.Time
 	// Limit is the most to return: 0 or more than MaxEventLimit means
 	// MaxEventLimit.
 	Limit int

@@ -93,6 +93,10 @@ func (s *Store) ListEvents(ctx context.Context, q store.EventQuery) ([]store.Eve
 		args = append(args, q.SandboxID)
 		where = append(where, fmt.Sprintf(`sandbox_id = $%d`, len(args)))
 	}
+	if !q.Since.IsZero() {
+		args = append(args, q.Since)
+		where = append(where, fmt.Sprintf(`time >= $%d`, len(args)))
+	}
 	if len(q.Types) > 0 {
 		args = append(args, q.Types)
 		where = append(where, fmt.Sprintf(`type = ANY ($%d)`, len(args)))

@@ -77,6 +77,9 @@ func (s *Store) ListEvents(ctx context.Context, q store.EventQuery) ([]store.Eve
 	if q.SandboxID != "" {
 		where, args = append(where, `sandbox_id = ?`), append(args, q.SandboxID)
 	}
+	if !q.Since.IsZero() {
+		where, args = append(where, `time_us >= ?`), append(args, micros(q.Since))
+	}
 	if len(q.Types) > 0 {
 		where = append(where, `type IN (?`+strings.Repeat(`, ?`, len(q.Types)-1)+`)`)
 		for _, t := range q.Types {

@@ -265,6 +265,8 @@ func testEventsQuery(t *testing.T, h Harness) {
 		{"limit", store.EventQuery{Limit: 2}, pick(0, 1)},
 		{"limit after", store.EventQuery{After: all[0].Seq, Limit: 2}, pick(1, 2)},
 		{"limit over the cap", store.EventQuery{Limit: 5000}, all},
+		{"since the first", store.EventQuery{Since: all[0].Time}, all},
+		{"since after the last", store.EventQuery{Since: all[5].Time.Add(time.Millisecond)}, pick()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := listEvents(t, s, tc.q)

@@ -2003,6 +2003,52 @@ class Network:
         return d
 
 @dataclass
+class TeamMetrics:
+    """A team's sandboxes over time."""
+
+    team: str
+    step_seconds: float
+    points: List[TeamMetricsPoint]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TeamMetrics":
+        return cls(
+            team=d.get('team', ""),
+            step_seconds=d.get('step_seconds', 0.0),
+            points=[TeamMetricsPoint.from_dict(x0) for x0 in d.get('points', [])],
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['team'] = self.team
+        d['step_seconds'] = self.step_seconds
+        d['points'] = [x0.to_dict() for x0 in self.points]
+        return d
+
+@dataclass
+class TeamMetricsPoint:
+    """The TeamMetricsPoint schema."""
+
+    time: str  # RFC 3339 time
+    running: int
+    started: int
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TeamMetricsPoint":
+        return cls(
+            time=d.get('time', ""),
+            running=d.get('running', 0),
+            started=d.get('started', 0),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {}
+        d['time'] = self.time
+        d['running'] = self.running
+        d['started'] = self.started
+        return d
+
+@dataclass
 class SandboxMetrics:
     """A sandbox's usage history over a time range."""
 
@@ -2222,7 +2268,7 @@ __all__ = [
     "Quota", "QuotaUsage", "RegisterWorker", "WorkerCapabilities", "Worker",
     "WorkerList", "CreateSnapshot", "Snapshot", "SnapshotList", "RestoreSandbox",
     "SetTimeout", "CheckpointPolicy", "Checkpoint", "CheckpointList", "ForkSandbox",
-    "Template", "TemplateList", "BuildReport", "BuildEvent", "Network",
-    "SandboxMetrics", "UsageSample", "EgressEvent", "LifecycleEvent",
-    "LifecycleEventList"
+    "Template", "TemplateList", "BuildReport", "BuildEvent", "Network", "TeamMetrics",
+    "TeamMetricsPoint", "SandboxMetrics", "UsageSample", "EgressEvent",
+    "LifecycleEvent", "LifecycleEventList"
 ]

@@ -1097,6 +1097,31 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A team's running sandboxes and sandbox starts over time.
+         * @description Points every `step_seconds` from start to end: how many of the
+         *     team's sandboxes were running at each point, and how many it
+         *     created from that point to the next. Replayed from the lifecycle
+         *     events (GET /v1/events), so the series is exact as far back as
+         *     events are kept (30 days by default; an earlier start is cut
+         *     there). An admin key may name another team.
+         */
+        get: operations["teamMetrics"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/templates": {
         parameters: {
             query?: never;
@@ -2524,6 +2549,21 @@ export interface components {
              * @description Throughput of all connections together, each direction (0 = unlimited).
              */
             bytes_per_second?: number;
+        };
+        /** @description A team's sandboxes over time. */
+        TeamMetrics: {
+            team: string;
+            /** @description Time between points. */
+            step_seconds: number;
+            points: components["schemas"]["TeamMetricsPoint"][];
+        };
+        TeamMetricsPoint: {
+            /** Format: date-time */
+            time: string;
+            /** @description The team's sandboxes running at this time. */
+            running: number;
+            /** @description Sandboxes the team created from this time to the next point. */
+            started: number;
         };
         /** @description A sandbox's usage history over a time range. */
         SandboxMetrics: {
@@ -4394,6 +4434,38 @@ export interface operations {
         requestBody?: never;
         responses: {
             200: components["responses"]["Events"];
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["PermissionDenied"];
+        };
+    };
+    teamMetrics: {
+        parameters: {
+            query?: {
+                /** @description First point, as unix seconds or RFC 3339; default an hour before end. */
+                start?: string;
+                /** @description End of the range (not included), as unix seconds or RFC 3339; default and at most now. */
+                end?: string;
+                /** @description Time between points, a Go duration of at least 5s (default the range over 1000, at least 5s); at most 1000 points. */
+                step?: string;
+                /** @description Another team (admin keys only). */
+                team?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The points, oldest first. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TeamMetrics"];
+                };
+            };
             400: components["responses"]["InvalidArgument"];
             401: components["responses"]["Unauthenticated"];
             403: components["responses"]["PermissionDenied"];
