@@ -89,22 +89,19 @@ func (h *History) fold(s api.UsageSample) {
 func (h *History) Range(start, end time.Time) []api.UsageSample {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	in := func(t time.Time) bool {
-		return (start.IsZero() || !t.Before(start)) && (end.IsZero() || !t.After(end))
-	}
 	var out []api.UsageSample
 	for _, s := range h.coarse.all() {
-		if in(s.Time) {
+		if within(s.Time, start, end) {
 			out = append(out, s)
 		}
 	}
 	if h.minute.n > 0 {
-		if s := h.minute.sample(); in(s.Time) {
+		if s := h.minute.sample(); within(s.Time, start, end) {
 			out = append(out, s)
 		}
 	}
 	for _, s := range h.fine.all() {
-		if in(s.Time) {
+		if within(s.Time, start, end) {
 			out = append(out, s)
 		}
 	}
@@ -116,6 +113,11 @@ func (h *History) Latest() (api.UsageSample, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.fine.newest()
+}
+
+// within reports whether t is in [start, end]; a zero bound is open.
+func within(t, start, end time.Time) bool {
+	return (start.IsZero() || !t.Before(start)) && (end.IsZero() || !t.After(end))
 }
 
 func clamp(v uint64) int64 {
