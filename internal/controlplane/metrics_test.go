@@ -342,7 +342,7 @@ func TestOperationMetrics(t *testing.T) {
 	}
 }
 
-// TestSeriesBounded creates and deletes 200 sandboxes and checks that
+// TestSeriesBounded creates and deletes 1,000 sandboxes and checks that
 // the number of series is what it was after the first: no label takes a
 // value per sandbox.
 func TestSeriesBounded(t *testing.T) {
@@ -368,11 +368,11 @@ func TestSeriesBounded(t *testing.T) {
 	}
 	cycle()
 	before := series()
-	for range 199 {
+	for range 999 {
 		cycle()
 	}
 	if after := series(); after != before {
-		t.Errorf("series after 200 sandboxes = %d, after 1 = %d; want them equal", after, before)
+		t.Errorf("series after 1000 sandboxes = %d, after 1 = %d; want them equal", after, before)
 	}
 }
 
