@@ -65,15 +65,17 @@ func (g *Gateway) answer(q *dns.Msg) *dns.Msg {
 	if !g.Policy().AllowsName(name) {
 		resp.Rcode = dns.RcodeNameError
 		ev.Reason = "the policy does not allow " + name
-		g.audit(ev)
+		g.audit(ev, refusedNotAllowed)
 		return resp
 	}
 	ev.Allowed = true
+	why := refusedFailed
 	switch question.Qtype {
 	case dns.TypeA:
 		a, err := g.names.addr(name, !g.Policy().allowsExactName(name))
 		if errors.Is(err, errWildcardLimit) {
 			g.refuseName(q, resp, &ev)
+			why = refusedWildcardLimit
 			break
 		}
 		if err != nil {
@@ -91,7 +93,7 @@ func (g *Gateway) answer(q *dns.Msg) *dns.Msg {
 		// is not routed).
 	}
 	if question.Qtype == dns.TypeA || !strings.HasPrefix(name, "_") {
-		g.audit(ev)
+		g.audit(ev, why)
 	}
 	return resp
 }

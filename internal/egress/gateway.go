@@ -271,12 +271,12 @@ func (g *Gateway) setUpStack() error {
 // without a word, see martian4) is dropped and audited.
 func (g *Gateway) admit(frame []byte) bool {
 	if len(frame) < header.EthernetMinimumSize || len(frame) > g.link.maxFrame {
-		g.drop("ip", "", 0, fmt.Sprintf("a frame of %d bytes (the link's are %d to %d)", len(frame), header.EthernetMinimumSize, g.link.maxFrame))
+		g.drop(refusedNotRouted, "ip", "", 0, fmt.Sprintf("a frame of %d bytes (the link's are %d to %d)", len(frame), header.EthernetMinimumSize, g.link.maxFrame))
 		return false
 	}
 	info, err := parseFrame(frame)
 	if err != nil {
-		g.drop("ip", "", 0, "a malformed IPv4 packet")
+		g.drop(refusedNotRouted, "ip", "", 0, "a malformed IPv4 packet")
 		return false
 	}
 	switch info.ethType {
@@ -286,11 +286,11 @@ func (g *Gateway) admit(frame []byte) bool {
 		return g.admit6(frame)
 	case header.IPv4ProtocolNumber:
 	default:
-		g.drop("ip", "", 0, fmt.Sprintf("ethertype %#04x is not routed", uint16(info.ethType)))
+		g.drop(refusedNotRouted, "ip", "", 0, fmt.Sprintf("ethertype %#04x is not routed", uint16(info.ethType)))
 		return false
 	}
 	if why := g.martian4(frame, info); why != "" {
-		g.drop(protoName(info.proto), info.dst.String(), info.dstPort, why)
+		g.drop(refusedSpecialAddress, protoName(info.proto), info.dst.String(), info.dstPort, why)
 		return false
 	}
 	switch {
@@ -301,36 +301,38 @@ func (g *Gateway) admit(frame []byte) bool {
 	case info.proto == header.ICMPv4ProtocolNumber && info.dst == g.cfg.Gateway:
 		return true
 	case info.proto == header.UDPProtocolNumber:
-		g.drop("udp", info.dst.String(), info.dstPort, "UDP goes only to the gateway's DNS")
+		g.drop(refusedNotRouted, "udp", info.dst.String(), info.dstPort, "UDP goes only to the gateway's DNS")
 	case info.proto == header.ICMPv4ProtocolNumber && g.Policy().ICMP:
 		req, ok := parseEcho(frame)
 		if !ok {
-			g.drop("icmp", info.dst.String(), 0, "only echo requests leave")
+			g.drop(refusedNotRouted, "icmp", info.dst.String(), 0, "only echo requests leave")
 			break
 		}
 		select {
 		case g.pings <- struct{}{}:
 			go g.ping(req)
 		default:
-			g.drop("icmp", info.dst.String(), 0, "too many pings in flight")
+			g.drop(refusedTooMany, "icmp", info.dst.String(), 0, "too many pings in flight")
 		}
 	case info.proto == header.ICMPv4ProtocolNumber:
-		g.drop("icmp", info.dst.String(), 0, "ICMP goes only to the gateway")
+		g.drop(refusedNotRouted, "icmp", info.dst.String(), 0, "ICMP goes only to the gateway")
 	default:
-		g.drop("ip", info.dst.String(), 0, "protocol "+strconv.Itoa(int(info.proto))+" is not routed")
+		g.drop(refusedNotRouted, "ip", info.dst.String(), 0, "protocol "+strconv.Itoa(int(info.proto))+" is not routed")
 	}
 	return false
 }
 
-// drop audits a dropped packet (aggregated, as every refusal).
-func (g *Gateway) drop(proto, addr string, port uint16, reason string) {
-	g.audit(Event{Proto: proto, Addr: addr, Port: port, Reason: reason})
+// drop audits a dropped packet (aggregated, as every refusal), for
+// a reason of class why.
+func (g *Gateway) drop(why denial, proto, addr string, port uint16, reason string) {
+	g.audit(Event{Proto: proto, Addr: addr, Port: port, Reason: reason}, why)
 }
 
 // audit records a decision: at once, or counted for a later line when
-// it repeats (see audit.go).
-func (g *Gateway) audit(ev Event) {
-	g.cfg.Metrics.decided(ev)
+// it repeats (see audit.go). why classes a refusal for the metrics
+// (ev.Reason says it in full); an allowed decision ignores it.
+func (g *Gateway) audit(ev Event, why denial) {
+	g.cfg.Metrics.decided(ev, why)
 	if g.agg == nil {
 		return
 	}
@@ -413,29 +415,29 @@ func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 	if synthetic {
 		defer g.names.unpin(dst)
 	}
-	refuse := func(reason string) {
+	refuse := func(why denial, reason string) {
 		req.Complete(true)
-		g.audit(Event{Proto: "tcp", Name: name, Addr: dst.String(), Port: port, Reason: reason})
+		g.audit(Event{Proto: "tcp", Name: name, Addr: dst.String(), Port: port, Reason: reason}, why)
 	}
 	switch {
 	case p.Off:
-		refuse("the network is off")
+		refuse(refusedNetworkOff, "the network is off")
 		return
 	case synthetic && !p.allowsHostPort(name, port):
-		refuse("the policy does not allow " + name + " on port " + strconv.Itoa(int(port)))
+		refuse(refusedNotAllowed, "the policy does not allow " + name + " on port " + strconv.Itoa(int(port)))
 		return
 	case !synthetic && !p.allowsAddr(dst, port):
-		refuse("the policy allows no connection to this address by IP (resolve an allowed name through the sandbox's DNS)")
+		refuse(refusedByIP, "the policy allows no connection to this address by IP (resolve an allowed name through the sandbox's DNS)")
 		return
 	case !synthetic:
 		if why := g.blocked(p, dst, false); why != "" {
-			refuse(why)
+			refuse(refusedSpecialAddress, why)
 			return
 		}
 	}
 	c := newConn(name, dst, port)
 	if !g.track(c, p) {
-		refuse("too many connections at once")
+		refuse(refusedTooMany, "too many connections at once")
 		return
 	}
 	defer g.untrack(c)
@@ -454,7 +456,9 @@ func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 	if ev.Reason == "" {
 		ev = c.event()
 	}
-	g.audit(ev)
+	// Refused after the policy let it open: the guest's first message
+	// named something else, or the upstream, TLS or the protocol failed.
+	g.audit(ev, refusedFailed)
 }
 
 // serve serves c until it ends, and returns the event that refused it

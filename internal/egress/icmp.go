@@ -71,6 +71,7 @@ func (g *Gateway) ping(req echoRequest) {
 	name, synthetic := g.names.name(req.dst)
 	ctx, cancel := context.WithTimeout(g.ctx, 15*time.Second)
 	defer cancel()
+	why := refusedNotAllowed
 	switch {
 	case !p.ICMP:
 		ev.Reason = "the policy allows no ICMP"
@@ -79,21 +80,22 @@ func (g *Gateway) ping(req echoRequest) {
 	case !synthetic && !p.allowsAddr(req.dst, 0):
 		ev.Reason = "no address rule covers " + req.dst.String() + " on every port"
 	case !synthetic && hostOnly(req.dst) && !p.namesExactly(req.dst):
-		ev.Reason = "a loopback, link-local or metadata address: only a rule naming it exactly allows it"
+		ev.Reason, why = "a loopback, link-local or metadata address: only a rule naming it exactly allows it", refusedSpecialAddress
 	case synthetic:
 		ev.Name = name
 		addrs, err := g.cfg.Resolve(ctx, name)
 		if err != nil || len(addrs) == 0 {
-			ev.Reason = fmt.Sprintf("resolving %s: %v", name, err)
+			ev.Reason, why = fmt.Sprintf("resolving %s: %v", name, err), refusedFailed
 			break
 		}
 		target = addrs[0].Unmap()
 		ev.Addr = target.String()
 		if special(target) && !p.namesExactly(target) {
-			ev.Reason = name + " resolves to " + target.String() + ", which the policy does not name"
+			ev.Reason, why = name+" resolves to "+target.String()+", which the policy does not name", refusedSpecialAddress
 		}
 	}
 	if ev.Reason == "" {
+		why = refusedFailed
 		var reply []byte
 		reply, ev.Reason = g.echo(ctx, target, req)
 		if ctx.Err() != nil && g.ctx.Err() != nil {
@@ -107,7 +109,7 @@ func (g *Gateway) ping(req echoRequest) {
 			}
 		}
 	}
-	g.audit(ev)
+	g.audit(ev, why)
 }
 
 // echo sends the guest's echo request to target from the gateway's own

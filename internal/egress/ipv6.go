@@ -17,19 +17,19 @@ import (
 // admit6 is admit for an IPv6 frame.
 func (g *Gateway) admit6(frame []byte) bool {
 	if !g.cfg.Gateway6.IsValid() {
-		g.drop("ipv6", "", 0, "IPv6 is not routed")
+		g.drop(refusedNotRouted, "ipv6", "", 0, "IPv6 is not routed")
 		return false
 	}
 	ip := header.IPv6(frame[header.EthernetMinimumSize:])
 	if !ip.IsValid(len(ip)) {
-		g.drop("ipv6", "", 0, "a malformed IPv6 packet")
+		g.drop(refusedNotRouted, "ipv6", "", 0, "a malformed IPv6 packet")
 		return false
 	}
 	dst := netip.AddrFrom16(ip.DestinationAddress().As16())
 	switch ip.TransportProtocol() {
 	case header.TCPProtocolNumber:
 		if why := martian6(dst); why != "" {
-			g.drop("tcp", dst.String(), 0, why)
+			g.drop(refusedSpecialAddress, "tcp", dst.String(), 0, why)
 			return false
 		}
 		return true // the forwarder decides
@@ -51,17 +51,17 @@ func (g *Gateway) admit6(frame []byte) bool {
 			if dst == g.cfg.Gateway6 {
 				return true
 			}
-			g.drop("icmp6", dst.String(), 0, "ICMPv6 goes only to the gateway")
+			g.drop(refusedNotRouted, "icmp6", dst.String(), 0, "ICMPv6 goes only to the gateway")
 		case header.ICMPv6RouterSolicit, header.ICMPv6MulticastListenerReport, header.ICMPv6MulticastListenerV2Report,
 			header.ICMPv6MulticastListenerDone:
 			// What a kernel sends when its link comes up: no one answers.
 		default:
-			g.drop("icmp6", dst.String(), 0, "ICMPv6 type "+strconv.Itoa(int(icmp.Type()))+" is not routed")
+			g.drop(refusedNotRouted, "icmp6", dst.String(), 0, "ICMPv6 type "+strconv.Itoa(int(icmp.Type()))+" is not routed")
 		}
 	case header.UDPProtocolNumber:
-		g.drop("udp6", dst.String(), 0, "UDP goes only to the gateway's DNS, over IPv4")
+		g.drop(refusedNotRouted, "udp6", dst.String(), 0, "UDP goes only to the gateway's DNS, over IPv4")
 	default:
-		g.drop("ipv6", dst.String(), 0, "IPv6 next header "+strconv.Itoa(int(ip.NextHeader()))+" is not routed (extension headers included)")
+		g.drop(refusedNotRouted, "ipv6", dst.String(), 0, "IPv6 next header "+strconv.Itoa(int(ip.NextHeader()))+" is not routed (extension headers included)")
 	}
 	return false
 }

@@ -113,7 +113,7 @@ func (p *httpProxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	pol := p.g.Policy()
 	host, why := requestAuthority(r, c)
 	secrets := pol.secretsFor(c.name)
-	code := http.StatusForbidden
+	code, class := http.StatusForbidden, refusedNotAllowed
 	switch {
 	case why != "":
 		code = http.StatusMisdirectedRequest
@@ -124,17 +124,17 @@ func (p *httpProxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		why = "the policy does not allow " + c.String()
 	case len(secrets) > 0 && (r.Method == "TRACE" || r.Method == "TRACK"):
 		why = r.Method + " to a host the sandbox's secrets go to is refused (it would echo them)"
-		code = http.StatusMethodNotAllowed
+		code, class = http.StatusMethodNotAllowed, refusedSecretEcho
 	}
 	if why != "" {
-		p.refuse(w, r, c, host, code, why)
+		p.refuse(w, r, c, host, code, class, why)
 		return
 	}
 	ctx := r.Context()
 	if len(secrets) > 0 {
 		if c.modeName() == ModeHTTPS {
 			if err := injectRequest(r, secrets); err != nil {
-				p.refuse(w, r, c, host, http.StatusRequestEntityTooLarge, err.Error())
+				p.refuse(w, r, c, host, http.StatusRequestEntityTooLarge, refusedTooLarge, err.Error())
 				return
 			}
 			c.injected.Store(true)
@@ -196,7 +196,7 @@ func targetHost(authority string) string {
 
 // refuse answers a request the gateway does not forward, audits it and,
 // on HTTP/1, ends the connection (it is not reused for anything else).
-func (p *httpProxy) refuse(w http.ResponseWriter, r *http.Request, c *conn, host string, code int, why string) {
+func (p *httpProxy) refuse(w http.ResponseWriter, r *http.Request, c *conn, host string, code int, class denial, why string) {
 	c.refused.Add(1)
 	if r.ProtoMajor < 2 {
 		w.Header().Set("Connection", "close")
@@ -205,7 +205,7 @@ func (p *httpProxy) refuse(w http.ResponseWriter, r *http.Request, c *conn, host
 	w.Header().Set("X-Space-Egress", "refused")
 	w.WriteHeader(code)
 	fmt.Fprintf(w, "space egress: %s\n", why)
-	p.g.audit(Event{Proto: "http", Name: host, Port: c.port, Mode: c.modeName(), Method: r.Method, Reason: why})
+	p.g.audit(Event{Proto: "http", Name: host, Port: c.port, Mode: c.modeName(), Method: r.Method, Reason: why}, class)
 }
 
 // rewrite sends an allowed request to the connection's own name.
@@ -257,7 +257,7 @@ func (p *httpProxy) upstreamError(w http.ResponseWriter, r *http.Request, err er
 		return // the guest went away
 	}
 	if c != nil {
-		p.refuse(w, r, c, c.name, code, "upstream: "+err.Error())
+		p.refuse(w, r, c, c.name, code, refusedFailed, "upstream: "+err.Error())
 	}
 }
 

@@ -6,12 +6,33 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// A denial classes why a decision refused, as a bounded label: the
+// egress log's reason says it in full, in free text.
+type denial string
+
+// The classes of refusals.
+const (
+	refusedNetworkOff     denial = "network_off"     // the sandbox has no network
+	refusedNotAllowed     denial = "not_allowed"     // no rule allows the name, address or port
+	refusedByIP           denial = "by_ip"           // a connection to an address no address rule covers
+	refusedSpecialAddress denial = "special_address" // loopback, private, link-local, metadata, the host's own
+	refusedTooMany        denial = "too_many"        // the connection or ping limit
+	refusedNotRouted      denial = "not_routed"      // a protocol or packet the gateway does not route
+	refusedWildcardLimit  denial = "wildcard_limit"  // more names under wildcard rules than allowed
+	refusedSecretEcho     denial = "secret_echo"     // TRACE/TRACK to a host secrets go to
+	refusedTooLarge       denial = "too_large"       // a request too large to inject secrets into
+	// refusedFailed: allowed by the policy, then failed: the upstream
+	// (dial, resolve, TLS, HTTP), or the guest's first message named
+	// another host or spoke no protocol the rule serves.
+	refusedFailed denial = "failed"
+)
+
 // Metrics are the egress gateways' Prometheus metrics, shared by every
 // gateway of a worker (Config.Metrics). Their labels are bounded enums:
-// a decision's reason is free text, so it is not one. A nil *Metrics
-// records nothing.
+// a decision's reason is a denial class ("none" when allowed). A nil
+// *Metrics records nothing.
 type Metrics struct {
-	decisions *prometheus.CounterVec // verdict, proto, mode
+	decisions *prometheus.CounterVec // verdict, proto, mode, reason
 	bytes     *prometheus.CounterVec // direction
 	open      prometheus.Gauge
 	dns       prometheus.Counter
@@ -25,8 +46,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "space_egress_decisions_total",
-			Help: "Egress decisions of the sandboxes' gateways, by verdict (allowed, denied), protocol (tcp, http, dns, udp, icmp, ipv6, ip, other) and how a connection was served (https, http, tls-passthrough, tcp, ip; none for the others).",
-		}, []string{"verdict", "proto", "mode"}),
+			Help: "Egress decisions of the sandboxes' gateways, by verdict (allowed, denied), protocol (tcp, http, dns, udp, icmp, ipv6, ip, other), how a connection was served (https, http, tls-passthrough, tcp, ip; none for the others) and the class of a refusal's reason (network_off, not_allowed, by_ip, special_address, too_many, not_routed, wildcard_limit, secret_echo, too_large, failed; none when allowed).",
+		}, []string{"verdict", "proto", "mode", "reason"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "space_egress_bytes_total",
 			Help: "Bytes the sandboxes' allowed connections moved, by direction (up: guest to upstream, down: upstream to guest), counted when each connection closes.",
@@ -52,10 +73,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Secret values the gateways replaced by their placeholders in responses (headers and bodies) before the guest saw them.",
 		}),
 	}
-	for _, v := range []string{"allowed", "denied"} {
-		for _, p := range []string{"tcp", "http", "dns", "udp", "icmp"} {
-			m.decisions.WithLabelValues(v, p, "none")
-		}
+	for _, p := range []string{"tcp", "http", "dns", "udp", "icmp"} {
+		m.decisions.WithLabelValues("allowed", p, "none", "none")
+		m.decisions.WithLabelValues("denied", p, "none", string(refusedNotAllowed))
 	}
 	m.bytes.WithLabelValues("up")
 	m.bytes.WithLabelValues("down")
@@ -68,17 +88,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // decided records a decision (before the audit's aggregation: each
-// event once, an event standing for Count of them as that many).
-func (m *Metrics) decided(ev Event) {
+// event once, an event standing for Count of them as that many); why
+// classes a refusal.
+func (m *Metrics) decided(ev Event, why denial) {
 	if m == nil || ev.Proto == "audit" {
 		return
 	}
-	verdict := "denied"
+	verdict, reason := "denied", string(why)
 	if ev.Allowed {
-		verdict = "allowed"
+		verdict, reason = "allowed", "none"
 	}
 	n := float64(max(ev.Count, 1))
-	m.decisions.WithLabelValues(verdict, protoLabel(ev.Proto), modeLabel(ev.Mode)).Add(n)
+	m.decisions.WithLabelValues(verdict, protoLabel(ev.Proto), modeLabel(ev.Mode), reason).Add(n)
 	if ev.Proto == "dns" {
 		m.dns.Add(n)
 	}

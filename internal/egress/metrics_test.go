@@ -65,6 +65,9 @@ func TestMetrics(t *testing.T) {
 	}{
 		{"space_egress_decisions_total", map[string]string{"verdict": "allowed", "proto": "tcp", "mode": "https"}, 1},
 		{"space_egress_decisions_total", map[string]string{"verdict": "denied", "proto": "dns"}, 2}, // nope.test, b.wild.test
+		{"space_egress_decisions_total", map[string]string{"verdict": "denied", "proto": "dns", "reason": "not_allowed"}, 1},
+		{"space_egress_decisions_total", map[string]string{"verdict": "denied", "proto": "dns", "reason": "wildcard_limit"}, 1},
+		{"space_egress_decisions_total", map[string]string{"verdict": "allowed", "proto": "dns", "reason": "none"}, 2},
 		{"space_egress_dns_lookups_total", nil, 4},
 		{"space_egress_wildcard_limit_hits_total", nil, 1},
 		{"space_egress_secrets_scrubbed_total", nil, 1},
