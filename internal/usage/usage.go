@@ -181,3 +181,42 @@ func (m *minuteAcc) sample() api.UsageSample {
 	s.CPUUsedPct = float64(int64(m.cpuSum/float64(m.n)*100)) / 100
 	return s
 }
+
+// Saved is what a History holds, to keep it across a restart of its
+// worker (the worker writes it when it closes and reads it back when it
+// adopts the sandbox again).
+type Saved struct {
+	Fine   []api.UsageSample `json:"fine"`
+	Coarse []api.UsageSample `json:"coarse"` // the minute being built included
+	Last   *proto.GuestUsage `json:"last,omitempty"`
+}
+
+// Save returns what h holds.
+func (h *History) Save() Saved {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sv := Saved{Fine: h.fine.all(), Coarse: h.coarse.all(), Last: h.last}
+	if h.minute.n > 0 {
+		sv.Coarse = append(sv.Coarse, h.minute.sample())
+	}
+	return sv
+}
+
+// Load replaces what h holds by sv, keeping the newest samples that fit
+// its bounds, in time order.
+func (h *History) Load(sv Saved) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.fine, h.coarse = ring{cap: FineSamples}, ring{cap: CoarseSamples}
+	h.minute, h.last = minuteAcc{}, sv.Last
+	for _, s := range sv.Coarse {
+		if last, ok := h.coarse.newest(); !ok || s.Time.After(last.Time) {
+			h.coarse.push(s)
+		}
+	}
+	for _, s := range sv.Fine {
+		if last, ok := h.fine.newest(); !ok || s.Time.After(last.Time) {
+			h.fine.push(s) // an evicted one is older than the minutes kept
+		}
+	}
+}

@@ -67,3 +67,23 @@ func TestBounded(t *testing.T) {
 		t.Errorf("the last hour is not at the sampling interval")
 	}
 }
+
+// TestSaveLoad: a history saved and loaded answers the same ranges.
+func TestSaveLoad(t *testing.T) {
+	var h History
+	t0 := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	for i := range 2000 {
+		h.Add(t0.Add(time.Duration(i)*5*time.Second), reading(uint64(i)*10, uint64(i)*100), 1)
+	}
+	var back History
+	back.Load(h.Save())
+	if got, want := back.Range(time.Time{}, time.Time{}), h.Range(time.Time{}, time.Time{}); len(got) != len(want) || !got[len(got)-1].Time.Equal(want[len(want)-1].Time) {
+		t.Errorf("loaded history has %d samples, want %d", len(got), len(want))
+	}
+	// It goes on from where it was: the next CPU share is a delta of
+	// the saved reading.
+	back.Add(t0.Add(2000*5*time.Second), reading(1999*10+50, 1999*100+100), 1)
+	if s, _ := back.Latest(); s.CPUUsedPct != 50 {
+		t.Errorf("CPU share after load = %v, want 50", s.CPUUsedPct)
+	}
+}

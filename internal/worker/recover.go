@@ -68,6 +68,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			continueGuest(rec.VM.PID)
 		}
 		s := &sbx{dir: dir, runDir: filepath.Join(w.cfg.RunRoot, rec.slot())}
+		s.loadUsage(w)
 		s.mu.Lock()
 		s.rec = rec
 		s.lastActive = time.Now() // what it did before this process is unknown: idle from now

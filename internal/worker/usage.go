@@ -2,10 +2,16 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"space/api"
 	"space/internal/errkind"
+	"space/internal/usage"
 	"space/internal/workerproto"
 )
 
@@ -25,4 +31,39 @@ func (w *Worker) Usage(_ context.Context, id string, req workerproto.UsageReques
 		samples = []api.UsageSample{}
 	}
 	return api.SandboxMetrics{SandboxID: id, IntervalSeconds: max(w.cfg.AgentHeartbeat, 0).Seconds(), Samples: samples}, nil
+}
+
+// usageFile keeps a sandbox's usage history in its directory while its
+// worker is stopped.
+const usageFile = "usage.json"
+
+// saveUsage writes s's usage history for the next worker of its VM (the
+// worker is closing; its sandboxes stay). A failure loses only the
+// history, so it is logged.
+func (s *sbx) saveUsage(w *Worker) {
+	if _, err := os.Stat(s.dir); err != nil {
+		return // gone meanwhile
+	}
+	if err := writeJSONFile(s.dir, usageFile, s.usage.Save()); err != nil {
+		w.log.Warn("usage history not kept across the restart", "dir", s.dir, "err", err)
+	}
+}
+
+// loadUsage reads back what saveUsage wrote, once.
+func (s *sbx) loadUsage(w *Worker) {
+	path := filepath.Join(s.dir, usageFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	var sv usage.Saved
+	if err == nil {
+		err = json.Unmarshal(b, &sv)
+	}
+	if err != nil {
+		w.log.Warn("usage history of the previous run unreadable", "path", path, "err", err)
+	} else {
+		s.usage.Load(sv)
+	}
+	os.Remove(path)
 }

@@ -17,7 +17,8 @@ import (
 // figures only; the guest's are read by the agent (its own test) and
 // checked on a real VM in cmd/space's end-to-end test.
 func TestUsageHistory(t *testing.T) {
-	w := newFakeHost(t).startWith(t, fastHeartbeat)
+	h := newFakeHost(t)
+	w := h.startWith(t, fastHeartbeat)
 	ctx := t.Context()
 	id := store.NewSandboxID()
 	if _, err := w.Create(ctx, CreateRequest{ID: id, Team: "team", Spec: fakeSpec}); err != nil {
@@ -64,6 +65,16 @@ func TestUsageHistory(t *testing.T) {
 	time.Sleep(5 * testHeartbeat)
 	if got := count(); got != n {
 		t.Errorf("a paused sandbox was sampled: %d samples, then %d", n, got)
+	}
+
+	// A worker that restarts keeps the history of the VMs it adopts.
+	if err := w.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	w2 := h.startWith(t, fastHeartbeat)
+	again, err := w2.Usage(ctx, id, workerproto.UsageRequest{})
+	if err != nil || len(again.Samples) != n {
+		t.Errorf("Usage after the worker restarted = %d samples, %v; want the %d from before", len(again.Samples), err, n)
 	}
 }
 

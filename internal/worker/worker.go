@@ -440,6 +440,7 @@ func (w *Worker) Close() error {
 		s.op.Lock()
 		errs = append(errs, s.detach())
 		s.op.Unlock()
+		s.saveUsage(w)
 	}
 	if len(all) == 0 {
 		w.removeEmptyCgroupParent()
