@@ -218,4 +218,3 @@ func (s *Server) teamMetrics(w http.ResponseWriter, r *http.Request, c *client.C
 	}
 	writeJSON(w, http.StatusOK, out)
 }
-

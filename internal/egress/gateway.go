@@ -424,7 +424,7 @@ func (g *Gateway) handleTCP(req *tcp.ForwarderRequest) {
 		refuse(refusedNetworkOff, "the network is off")
 		return
 	case synthetic && !p.allowsHostPort(name, port):
-		refuse(refusedNotAllowed, "the policy does not allow " + name + " on port " + strconv.Itoa(int(port)))
+		refuse(refusedNotAllowed, "the policy does not allow "+name+" on port "+strconv.Itoa(int(port)))
 		return
 	case !synthetic && !p.allowsAddr(dst, port):
 		refuse(refusedByIP, "the policy allows no connection to this address by IP (resolve an allowed name through the sandbox's DNS)")
