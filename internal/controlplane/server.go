@@ -337,7 +337,7 @@ func New(cfg Config) (*Server, error) {
 	if err := registerReplica(reg, s); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	if err := s.newWebhooks(); err != nil {
+	if err := s.newWebhooks(reg); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	if s.auditor, err = newAuditor(reg, cfg.Store, s.log); err != nil {

@@ -15,6 +15,8 @@ import (
 	"space/internal/sandbox"
 	"space/internal/store"
 	"space/internal/webhook"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // WebhookConfig configures the delivery of the teams' webhooks (package
@@ -38,16 +40,21 @@ type WebhookConfig struct {
 const maxWebhooks = 20
 
 // newWebhooks makes the server's webhook guard, sender and dispatcher.
-func (s *Server) newWebhooks() error {
+func (s *Server) newWebhooks(reg prometheus.Registerer) error {
 	s.hookGuard = &webhook.Guard{AllowPrivate: s.cfg.Webhooks.AllowPrivate}
 	var err error
 	s.hookSender, err = webhook.NewSender(webhook.SenderConfig{Guard: s.hookGuard, Now: s.now, UserAgent: "space-webhooks/" + s.cfg.Version})
 	if err != nil {
 		return err
 	}
+	m, err := webhook.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
 	wc := s.cfg.Webhooks
 	s.hooks, err = webhook.New(webhook.Config{
-		Source: webhook.StoreEvents{Store: s.cfg.Store}, Hooks: s.cfg.Store, Sender: s.hookSender,
+		Metrics: m,
+		Source:  webhook.StoreEvents{Store: s.cfg.Store}, Hooks: s.cfg.Store, Sender: s.hookSender,
 		Poll: wc.Poll, FirstBackoff: wc.FirstBackoff, MaxBackoff: wc.MaxBackoff, DisableAfter: wc.DisableAfter,
 		Log: s.cfg.Log,
 	})

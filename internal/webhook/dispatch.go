@@ -55,6 +55,8 @@ type Config struct {
 	// DisableAfter is how many consecutive failed attempts disable a
 	// webhook; 0 = DefaultDisableAfter, negative = never.
 	DisableAfter int
+	// Metrics counts the attempts; nil = none.
+	Metrics *Metrics
 	// Log receives what goes wrong; nil = discard.
 	Log *slog.Logger
 }
@@ -210,6 +212,7 @@ func (d *Dispatcher) deliver(ctx context.Context, log *slog.Logger, h store.Webh
 		if ctx.Err() != nil {
 			return false // cut short by our own shutdown: not the receiver's failure
 		}
+		d.cfg.Metrics.attempted(res.Delivered(), res.Duration)
 		rec := store.WebhookDelivery{
 			WebhookID:  h.ID,
 			EventSeq:   ev.Seq,
@@ -232,6 +235,9 @@ func (d *Dispatcher) deliver(ctx context.Context, log *slog.Logger, h store.Webh
 			log.Warn("log webhook delivery", "event", ev.ID, "err", err)
 		case !after.Enabled:
 			log.Info("webhook disabled", "reason", after.DisabledReason)
+			if !res.Delivered() { // disabled by this failure, not by its team
+				d.cfg.Metrics.disabledOne()
+			}
 			return false
 		}
 		if res.Delivered() {

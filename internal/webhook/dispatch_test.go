@@ -17,6 +17,9 @@ import (
 	"space/internal/store"
 	"space/internal/store/sqlite"
 	"space/internal/testenv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func testNow() time.Time { return time.Now() }
@@ -315,9 +318,20 @@ func TestDispatcherDisablesAfterFailures(t *testing.T) {
 	rc := newReceiver(t, func(int) int { return http.StatusInternalServerError })
 	h := ts.hook(rc.srv.URL)
 	first := ts.add("t1", "created", store.NewSandboxID())
-	startDispatcher(t, ts, func(c *Config) { c.DisableAfter = 3 })
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startDispatcher(t, ts, func(c *Config) { c.DisableAfter, c.Metrics = 3, m })
 
 	testenv.Eventually(t, 5*time.Second, func() bool { return !ts.get(h).Enabled })
+	if f, d := testutil.ToFloat64(m.attempts.WithLabelValues("failed")), testutil.ToFloat64(m.disabled); f != 3 || d != 1 {
+		t.Errorf("metrics: %v failed attempts, %v disabled; want 3 and 1", f, d)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
 	got := ts.get(h)
 	if !strings.Contains(got.DisabledReason, "3 consecutive failed") || got.Cursor != 0 || got.Failures != 3 {
 		t.Errorf("disabled hook: %+v, want a reason, cursor 0 and 3 failures", got)

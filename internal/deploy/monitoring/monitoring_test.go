@@ -63,7 +63,7 @@ func TestChartFiles(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 	want := []string{"SpaceWorkerLost", "SpacePoolExhausted", "SpaceStorageNearlyFull", "SpaceControlPlaneDown",
-		"SpaceNoLeader", "SpaceLeaderFlapping", "SpaceCreateErrors", "SpaceCreateLatencyHigh", "SpaceAuditWriteErrors"}
+		"SpaceNoLeader", "SpaceLeaderFlapping", "SpaceCreateErrors", "SpaceCreateLatencyHigh", "SpaceAuditWriteErrors", "SpaceWebhookDisabled"}
 	if diff := cmp.Diff(want, rules.Alerts()); diff != "" {
 		t.Errorf("alerts (-want +got):\n%s", diff)
 	}
