@@ -5,8 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"space/internal/store"
 	"time"
+
+	"space/internal/store"
 )
 
 const snapshotColumns = `id, team_id, sandbox_id, name, state, worker_id, manifest, logical_bytes, new_bytes, meta, created_us, updated_us, version`
