@@ -108,13 +108,6 @@ func (h *History) Range(start, end time.Time) []api.UsageSample {
 	return out
 }
 
-// Latest returns the newest sample, if any.
-func (h *History) Latest() (api.UsageSample, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.fine.newest()
-}
-
 // within reports whether t is in [start, end]; a zero bound is open.
 func within(t, start, end time.Time) bool {
 	return (start.IsZero() || !t.Before(start)) && (end.IsZero() || !t.After(end))

@@ -83,7 +83,7 @@ func TestSaveLoad(t *testing.T) {
 	// It goes on from where it was: the next CPU share is a delta of
 	// the saved reading.
 	back.Add(t0.Add(2000*5*time.Second), reading(1999*10+50, 1999*100+100), 1)
-	if s, _ := back.Latest(); s.CPUUsedPct != 50 {
-		t.Errorf("CPU share after load = %v, want 50", s.CPUUsedPct)
+	if all := back.Range(time.Time{}, time.Time{}); all[len(all)-1].CPUUsedPct != 50 {
+		t.Errorf("CPU share after load = %v, want 50", all[len(all)-1].CPUUsedPct)
 	}
 }
